@@ -1,0 +1,71 @@
+// Sharded checkpoints (DESIGN.md):
+//   DIR/iter_0000100/                 one complete checkpoint
+//       shard_r00000.bin              this rank's slices, raw little-endian, concatenated
+//       shard_r00000.json             what shard_r00000.bin holds (written by its rank)
+//       manifest.json                 merged by rank 0: global names, shapes, dtypes, the slice each
+//                                     shard holds (offset+length per dim), byte offsets, sha256 per
+//                                     tensor, the resolved config, the iteration, the training state
+//       DONE                          written last
+//   DIR/latest                        text: the name of the newest complete checkpoint ("iter_0000100")
+// A save writes DIR/iter_0000100.tmp-<nonce>/ first and renames it when every rank is done, then
+// updates `latest` (temp file + rename) and deletes the oldest beyond keep_last. A crash at any
+// point leaves the previous checkpoint and `latest` intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/communicator.h"
+#include "tensor/tensor.h"
+
+namespace mt::ckpt {
+
+// One tensor slice held by this rank. The global tensor `name` has shape global_shape; this rank
+// holds the box [offset[d], offset[d] + data.shape()[d]) in each dimension d.
+// Several ranks may hold the same box (replicas): `owner` marks the one that writes it.
+struct ShardTensor {
+  std::string name;          // global, e.g. "layers.3.mlp.fc1.weight/exp_avg"
+  Shape global_shape;
+  Shape offset;              // same rank as global_shape
+  Tensor data;               // host tensor (fp32/fp64/bf16/int...), contiguous
+  bool owner = true;
+};
+
+struct SaveRequest {
+  std::string dir;           // checkpoint.dir
+  int64_t iteration = 0;
+  int keep_last = 0;         // 0 = keep all
+  std::vector<ShardTensor> tensors;
+  nlohmann::json state;      // training state (iteration, consumed samples, loss scale, ...)
+  std::string config_yaml;   // resolved config, stored in the manifest
+};
+
+// Collective over `world`: every rank calls it. Returns the final checkpoint path.
+std::string save_checkpoint(const SaveRequest& req, Communicator& world);
+
+// Resolves checkpoint.load: "auto" -> DIR/latest if present (else ""), "none" -> "", else PATH
+// (a checkpoint directory, or a DIR holding `latest`). Throws mt::Error if an explicit path is
+// not a complete checkpoint (no DONE / no manifest).
+std::string resolve_load_path(const std::string& load, const std::string& dir);
+
+struct LoadedCheckpoint {
+  std::string path;
+  int64_t iteration = 0;
+  nlohmann::json state;
+  nlohmann::json manifest;
+};
+
+// Reads the manifest (validating it). Throws mt::Error naming the file on anything wrong.
+LoadedCheckpoint open_checkpoint(const std::string& path);
+
+// Fills `dst` (a host tensor of shape dst_box_shape at `offset` into the global tensor `name`)
+// from whichever shards hold that box, verifying sha256 of every shard tensor it reads and the
+// global shape. Works for any layout that saved it (resharding). Throws mt::Error naming the
+// checkpoint, the tensor and what is wrong.
+void load_tensor(const LoadedCheckpoint& ck, const std::string& name, const Shape& global_shape,
+                 const Shape& offset, Tensor& dst);
+
+}  // namespace mt::ckpt

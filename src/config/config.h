@@ -1,0 +1,126 @@
+// The run configuration: one struct per YAML section, field names = YAML keys (DESIGN.md).
+// Loading (config_loader.cpp) is strict: unknown keys, wrong types and out-of-range values are
+// errors naming the file, the key path and the fix. Values derived from the config live in
+// DerivedConfig and are never written back into Config (nothing the user wrote is altered).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mt {
+
+struct ModelConfig {
+  std::string arch = "llama";          // gpt2 | llama
+  int num_layers = 0;                  // required
+  int hidden_size = 0;                 // required
+  int num_attention_heads = 0;         // required
+  int num_query_groups = 0;            // 0 = num_attention_heads (plain multi-head attention)
+  int ffn_hidden_size = 0;             // 0 = 4 * hidden_size (gpt2); required for llama
+  int vocab_size = 0;                  // required: the tokenizer's vocabulary
+  int make_vocab_size_divisible_by = 128;
+  int seq_length = 0;                  // required
+  double rope_theta = 10000.0;         // llama only
+  double norm_epsilon = 1e-5;
+  double init_method_std = 0.02;
+  double dropout = 0.0;                // hidden dropout (after attention and MLP), training only
+};
+
+struct ParallelConfig {
+  int tensor = 1;
+  int pipeline = 1;
+  int virtual_pipeline = 1;
+  int context = 1;
+  int expert = 1;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  // Uneven pipeline split, only when stated: layers on the first / last stage (0 = even split).
+  int decoder_first_pipeline_num_layers = 0;
+  int decoder_last_pipeline_num_layers = 0;
+};
+
+struct TrainingConfig {
+  int micro_batch_size = 1;
+  int global_batch_size = 0;           // 0 = micro_batch_size * data-parallel size
+  int64_t train_iters = 0;             // required
+  int64_t eval_interval = 0;           // 0 = evaluate only at the end
+  int64_t eval_iters = 10;             // 0 = no evaluation
+  uint64_t seed = 1234;
+  std::string precision = "fp32";      // fp32 | bf16 | fp16
+  std::string device = "auto";         // auto | cpu | cuda
+  std::string recompute = "none";      // none | selective | full
+  std::string recompute_method = "uniform";  // uniform | block (full recompute)
+  int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)
+  std::string nan_policy = "stop";     // stop | skip: what a NaN/Inf loss or gradient norm does
+  int64_t exit_interval = 0;           // stop (with a checkpoint) after this many iterations; 0 = off
+};
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  int64_t warmup_iters = 0;
+  int64_t lr_decay_iters = 0;          // 0 = train_iters
+  std::string decay_style = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.01;
+  bool weight_decay_embeddings = false;       // decay the embedding / output tables too
+  bool weight_decay_norms_and_biases = false;  // decay norm weights and biases too
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;              // 0 = no clipping
+  // fp16 dynamic loss scaling
+  double initial_loss_scale = 65536.0;
+  double min_loss_scale = 1.0;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+};
+
+struct DataConfig {
+  bool mock = false;
+  // Weighted prefixes: [w1, prefix1, w2, prefix2, ...] or just [prefix] (weight 1).
+  std::vector<std::pair<double, std::string>> paths;
+  std::vector<double> split = {98, 1, 1};  // train, valid, test weights
+  std::string cache_dir;               // sample-index cache; "" = next to the data
+  int prefetch = 2;                    // batches prepared ahead by the loader thread
+};
+
+struct CheckpointConfig {
+  std::string dir;                     // "" = no checkpoints
+  int64_t save_interval = 0;           // 0 = only at the end
+  int keep_last = 0;                   // 0 = keep all
+  std::string load = "auto";           // auto (latest in dir, if any) | none | PATH
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 10;
+  std::string metrics_file;            // "" = none
+  std::string level = "info";          // trace | debug | info | warn | error
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  std::string source_file;             // where it was loaded from (for error messages)
+};
+
+// Values that follow from the config and the world size. Computed and checked by derive_config.
+struct DerivedConfig {
+  int world_size = 1;
+  int data_parallel_size = 1;          // world / (tensor * pipeline * context)
+  int num_query_groups = 0;            // resolved (never 0)
+  int ffn_hidden_size = 0;             // resolved
+  int head_dim = 0;                    // hidden_size / num_attention_heads
+  int padded_vocab_size = 0;           // vocab padded to make_vocab_size_divisible_by * tensor
+  int global_batch_size = 0;           // resolved
+  int num_microbatches = 0;            // global_batch / (micro_batch * data_parallel)
+  int64_t lr_decay_iters = 0;          // resolved
+  int64_t tokens_per_iteration = 0;    // global_batch * seq_length
+};
+
+}  // namespace mt

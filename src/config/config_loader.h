@@ -1,0 +1,28 @@
+// Strict YAML loading, command-line overrides, validation and the resolved-config dump.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace mt {
+
+// Loads FILE, applies overrides ("section.key=value", value parsed as YAML), validates.
+// Throws mt::Error with a one-line message naming the file, the key and the fix.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from YAML text (tests); `origin` names it in errors.
+Config load_config_from_string(const std::string& yaml, const std::string& origin,
+                               const std::vector<std::string>& overrides = {});
+
+// Derived values for a world size; throws mt::Error naming the numbers to change when the layout
+// or the batch arithmetic does not fit.
+DerivedConfig derive_config(const Config& cfg, int world_size);
+
+// The fully resolved config (every key, defaults filled in) as YAML text, loadable again.
+std::string config_to_yaml(const Config& cfg);
+
+// Markdown table of every key: path, type, default, meaning (for README / `megatrain config --help`).
+std::string config_reference_markdown();
+
+}  // namespace mt

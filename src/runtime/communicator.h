@@ -1,0 +1,41 @@
+// Collective communication over one process group. Two implementations share this interface:
+// MPI on host buffers (mpi_communicator.h, the CPU backend and CI) and NCCL on device buffers
+// (multi-GPU). Model code never includes this header: it goes through the mappings in src/parallel.
+// Every member is collective over the group unless it says otherwise; buffers are contiguous.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mt {
+
+enum class ReduceOp { Sum, Max, Min };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // rank inside this group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;  // "world", "tp", "dp", ... (for error messages)
+
+  virtual void all_reduce(Tensor& x, ReduceOp op) = 0;  // in place
+  // in: size() equal chunks along dim 0; out: this rank's chunk, reduced over the group.
+  virtual void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) = 0;
+  // out: the group's `in` tensors concatenated along dim 0, in rank order.
+  virtual void all_gather(Tensor& out, const Tensor& in) = 0;
+  // in/out: size() equal chunks along dim 0; chunk j of `in` goes to rank j, arriving as chunk rank().
+  virtual void all_to_all(Tensor& out, const Tensor& in) = 0;
+  virtual void broadcast(Tensor& x, int root) = 0;
+  virtual void send(const Tensor& x, int peer) = 0;  // point-to-point (not collective)
+  virtual void recv(Tensor& x, int peer) = 0;
+  virtual void barrier() = 0;
+
+  // Host-value helpers (built on the tensor calls).
+  double all_reduce_scalar(double v, ReduceOp op);
+  int64_t all_reduce_int(int64_t v, ReduceOp op);
+};
+
+}  // namespace mt

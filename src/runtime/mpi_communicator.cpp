@@ -1,0 +1,175 @@
+#include "runtime/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "core/check.h"
+
+namespace mt {
+
+namespace {
+
+#define MT_MPI_CHECK(call, group)                                                                     \
+  do {                                                                                                \
+    int rc_ = (call);                                                                                 \
+    if (rc_ != MPI_SUCCESS) {                                                                         \
+      char buf_[MPI_MAX_ERROR_STRING];                                                                \
+      int len_ = 0;                                                                                   \
+      MPI_Error_string(rc_, buf_, &len_);                                                             \
+      throw ::mt::Error(::mt::str_cat("rank ", mpi_world_rank(), " group ", group, ": ", #call,       \
+                                      " failed at ", __FILE__, ":", __LINE__, ": ", std::string(buf_, len_))); \
+    }                                                                                                 \
+  } while (0)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::U16: case DType::BF16: case DType::F16: return MPI_UINT16_T;
+    case DType::U8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  MT_INTERNAL_ASSERT(t == DType::F32 || t == DType::F64 || t == DType::I32 || t == DType::I64,
+                     "MPI reductions need fp32/fp64/int32/int64, got ", dtype_name(t));
+  switch (op) {
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name, bool owned) : comm_(comm), name_(std::move(name)), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  void all_reduce(Tensor& x, ReduceOp op) override {
+    check_host(x);
+    if (size_ == 1) return;
+    MT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x.raw(), static_cast<int>(x.numel()), mpi_type(x.dtype()),
+                               mpi_op(op, x.dtype()), comm_), name_);
+  }
+  void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) override {
+    check_host(out);
+    check_host(in);
+    MT_INTERNAL_ASSERT(in.numel() == out.numel() * size_, "reduce_scatter ", in.str(), " -> ", out.str());
+    if (size_ == 1) { out.copy_from(in); return; }
+    MT_MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), static_cast<int>(out.numel()), mpi_type(in.dtype()),
+                                          mpi_op(op, in.dtype()), comm_), name_);
+  }
+  void all_gather(Tensor& out, const Tensor& in) override {
+    check_host(out);
+    check_host(in);
+    MT_INTERNAL_ASSERT(out.numel() == in.numel() * size_, "all_gather ", in.str(), " -> ", out.str());
+    if (size_ == 1) { out.copy_from(in); return; }
+    MT_MPI_CHECK(MPI_Allgather(in.raw(), static_cast<int>(in.nbytes()), MPI_BYTE, out.raw(),
+                               static_cast<int>(in.nbytes()), MPI_BYTE, comm_), name_);
+  }
+  void all_to_all(Tensor& out, const Tensor& in) override {
+    check_host(out);
+    check_host(in);
+    MT_INTERNAL_ASSERT(out.numel() == in.numel() && in.numel() % size_ == 0, "all_to_all ", in.str(), " -> ", out.str());
+    int chunk = static_cast<int>(in.nbytes() / size_);
+    MT_MPI_CHECK(MPI_Alltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_), name_);
+  }
+  void broadcast(Tensor& x, int root) override {
+    check_host(x);
+    if (size_ == 1) return;
+    MT_MPI_CHECK(MPI_Bcast(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, root, comm_), name_);
+  }
+  void send(const Tensor& x, int peer) override {
+    check_host(x);
+    MT_MPI_CHECK(MPI_Send(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, peer, 0, comm_), name_);
+  }
+  void recv(Tensor& x, int peer) override {
+    check_host(x);
+    MT_MPI_CHECK(MPI_Recv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, peer, 0, comm_, MPI_STATUS_IGNORE), name_);
+  }
+  void barrier() override { MT_MPI_CHECK(MPI_Barrier(comm_), name_); }
+
+ private:
+  void check_host(const Tensor& x) const {
+    MT_INTERNAL_ASSERT(x.device() == Device::CPU, "MPI communicator '", name_, "' needs host buffers, got ",
+                       device_name(x.device()));
+  }
+  MPI_Comm comm_;
+  std::string name_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+void mpi_init(int* argc, char*** argv) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) return;
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+void mpi_finalize() {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) MPI_Finalize();
+}
+
+int mpi_world_rank() {
+  int inited = 0, r = 0;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int mpi_world_size() {
+  int inited = 0, s = 1;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+void mpi_abort(int code) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited && mpi_world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+std::unique_ptr<Communicator> make_world_communicator() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", false);
+}
+
+std::unique_ptr<Communicator> make_mpi_subgroup(const std::vector<int>& ranks, const std::string& name) {
+  MPI_Group world_group, group;
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Comm comm;
+  // MPI_Comm_create_group is collective only over the members of `group`.
+  MT_MPI_CHECK(MPI_Comm_create_group(MPI_COMM_WORLD, group, 0, &comm), name);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  MT_INTERNAL_ASSERT(comm != MPI_COMM_NULL, "rank ", mpi_world_rank(), " is not in group ", name);
+  return std::make_unique<MpiCommunicator>(comm, name, true);
+}
+
+}  // namespace mt

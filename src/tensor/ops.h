@@ -1,0 +1,115 @@
+// The op set of the model: each op has a CPU reference (src/tensor/cpu/<op>.cpp, fp32 and fp64,
+// plain loops or CBLAS) and, with the CUDA backend, a CUDA version with the same signature.
+// These functions check shapes/dtypes and dispatch on device and dtype; an unsupported pair is an
+// error that names the op (never a silent fallback).
+//
+// Legend: N rows (= B*T tokens), C channels (hidden), OC/IC out/in features, B batch, T sequence,
+// H query heads, G key/value heads (query groups), D head dim, V vocab (Vl: this rank's vocab slice).
+// Gradient convention (every backward): parameter gradients accumulate (+=); activation gradients
+// overwrite (=) unless the op takes a GradMode and is given Accumulate (the residual stream).
+// Statistics saved for backward (mean, rstd, lse, CE partials) are fp32, or fp64 for fp64 inputs.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace mt::ops {
+
+enum class GradMode { Overwrite, Accumulate };
+
+// ---------------------------------------------------------------- elementwise
+void fill_(Tensor& x, double value);
+void add_(Tensor& a, const Tensor& b);                    // a += b
+void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
+void scale_(Tensor& x, double s);                          // x *= s
+void cast(Tensor& out, const Tensor& in);                  // dtype conversion, same numel
+double sum_squares(const Tensor& x);                       // sum of x^2, accumulated in fp64
+
+// ---------------------------------------------------------------- linear (GEMM)
+// out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC)   (bias may be null)
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+// dinp(N, IC) (=, or += with Accumulate) = dout(N, OC) @ weight(OC, IC)
+// dweight(OC, IC) += dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped.
+void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight, GradMode dinp_mode = GradMode::Overwrite);
+
+// ---------------------------------------------------------------- embedding (vocab-parallel ready)
+// tokens int32 (N); table (Vl, C) holds global rows [vocab_start, vocab_start + Vl).
+// out(N, C) = table[tok - vocab_start] if the token is in this slice, else 0.
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start);
+// dtable += scatter of dout rows for tokens in this slice.
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t vocab_start);
+
+// ---------------------------------------------------------------- norms (over the last dim C)
+// out = (x - mean) * rstd * weight + bias;  mean, rstd: (N)
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       const Tensor& bias, double eps);
+void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                        GradMode dinp_mode = GradMode::Overwrite);
+// out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps);  rstd: (N)
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps);
+void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                      const Tensor& rstd, GradMode dinp_mode = GradMode::Overwrite);
+
+// ---------------------------------------------------------------- activations
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+void gelu_forward(Tensor& out, const Tensor& inp);
+void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
+// SwiGLU: inp (N, 2F) holds [gate | up] in each row; out (N, F) = silu(gate) * up.
+void swiglu_forward(Tensor& out, const Tensor& inp);
+void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
+
+// ---------------------------------------------------------------- attention
+// Rotary position embedding, in place on x (B, T, heads, D), rotate-half convention (HF, Megatron
+// default): for i < D/2 the pair (x[i], x[i + D/2]) is rotated by angle p * theta^(-2i/D),
+// p = position_offset + t. Backward applies the inverse rotation to the gradient, in place.
+void rope_forward(Tensor& x, double theta, int64_t position_offset);
+void rope_backward(Tensor& dx, double theta, int64_t position_offset);
+
+// qkv (B, T, G*(R+2)*D): for each query group g, R query heads, then one key head, then one value
+// head (Megatron's grouped layout; R = H / G). Splits into q (B,T,H,D), k (B,T,G,D), v (B,T,G,D).
+void qkv_split_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
+void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+// Causal attention with grouped queries: query head h reads key/value head h / (H / G).
+// out (B, T, H, D); lse (B, H, T): log-sum-exp of the scaled, masked scores (scale = 1/sqrt(D)),
+// saved for backward. The T x T probability matrix is never kept.
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v);
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse);
+
+// ---------------------------------------------------------------- cross-entropy (vocab-parallel ready)
+// logits (N, Vl): columns are global vocab ids [vocab_start, vocab_start + Vl); only the first
+// n_valid columns are real (the rest is vocab padding and never enters the softmax).
+// targets int32 (N). Per row, partial statistics over this slice, for combining across TP ranks:
+//   max(N): max over the valid columns; sumexp(N): sum of exp(logit - max) over them;
+//   target_logit(N): the target's logit if the target is in this slice, else 0.
+void cross_entropy_stats(Tensor& max, Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                         const Tensor& targets, int64_t vocab_start, int64_t n_valid);
+// dlogits(N, Vl) = (exp(logit - lse[n]) - [v == target]) * dloss[n]; padding columns get 0.
+// lse (N) is the global log-sum-exp; dloss (N) fp32/fp64. dlogits may alias logits.
+void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& dloss, int64_t vocab_start, int64_t n_valid);
+
+// ---------------------------------------------------------------- dropout (counter-based, no saved mask)
+// keep[i] = uniform(seed, offset + i) >= p;  out = keep ? inp / (1 - p) : 0. The same (seed, offset)
+// regenerates the mask in backward; callers derive offset from global coordinates so that every
+// parallel layout drops the same elements.
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t seed, uint64_t offset);
+void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed, uint64_t offset);
+
+// ---------------------------------------------------------------- optimizer
+struct AdamWArgs {
+  double lr = 0;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0;  // decoupled: p -= lr * wd * p
+  int64_t step = 1;         // 1-based, for bias correction
+  double grad_scale = 1.0;  // the gradient is multiplied by this first (clipping, 1/loss_scale)
+};
+// g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr * ((m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps) + wd * p). param, m, v, grad same dtype.
+void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& args);
+
+}  // namespace mt::ops
