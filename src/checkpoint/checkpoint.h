@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,11 +52,18 @@ std::string save_checkpoint(const SaveRequest& req, Communicator& world);
 // not a complete checkpoint (no DONE / no manifest).
 std::string resolve_load_path(const std::string& load, const std::string& dir);
 
+namespace detail {
+struct LoadIndex;  // parsed manifest + the shard tensors whose sha256 was verified (checkpoint_load.cpp)
+}
+
 struct LoadedCheckpoint {
   std::string path;
   int64_t iteration = 0;
   nlohmann::json state;
   nlohmann::json manifest;
+  std::string config_yaml;                    // the resolved config the checkpoint was saved with
+  int world_size = 0;                         // ranks that saved it
+  std::shared_ptr<detail::LoadIndex> index;   // set by open_checkpoint; shared by copies (thread-safe)
 };
 
 // Reads the manifest (validating it). Throws mt::Error naming the file on anything wrong.
@@ -67,5 +75,10 @@ LoadedCheckpoint open_checkpoint(const std::string& path);
 // checkpoint, the tensor and what is wrong.
 void load_tensor(const LoadedCheckpoint& ck, const std::string& name, const Shape& global_shape,
                  const Shape& offset, Tensor& dst);
+
+// Whether the checkpoint holds tensor `name` (e.g. optimizer state that an older run did not save).
+bool has_tensor(const LoadedCheckpoint& ck, const std::string& name);
+// The name of the checkpoint directory of an iteration: "iter_0000100".
+std::string checkpoint_dir_name(int64_t iteration);
 
 }  // namespace mt::ckpt

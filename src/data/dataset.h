@@ -31,8 +31,24 @@ struct Datasets {
 
 // Builds the datasets of the config: mock (data.mock) or the weighted blend of data.paths, split
 // by data.split, each with enough samples for the given counts (several epochs if needed).
+// A single prefix is one GPTDataset (no blend). valid/test are null when their data.split weight
+// is 0 or their sample count is 0. Token ids are checked against model.vocab_size: the first 64M
+// tokens of each .bin at open, and every sample as it is read (an error names the file).
+// Sample indices are cached (data.cache_dir, or PREFIX_DIR/megatrain_cache) and reused.
 Datasets build_datasets(const Config& cfg, const DerivedConfig& derived, int64_t train_samples,
                         int64_t valid_samples, int64_t test_samples);
+
+// The sample counts Megatron asks for: train = train_iters * G; valid = (number of evaluations)
+// * eval_iters * G, with one evaluation every eval_interval iterations plus the final one
+// (eval_interval 0: only the final one); test = eval_iters * G (G = global batch size).
+struct SampleCounts {
+  int64_t train = 0, valid = 0, test = 0;
+};
+SampleCounts megatron_sample_counts(const Config& cfg, const DerivedConfig& derived);
+
+// Builds (or checks) every sample-index cache that training with this config will load, using
+// megatron_sample_counts: run it once ahead of a large job so that ranks do not build it each.
+void build_sample_index_cache(const Config& cfg, const DerivedConfig& derived);
 
 // One micro-batch: tokens and labels, (micro_batch_size, seq_length) int32 each, row-major.
 struct MicroBatch {

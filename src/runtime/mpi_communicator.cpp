@@ -152,6 +152,7 @@ void mpi_abort(int code) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (inited && mpi_world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  mpi_finalize();  // a single rank exits cleanly (no MPI abort banner)
   std::exit(code);
 }
 

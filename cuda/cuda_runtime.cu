@@ -1,0 +1,163 @@
+// CUDA runtime glue: device discovery and the caching allocator.
+//
+// Caching allocator: sizes are rounded up (512 B granules below 1 MiB, 2 MiB granules above) and
+// freed blocks are kept in per-size free lists for reuse, so that after the first training step no
+// cudaMalloc/cudaFree happens. On out-of-memory the cache is released and the allocation retried
+// once; if it still fails, the error names the request, the free and total memory, and what the
+// allocator holds.
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_runtime.h"
+#include "tensor/tensor.h"
+
+namespace mt::cuda {
+
+namespace {
+
+size_t round_size(size_t bytes) {
+  const size_t small = 512, large = 2u << 20;
+  if (bytes < (1u << 20)) return (bytes + small - 1) / small * small;
+  return (bytes + large - 1) / large * large;
+}
+
+class CachingAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    const size_t size = round_size(bytes == 0 ? 1 : bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& list = free_[size];
+    void* p = nullptr;
+    if (!list.empty()) {
+      p = list.back();
+      list.pop_back();
+    } else {
+      p = cuda_malloc(size);
+    }
+    stats_.allocated += size;
+    if (stats_.allocated > stats_.peak_allocated) stats_.peak_allocated = stats_.allocated;
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    const size_t size = round_size(bytes == 0 ? 1 : bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(ptr);
+    stats_.allocated -= size;
+  }
+  AllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_allocated = stats_.allocated;
+  }
+  void release_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_locked();
+  }
+
+ private:
+  void release_locked() {
+    for (auto& [size, list] : free_) {
+      for (void* p : list) {
+        cudaFree(p);
+        stats_.reserved -= size;
+      }
+      list.clear();
+    }
+  }
+  void* cuda_malloc(size_t size) {
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, size);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      release_locked();
+      e = cudaMalloc(&p, size);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      MT_CHECK(false, "CUDA out of memory: asked for ", size / 1048576.0, " MiB; the GPU has ", free_b / 1048576.0,
+               " MiB free of ", total_b / 1048576.0, " MiB; megatrain holds ", stats_.reserved / 1048576.0,
+               " MiB (", stats_.allocated / 1048576.0, " MiB in use). Run 'megatrain plan' for the estimate of "
+               "this layout, and lower training.micro_batch_size or enable training.recompute");
+    }
+    stats_.reserved += size;
+    ++stats_.num_cuda_mallocs;
+    return p;
+  }
+
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  AllocatorStats stats_;
+};
+
+CachingAllocator* g_allocator = nullptr;
+
+void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  cudaMemcpyKind kind = cudaMemcpyDefault;
+  if (dst_dev == Device::CPU && src_dev == Device::CPU) kind = cudaMemcpyHostToHost;
+  MT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+}
+
+}  // namespace
+
+int device_count(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(e);
+    cudaGetLastError();
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device found";
+  return n;
+}
+
+std::string device_description() {
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s, sm_%d%d, %.1f GiB, %d SMs", p.name, p.major, p.minor,
+                p.totalGlobalMem / 1073741824.0, p.multiProcessorCount);
+  return buf;
+}
+
+std::string library_versions() {
+  int rt = 0, drv = 0, nccl = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  ncclGetVersion(&nccl);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "CUDA runtime %d.%d, driver %d.%d, cuDNN %zu, NCCL %d", rt / 1000, (rt % 1000) / 10,
+                drv / 1000, (drv % 1000) / 10, cudnnGetVersion(), nccl);
+  return buf;
+}
+
+void initialize(int device) {
+  MT_CUDA_CHECK(cudaSetDevice(device));
+  if (!g_allocator) g_allocator = new CachingAllocator();  // lives for the process
+  set_allocator(Device::CUDA, g_allocator);
+  set_device_copy(copy);
+}
+
+AllocatorStats allocator_stats() { return g_allocator ? g_allocator->stats() : AllocatorStats{}; }
+void reset_peak_allocated() {
+  if (g_allocator) g_allocator->reset_peak();
+}
+void empty_cache() {
+  if (g_allocator) g_allocator->release_cache();
+}
+
+}  // namespace mt::cuda

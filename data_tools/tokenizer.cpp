@@ -1,0 +1,25 @@
+// make_tokenizer: the --tokenizer flags -> a Tokenizer (see tokenizer.h).
+#include "data_tools/tokenizer.h"
+
+#include "core/check.h"
+#include "data_tools/gpt2_tokenizer.h"
+#include "data_tools/hf_tokenizer.h"
+
+namespace mt::data {
+
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& o) {
+  if (o.type == "gpt2-bpe") {
+    MT_CHECK(!o.vocab_file.empty() && !o.merge_file.empty(),
+             "--tokenizer gpt2-bpe needs --vocab-file encoder.json and --merge-file vocab.bpe "
+             "(scripts/fetch_gpt2_tokenizer.sh puts them in data/tokenizers/gpt2/)");
+    return std::make_unique<Gpt2Tokenizer>(o.vocab_file, o.merge_file);
+  }
+  if (o.type == "hf-json") {
+    MT_CHECK(!o.tokenizer_file.empty(), "--tokenizer hf-json needs --tokenizer-file tokenizer.json");
+    return std::make_unique<HfTokenizer>(o.tokenizer_file, o.eod_token, o.add_special_tokens);
+  }
+  MT_CHECK(false, "--tokenizer \"", o.type, "\" is not supported; use gpt2-bpe or hf-json");
+  return nullptr;
+}
+
+}  // namespace mt::data

@@ -1,0 +1,98 @@
+#include "model/attention.h"
+
+#include "tensor/ops.h"
+
+namespace mt {
+
+namespace {
+int64_t qkv_width(const ModelContext& c) {
+  const DerivedConfig& d = *c.derived;
+  const int64_t R = c.model->num_attention_heads / d.num_query_groups;
+  return static_cast<int64_t>(d.num_query_groups) * (R + 2) * d.head_dim;
+}
+}  // namespace
+
+SelfAttention::SelfAttention(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
+    : ctx_(&ctx),
+      heads_local_(ctx.model->num_attention_heads / ctx.ps->tp_size),
+      groups_local_(ctx.derived->num_query_groups / ctx.ps->tp_size),
+      head_dim_(ctx.derived->head_dim),
+      linear_qkv_(prefix + ".linear_qkv", ctx.model->hidden_size, qkv_width(ctx), !ctx.llama(), ParamInit::Normal,
+                  ctx, store),
+      linear_proj_(prefix + ".linear_proj", static_cast<int64_t>(ctx.model->num_attention_heads) * head_dim_,
+                   ctx.model->hidden_size, !ctx.llama(), ParamInit::ScaledNormal, ctx, store) {
+  MT_INTERNAL_ASSERT(ctx.derived->num_query_groups % ctx.ps->tp_size == 0,
+                     "query groups replicated over TP are not supported yet");
+}
+
+void SelfAttention::forward(Tensor& y, Saved& s, const Tensor& x, int64_t B, int64_t T) const {
+  const ModelContext& c = *ctx_;
+  Tensor qkv = c.empty({B * T, linear_qkv_.local_out()});
+  linear_qkv_.forward(qkv, x);
+  s.q = c.empty({B, T, heads_local_, head_dim_});
+  s.k = c.empty({B, T, groups_local_, head_dim_});
+  s.v = c.empty({B, T, groups_local_, head_dim_});
+  ops::qkv_split_forward(s.q, s.k, s.v, qkv.view({B, T, -1}));
+  if (c.llama()) {
+    ops::rope_forward(s.q, c.model->rope_theta, 0);
+    ops::rope_forward(s.k, c.model->rope_theta, 0);
+  }
+  s.out = c.empty({B, T, heads_local_, head_dim_});
+  s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
+  ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
+  linear_proj_.forward(y, s.out.view({B * T, heads_local_ * head_dim_}));
+}
+
+void SelfAttention::backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x, int64_t B,
+                             int64_t T) const {
+  const ModelContext& c = *ctx_;
+  Tensor dout = c.empty({B * T, heads_local_ * head_dim_});
+  linear_proj_.backward(dout, dy, s.out.view({B * T, heads_local_ * head_dim_}));
+  Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
+  ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
+  if (c.llama()) {
+    ops::rope_backward(dq, c.model->rope_theta, 0);
+    ops::rope_backward(dk, c.model->rope_theta, 0);
+  }
+  Tensor dqkv = c.empty({B, T, linear_qkv_.local_out()});
+  ops::qkv_split_backward(dqkv, dq, dk, dv);
+  linear_qkv_.backward(dx, dqkv.view({B * T, -1}), x);
+}
+
+// ---------------------------------------------------------------- MLP
+
+MLP::MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
+    : ctx_(&ctx),
+      ffn_local_(ctx.derived->ffn_hidden_size / ctx.ps->tp_size),
+      linear_fc1_(prefix + ".linear_fc1", ctx.model->hidden_size,
+                  static_cast<int64_t>(ctx.derived->ffn_hidden_size) * (ctx.llama() ? 2 : 1), !ctx.llama(),
+                  ParamInit::Normal, ctx, store, ctx.llama() ? 2 : 1),
+      linear_fc2_(prefix + ".linear_fc2", ctx.derived->ffn_hidden_size, ctx.model->hidden_size, !ctx.llama(),
+                  ParamInit::ScaledNormal, ctx, store) {}
+
+void MLP::forward(Tensor& y, Saved& s, const Tensor& x) const {
+  const ModelContext& c = *ctx_;
+  const int64_t N = x.size(0);
+  s.h = c.empty({N, linear_fc1_.local_out()});
+  linear_fc1_.forward(s.h, x);
+  s.a = c.empty({N, ffn_local_});
+  if (c.llama())
+    ops::swiglu_forward(s.a, s.h);
+  else
+    ops::gelu_forward(s.a, s.h);
+  linear_fc2_.forward(y, s.a);
+}
+
+void MLP::backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x) const {
+  const ModelContext& c = *ctx_;
+  Tensor da = c.empty(s.a.shape());
+  linear_fc2_.backward(da, dy, s.a);
+  Tensor dh = c.empty(s.h.shape());
+  if (c.llama())
+    ops::swiglu_backward(dh, da, s.h);
+  else
+    ops::gelu_backward(dh, da, s.h);
+  linear_fc1_.backward(dx, dh, x);
+}
+
+}  // namespace mt

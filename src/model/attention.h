@@ -1,0 +1,47 @@
+// Self-attention: linear_qkv (column-parallel, Megatron's grouped [q heads of group g, k_g, v_g]
+// layout), rotary embedding (llama), causal grouped-query attention, linear_proj (row-parallel).
+// Each TP rank holds H/tp query heads and G/tp key/value heads.
+// Shapes: x (B*T, C) -> qkv (B*T, G_l*(R+2)*D) -> q (B,T,H_l,D), k/v (B,T,G_l,D) -> out (B,T,H_l,D)
+// -> y (B*T, C).  R = H/G query heads per group.
+#pragma once
+
+#include "model/linear.h"
+
+namespace mt {
+
+class SelfAttention {
+ public:
+  SelfAttention(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
+  struct Saved {
+    Tensor q, k, v, out, lse;
+  };
+  void forward(Tensor& y, Saved& s, const Tensor& x, int64_t B, int64_t T) const;
+  // dx (B*T, C) = gradient w.r.t. x (overwritten).
+  void backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
+
+ private:
+  const ModelContext* ctx_;
+  int64_t heads_local_, groups_local_, head_dim_;
+  ColumnParallelLinear linear_qkv_;
+  RowParallelLinear linear_proj_;
+};
+
+// MLP: linear_fc1 (column-parallel; llama: [gate; up], each split over TP) -> GELU (gpt2) or
+// SwiGLU (llama) -> linear_fc2 (row-parallel).  x (B*T, C) -> h (B*T, F_l or 2F_l) -> a (B*T, F_l) -> y.
+class MLP {
+ public:
+  MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
+  struct Saved {
+    Tensor h, a;
+  };
+  void forward(Tensor& y, Saved& s, const Tensor& x) const;
+  void backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x) const;
+
+ private:
+  const ModelContext* ctx_;
+  int64_t ffn_local_;
+  ColumnParallelLinear linear_fc1_;
+  RowParallelLinear linear_fc2_;
+};
+
+}  // namespace mt

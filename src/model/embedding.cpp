@@ -1,0 +1,140 @@
+#include "model/embedding.h"
+
+#include <algorithm>
+
+#include "parallel/mappings.h"
+#include "tensor/cpu/counter_rng.h"
+#include "tensor/ops.h"
+
+namespace mt {
+
+namespace {
+Param* word_table(const ModelContext& ctx, ParamStore& store, const std::string& name) {
+  ParamSpec s;
+  s.name = name;
+  s.global_shape = {ctx.derived->padded_vocab_size, ctx.model->hidden_size};
+  s.partition_dim = 0;
+  s.init = ParamInit::Normal;
+  s.kind = ParamKind::Embedding;
+  s.valid_rows = ctx.model->vocab_size;
+  return store.add(s);
+}
+DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+}  // namespace
+
+Embedding::Embedding(const ModelContext& ctx, ParamStore& store) : ctx_(&ctx) {
+  word_ = word_table(ctx, store, "embedding.word_embeddings.weight");
+  if (!ctx.llama()) {
+    ParamSpec s;
+    s.name = "embedding.position_embeddings.weight";
+    s.global_shape = {ctx.model->seq_length, ctx.model->hidden_size};
+    s.kind = ParamKind::Embedding;
+    position_ = store.add(s);
+  }
+}
+
+int64_t Embedding::vocab_start() const { return ctx_->ps->tp_rank * word_->local_shape[0]; }
+
+Tensor Embedding::positions(int64_t B, int64_t T) const {
+  Tensor pos = Tensor::empty({B * T}, DType::I32);
+  int32_t* p = pos.data<int32_t>();
+  for (int64_t i = 0; i < B * T; ++i) p[i] = static_cast<int32_t>(i % T);
+  if (ctx_->device == Device::CPU) return pos;
+  Tensor d = Tensor::empty({B * T}, DType::I32, ctx_->device);
+  d.copy_from(pos);
+  return d;
+}
+
+Tensor Embedding::forward(const Tensor& tokens, int64_t B, int64_t T, const StepContext& step) const {
+  const ModelContext& c = *ctx_;
+  const int64_t C = c.model->hidden_size;
+  Tensor x = c.empty({B * T, C});
+  ops::embedding_forward(x, tokens, word_->value, vocab_start());
+  ReduceFromTP::forward(x, *c.ps);
+  if (position_) {
+    Tensor px = c.empty({B * T, C});
+    ops::embedding_forward(px, positions(B, T), position_->value, 0);
+    ops::add_(x, px);
+  }
+  const double p = step.training ? c.model->dropout : 0.0;
+  if (p > 0)
+    ops::dropout_forward(x, x, p, rng::mix64(step.dropout_seed ^ 0x5eedull),
+                         static_cast<uint64_t>(step.first_sample) * static_cast<uint64_t>(T * C));
+  return x;
+}
+
+void Embedding::backward(const Tensor& dx_in, const Tensor& tokens, int64_t B, int64_t T,
+                         const StepContext& step) const {
+  const ModelContext& c = *ctx_;
+  const int64_t C = c.model->hidden_size;
+  const double p = step.training ? c.model->dropout : 0.0;
+  Tensor dx = dx_in;
+  if (p > 0) {
+    dx = c.empty(dx_in.shape());
+    ops::dropout_backward(dx, dx_in, p, rng::mix64(step.dropout_seed ^ 0x5eedull),
+                          static_cast<uint64_t>(step.first_sample) * static_cast<uint64_t>(T * C));
+  }
+  // ReduceFromTP::backward is the identity.
+  ops::embedding_backward(word_->grad, dx, tokens, vocab_start());
+  if (position_) ops::embedding_backward(position_->grad, dx, positions(B, T), 0);
+}
+
+// ---------------------------------------------------------------- output layer
+
+OutputLayer::OutputLayer(const ModelContext& ctx, ParamStore& store, Param* tied)
+    : ctx_(&ctx),
+      linear_(tied ? ColumnParallelLinear("output_layer", tied, ctx)
+                   : ColumnParallelLinear("output_layer", word_table(ctx, store, "output_layer.weight"), ctx)) {
+  const int64_t vl = linear_.local_out();
+  vocab_start_ = ctx.ps->tp_rank * vl;
+  n_valid_ = std::clamp<int64_t>(ctx.model->vocab_size - vocab_start_, 0, vl);
+}
+
+double OutputLayer::forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor* losses) const {
+  const ModelContext& c = *ctx_;
+  const int64_t N = h.size(0);
+  s.logits = c.empty({N, linear_.local_out()});
+  linear_.forward(s.logits, h);
+  // Statistics on the host in fp32/fp64 (N values), combined over TP ranks.
+  const DType st = stat_dtype(c.dtype);
+  Tensor mx = Tensor::empty({N}, st, c.device), se = Tensor::empty({N}, st, c.device),
+         tl = Tensor::empty({N}, st, c.device);
+  ops::cross_entropy_stats(mx, se, tl, s.logits, targets, vocab_start_, n_valid_);
+  Tensor hm = mx, hs = se, ht = tl;
+  if (c.device != Device::CPU) {
+    hm = Tensor::empty({N}, st); hm.copy_from(mx);
+    hs = Tensor::empty({N}, st); hs.copy_from(se);
+    ht = Tensor::empty({N}, st); ht.copy_from(tl);
+  }
+  combine_vocab_parallel_ce(hm, hs, ht, *c.ps);  // hm = lse
+  double sum = 0;
+  Tensor loss_host = Tensor::empty({N}, DType::F64);
+  double* l = loss_host.data<double>();
+  for (int64_t i = 0; i < N; ++i) {
+    double lse = st == DType::F64 ? hm.data<double>()[i] : hm.data<float>()[i];
+    double tgt = st == DType::F64 ? ht.data<double>()[i] : ht.data<float>()[i];
+    l[i] = lse - tgt;
+    sum += l[i];
+  }
+  if (losses) *losses = loss_host;
+  if (c.device == Device::CPU) {
+    s.lse = hm;
+  } else {
+    s.lse = Tensor::empty({N}, st, c.device);
+    s.lse.copy_from(hm);
+  }
+  return sum;
+}
+
+void OutputLayer::backward(Tensor& dh, Saved& s, const Tensor& h, const Tensor& targets,
+                           double dloss_per_token) const {
+  const ModelContext& c = *ctx_;
+  const int64_t N = h.size(0);
+  Tensor dloss = Tensor::empty({N}, s.lse.dtype(), c.device);
+  ops::fill_(dloss, dloss_per_token);
+  ops::cross_entropy_backward(s.logits, s.logits, targets, s.lse, dloss, vocab_start_, n_valid_);  // in place
+  linear_.backward(dh, s.logits, h);
+  s = Saved{};
+}
+
+}  // namespace mt

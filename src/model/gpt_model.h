@@ -1,0 +1,54 @@
+// The decoder-only model, or the part of it one pipeline chunk holds: layers [layer_begin,
+// layer_end), plus the embedding on the first chunk and the final norm + output layer + loss on
+// the last. forward/backward run one micro-batch; MicroState keeps what backward needs, so a
+// pipeline schedule can keep several micro-batches in flight.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/embedding.h"
+#include "model/transformer_layer.h"
+
+namespace mt {
+
+struct ModelChunkSpec {
+  int layer_begin = 0, layer_end = 0;  // global layer numbers
+  bool pre_process = true;             // holds the embedding
+  bool post_process = true;            // holds final norm, output layer and loss
+};
+
+class GPTModel {
+ public:
+  GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec, bool full_recompute);
+
+  struct MicroState {
+    int64_t B = 0, T = 0;
+    Tensor tokens, labels;  // int32 (B*T), on the model's device
+    std::vector<TransformerLayer::Saved> layers;
+    Tensor final_in, final_out;
+    Norm::Saved final_norm;
+    OutputLayer::Saved head;
+  };
+
+  // Forward one micro-batch. tokens/labels: int32 host arrays of B*T. hidden_in: the previous
+  // stage's output (B*T, C) unless pre_process. Returns this chunk's output (B*T, C) unless
+  // post_process; then returns an undefined tensor and sets *loss_sum (sum of token losses).
+  Tensor forward(MicroState& st, const int32_t* tokens, const int32_t* labels, int64_t B, int64_t T,
+                 const Tensor& hidden_in, const StepContext& step, double* loss_sum) const;
+  // Backward. post_process: d_out ignored, every token's loss has weight dloss_per_token.
+  // Returns dL/d(hidden_in) unless pre_process (then undefined). Frees st.
+  Tensor backward(MicroState& st, const Tensor& d_out, double dloss_per_token, const StepContext& step) const;
+
+  const ModelChunkSpec& spec() const { return spec_; }
+
+ private:
+  const ModelContext* ctx_;
+  ModelChunkSpec spec_;
+  std::unique_ptr<Embedding> embedding_;
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::unique_ptr<Norm> final_norm_;
+  std::unique_ptr<OutputLayer> output_;
+};
+
+}  // namespace mt

@@ -1,0 +1,67 @@
+// Tensor-parallel linear layers (Megatron-Core's ColumnParallelLinear / RowParallelLinear).
+//
+//   Y = X A^T + b with A (out, in).
+//   ColumnParallelLinear: A split by rows of A (output features) over TP: rank r holds A_r
+//     (out/tp, in) and b_r; X is replicated (CopyToTP: gradient all-reduced in backward);
+//     Y_r = X A_r^T + b_r is this rank's slice of the output features.
+//   RowParallelLinear: A split along its input features: rank r holds A_r (out, in/tp) and
+//     reads its slice X_r of the input; Y = sum_r X_r A_r^T (ReduceFromTP) + b, b replicated.
+// Inputs/outputs are (N, features); parameter gradients accumulate.
+#pragma once
+
+#include <string>
+
+#include "model/model_context.h"
+#include "model/param_store.h"
+
+namespace mt {
+
+class ColumnParallelLinear {
+ public:
+  // chunks: the output features hold this many equal blocks, each split over TP ([gate; up]).
+  ColumnParallelLinear(const std::string& name, int64_t in, int64_t out, bool bias, ParamInit init,
+                       const ModelContext& ctx, ParamStore& store, int chunks = 1);
+  ColumnParallelLinear(const std::string& name, Param* shared_weight, const ModelContext& ctx);  // tied
+  void forward(Tensor& y, const Tensor& x) const;
+  void backward(Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  int64_t local_out() const { return weight_->local_shape[0]; }
+  Param* weight() const { return weight_; }
+
+ private:
+  const ModelContext* ctx_;
+  Param* weight_ = nullptr;
+  Param* bias_ = nullptr;
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear(const std::string& name, int64_t in, int64_t out, bool bias, ParamInit init,
+                    const ModelContext& ctx, ParamStore& store);
+  void forward(Tensor& y, const Tensor& x) const;
+  void backward(Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  int64_t local_in() const { return weight_->local_shape[1]; }
+
+ private:
+  const ModelContext* ctx_;
+  Param* weight_ = nullptr;
+  Param* bias_ = nullptr;
+};
+
+// LayerNorm (gpt2: weight + bias) or RMSNorm (llama: weight), over the hidden dim, replicated.
+class Norm {
+ public:
+  Norm(const std::string& name, int64_t hidden, const ModelContext& ctx, ParamStore& store);
+  struct Saved {
+    Tensor mean, rstd;  // (N)
+  };
+  void forward(Tensor& y, Saved& s, const Tensor& x) const;
+  // dx += d(norm)/dx . dy  (accumulates into the residual-stream gradient)
+  void backward_accumulate(Tensor& dx, const Tensor& dy, const Tensor& x, const Saved& s) const;
+
+ private:
+  const ModelContext* ctx_;
+  Param* weight_ = nullptr;
+  Param* bias_ = nullptr;
+};
+
+}  // namespace mt

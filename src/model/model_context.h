@@ -1,0 +1,31 @@
+// What every layer needs to know, passed explicitly: the model shape, the derived sizes, this
+// rank's place in the parallel layout, and the dtype/device activations live in.
+#pragma once
+
+#include <cstdint>
+
+#include "config/config.h"
+#include "parallel/parallel_state.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+
+struct ModelContext {
+  const ModelConfig* model = nullptr;
+  const DerivedConfig* derived = nullptr;
+  const ParallelState* ps = nullptr;
+  DType dtype = DType::F32;  // activations and compute parameters
+  Device device = Device::CPU;
+  bool llama() const { return model->arch == "llama"; }
+  Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
+  Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }
+};
+
+// Per micro-batch forward settings.
+struct StepContext {
+  bool training = true;
+  uint64_t dropout_seed = 0;  // seed mixed with the iteration; 0 dropout rate = no dropout
+  int64_t first_sample = 0;   // global index of the micro-batch's first sample (dropout offsets)
+};
+
+}  // namespace mt

@@ -1,0 +1,86 @@
+// Parameters carry their layout (DESIGN.md): global name and shape, which dimension is split over
+// tensor-parallel ranks (and in how many independently split blocks), how they are initialized,
+// whether weight decay applies. The same metadata drives initialization, gradient reduction,
+// the optimizer and checkpoint save/load/reshard: one source of truth.
+//
+// All local parameter values live in one flat allocation and all gradients in another (each
+// Param's value/grad are views), so the optimizer, the gradient norm and (later) the data-parallel
+// gradient buckets work on contiguous memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mt {
+
+enum class ParamInit { Normal, ScaledNormal, Ones, Zeros };
+enum class ParamKind { Weight, Bias, Norm, Embedding };
+
+struct ParamSpec {
+  std::string name;         // global, e.g. "layers.3.self_attention.linear_qkv.weight"
+  Shape global_shape;       // before any split (vocab rows: the padded vocabulary)
+  int partition_dim = -1;   // split over tensor-parallel ranks along this dim; -1 = replicated
+  // The partition dim holds this many equal blocks, each split over TP separately, so that a rank
+  // holds its part of every block (SwiGLU's fc1 = [gate; up] uses 2).
+  int partition_chunks = 1;
+  ParamInit init = ParamInit::Normal;
+  ParamKind kind = ParamKind::Weight;
+  // Rows at or beyond this index of dim 0 are vocab padding: initialized to zero (never used).
+  int64_t valid_rows = -1;
+};
+
+// One box of the global tensor held locally: global offset/shape and the local dim-0 row range.
+struct ParamBox {
+  Shape global_offset;
+  Shape shape;
+  int64_t local_row_begin = 0;  // rows [local_row_begin, + shape[0]) of the local tensor
+};
+
+struct Param {
+  ParamSpec spec;
+  Shape local_shape;
+  std::vector<ParamBox> boxes;  // how the local tensor tiles into boxes of the global tensor
+  Tensor value;                 // local slice (compute/master dtype on CPU)
+  Tensor grad;                  // same shape; gradients accumulate here over micro-batches
+  size_t flat_offset = 0;       // element offset into the store's flat buffers
+  bool weight_decay = true;     // resolved by the optimizer config
+};
+
+class ParamStore {
+ public:
+  ParamStore(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {}
+  // Registers a parameter; the returned pointer stays valid. Names must be unique.
+  Param* add(const ParamSpec& spec);
+  // Allocates the flat value/grad buffers and points every Param at its views.
+  void allocate(DType dtype, Device device);
+  // Seeded initialization: element e of the GLOBAL tensor gets normal01(seed, hash(name), e) * std,
+  // so every parallel layout starts from identical weights. ScaledNormal uses
+  // std / sqrt(2 * num_layers) (output projections, Megatron's scaled init).
+  void initialize(uint64_t seed, double std, int num_layers);
+  void zero_grads();
+
+  std::vector<Param*> params() const;
+  Param* find(const std::string& name) const;
+  int64_t local_numel() const { return total_; }
+  Tensor& flat_values() { return flat_values_; }
+  Tensor& flat_grads() { return flat_grads_; }
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+
+ private:
+  int tp_rank_, tp_size_;
+  std::vector<std::unique_ptr<Param>> params_;
+  int64_t total_ = 0;
+  Tensor flat_values_, flat_grads_;
+};
+
+// The boxes of `spec` held by tensor-parallel rank `tp_rank` of `tp_size`, and its local shape.
+std::vector<ParamBox> param_boxes(const ParamSpec& spec, int tp_rank, int tp_size, Shape* local_shape);
+// Global row-major flat index of local element `local_index` (for seeded init of slices).
+int64_t global_flat_index(const Param& p, int64_t local_index);
+
+}  // namespace mt

@@ -1,0 +1,492 @@
+// The public ops: shape/dtype/device checks, then dispatch on device (CPU reference here; the CUDA
+// backend adds its `case Device::CUDA`) and on dtype (fp32 / fp64 on CPU). A wrong shape or a dtype
+// mismatch between the arguments is a bug in our code (MT_INTERNAL_ASSERT naming the op and the
+// tensors); an unsupported device/dtype pair is a user-visible error (MT_CHECK) naming the op.
+#include "tensor/ops.h"
+
+#include <array>
+
+#include "tensor/cpu/cpu_ops.h"
+
+namespace mt::ops {
+
+namespace {
+
+#define OP_ASSERT(cond, ...) MT_INTERNAL_ASSERT(cond, "op ", op, ": ", __VA_ARGS__)
+
+[[noreturn]] void unsupported(const char* op, const Tensor& t) {
+  MT_CHECK(false, "op ", op, " is not supported on device ", device_name(t.device()), " for ", dtype_name(t.dtype()));
+  __builtin_unreachable();
+}
+
+DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+// Product of all dimensions but the last (the "N" of a row-wise op on (..., C)).
+int64_t rows(const Tensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i + 1 < t.dim(); ++i) n *= t.shape()[static_cast<size_t>(i)];
+  return n;
+}
+
+void need(const char* op, const Tensor& t, const char* name) { OP_ASSERT(t.defined(), name, " is undefined"); }
+
+// t is defined, on the device of ref, with dtype `dt`.
+void on_device(const char* op, const Tensor& ref, const Tensor& t, const char* name, DType dt) {
+  need(op, t, name);
+  OP_ASSERT(t.device() == ref.device(), name, " ", t.str(), " is on ", device_name(t.device()), ", expected ",
+            device_name(ref.device()));
+  OP_ASSERT(t.dtype() == dt, name, " ", t.str(), " should be ", dtype_name(dt));
+}
+void numel_is(const char* op, const Tensor& t, const char* name, int64_t n) {
+  OP_ASSERT(t.numel() == n, name, " ", t.str(), " should have ", n, " elements");
+}
+// t is defined, with the dtype and device of ref (and the given shape / rows / numel).
+void like(const char* op, const Tensor& ref, const Tensor& t, const char* name) {
+  on_device(op, ref, t, name, ref.dtype());
+}
+void like(const char* op, const Tensor& ref, const Tensor& t, const char* name, const Shape& s) {
+  like(op, ref, t, name);
+  OP_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
+}
+void like_rows(const char* op, const Tensor& ref, const Tensor& t, const char* name, int64_t N, int64_t C) {
+  like(op, ref, t, name);
+  OP_ASSERT(t.dim() >= 1 && t.size(-1) == C && rows(t) == N, name, " ", t.str(), " should be (", N, ", ", C, ")");
+}
+void like_numel(const char* op, const Tensor& ref, const Tensor& t, const char* name, int64_t n) {
+  like(op, ref, t, name);
+  numel_is(op, t, name, n);
+}
+// The last dimension of a row-wise op's input (..., C).
+int64_t last_dim(const char* op, const Tensor& t, const char* name) {
+  need(op, t, name);
+  OP_ASSERT(t.dim() >= 1, name, " ", t.str(), " should be (N, C)");
+  return t.size(-1);
+}
+// A row-statistics tensor: N elements of the statistics dtype of ref, on ref's device.
+void stat(const char* op, const Tensor& ref, const Tensor& t, const char* name, int64_t N) {
+  on_device(op, ref, t, name, stat_dtype(ref.dtype()));
+  numel_is(op, t, name, N);
+}
+
+// Calls f(float{}) or f(double{}) for the dtype of t (CPU reference dtypes).
+template <typename F>
+void cpu_float(const char* op, const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+    case DType::F32: f(float{}); return;
+    case DType::F64: f(double{}); return;
+    default: unsupported(op, t);
+  }
+}
+
+#define MT_CPU_DISPATCH(op, t, ...)                            \
+  switch ((t).device()) {                                      \
+    case Device::CPU:                                          \
+      cpu_float(op, t, [&](auto zero_) {                       \
+        using T = decltype(zero_);                             \
+        __VA_ARGS__;                                           \
+      });                                                      \
+      return;                                                  \
+    default:                                                   \
+      unsupported(op, t);                                      \
+  }
+
+}  // namespace
+
+// ---------------------------------------------------------------- elementwise
+
+void fill_(Tensor& x, double value) {
+  const char* op = "fill_";
+  need(op, x, "x");
+  MT_CPU_DISPATCH(op, x, cpu::fill_cpu<T>(x.data<T>(), x.numel(), value));
+}
+
+void add_(Tensor& a, const Tensor& b) {
+  const char* op = "add_";
+  need(op, a, "a");
+  like_numel(op, a, b, "b", a.numel());
+  MT_CPU_DISPATCH(op, a, cpu::add_inplace_cpu<T>(a.data<T>(), b.data<T>(), a.numel()));
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  const char* op = "add";
+  need(op, a, "a");
+  like_numel(op, a, b, "b", a.numel());
+  like_numel(op, a, out, "out", a.numel());
+  MT_CPU_DISPATCH(op, a, cpu::add_cpu<T>(out.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
+}
+
+void scale_(Tensor& x, double s) {
+  const char* op = "scale_";
+  need(op, x, "x");
+  MT_CPU_DISPATCH(op, x, cpu::scale_cpu<T>(x.data<T>(), x.numel(), s));
+}
+
+void cast(Tensor& out, const Tensor& in) {
+  const char* op = "cast";
+  need(op, in, "in");
+  need(op, out, "out");
+  numel_is(op, out, "out", in.numel());
+  OP_ASSERT(out.device() == in.device(), "out ", out.str(), " and in ", in.str(), " are on different devices");
+  switch (in.device()) {
+    case Device::CPU: {
+      using D = DType;
+      const D a = in.dtype(), b = out.dtype();
+      const int64_t n = in.numel();
+      if (a == b) out.copy_from(in);
+      else if (a == D::F32 && b == D::F64) cpu::cast_cpu(out.data<double>(), in.data<float>(), n);
+      else if (a == D::F64 && b == D::F32) cpu::cast_cpu(out.data<float>(), in.data<double>(), n);
+      else if (a == D::F32 && b == D::BF16) cpu::cast_cpu(out.data<bf16>(), in.data<float>(), n);
+      else if (a == D::F64 && b == D::BF16) cpu::cast_cpu(out.data<bf16>(), in.data<double>(), n);
+      else if (a == D::BF16 && b == D::F32) cpu::cast_cpu(out.data<float>(), in.data<bf16>(), n);
+      else if (a == D::BF16 && b == D::F64) cpu::cast_cpu(out.data<double>(), in.data<bf16>(), n);
+      else if (a == D::I32 && b == D::I64) cpu::cast_cpu(out.data<int64_t>(), in.data<int32_t>(), n);
+      else if (a == D::I64 && b == D::I32) cpu::cast_cpu(out.data<int32_t>(), in.data<int64_t>(), n);
+      else MT_CHECK(false, "op cast is not supported on device cpu for ", dtype_name(a), " -> ", dtype_name(b));
+      return;
+    }
+    default:
+      unsupported(op, in);
+  }
+}
+
+double sum_squares(const Tensor& x) {
+  const char* op = "sum_squares";
+  need(op, x, "x");
+  double result = 0;
+  switch (x.device()) {
+    case Device::CPU:
+      cpu_float(op, x, [&](auto z) {
+        using T = decltype(z);
+        result = cpu::sum_squares_cpu<T>(x.data<T>(), x.numel());
+      });
+      return result;
+    default:
+      unsupported(op, x);
+  }
+}
+
+// ---------------------------------------------------------------- linear
+
+namespace {
+// weight (OC, IC) and inp (..., IC); returns {N, IC, OC}.
+std::array<int64_t, 3> linear_dims(const char* op, const Tensor& inp, const Tensor& weight) {
+  const int64_t IC = last_dim(op, inp, "inp");
+  like(op, inp, weight, "weight");
+  OP_ASSERT(weight.dim() == 2 && weight.size(1) == IC, "weight ", weight.str(), " should be (OC, IC) for inp ",
+            inp.str());
+  return {rows(inp), IC, weight.size(0)};
+}
+}  // namespace
+
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  const char* op = "linear_forward";
+  const auto [N, IC, OC] = linear_dims(op, inp, weight);
+  like_rows(op, inp, out, "out", N, OC);
+  if (bias) like(op, inp, *bias, "bias", {OC});
+  MT_CPU_DISPATCH(op, inp,
+                  cpu::linear_forward_cpu<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
+                                             bias ? bias->data<T>() : nullptr, N, IC, OC));
+}
+
+void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight, GradMode dinp_mode) {
+  const char* op = "linear_backward";
+  const auto [N, IC, OC] = linear_dims(op, inp, weight);
+  like_rows(op, inp, dout, "dout", N, OC);
+  if (dinp) like_rows(op, inp, *dinp, "dinp", N, IC);
+  if (dweight) like(op, inp, *dweight, "dweight", weight.shape());
+  if (dbias) like(op, inp, *dbias, "dbias", {OC});
+  const bool acc = dinp_mode == GradMode::Accumulate;
+  MT_CPU_DISPATCH(op, inp,
+                  cpu::linear_backward_cpu<T>(dinp ? dinp->data<T>() : nullptr, dweight ? dweight->data<T>() : nullptr,
+                                              dbias ? dbias->data<T>() : nullptr, dout.data<T>(), inp.data<T>(),
+                                              weight.data<T>(), N, IC, OC, acc));
+}
+
+// ---------------------------------------------------------------- embedding
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
+  const char* op = "embedding_forward";
+  need(op, table, "table");
+  on_device(op, table, tokens, "tokens", DType::I32);
+  OP_ASSERT(table.dim() == 2, "table ", table.str(), " should be (Vl, C)");
+  OP_ASSERT(vocab_start >= 0, "vocab_start ", vocab_start, " is negative");
+  const int64_t Vl = table.size(0), C = table.size(1), N = tokens.numel();
+  like_rows(op, table, out, "out", N, C);
+  MT_CPU_DISPATCH(op, table,
+                  cpu::embedding_forward_cpu<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, Vl, C,
+                                                vocab_start));
+}
+
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t vocab_start) {
+  const char* op = "embedding_backward";
+  need(op, dtable, "dtable");
+  on_device(op, dtable, tokens, "tokens", DType::I32);
+  OP_ASSERT(dtable.dim() == 2, "dtable ", dtable.str(), " should be (Vl, C)");
+  OP_ASSERT(vocab_start >= 0, "vocab_start ", vocab_start, " is negative");
+  const int64_t Vl = dtable.size(0), C = dtable.size(1), N = tokens.numel();
+  like_rows(op, dtable, dout, "dout", N, C);
+  MT_CPU_DISPATCH(op, dtable,
+                  cpu::embedding_backward_cpu<T>(dtable.data<T>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
+                                                 vocab_start));
+}
+
+// ---------------------------------------------------------------- norms
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       const Tensor& bias, double eps) {
+  const char* op = "layernorm_forward";
+  const int64_t C = last_dim(op, inp, "inp"), N = rows(inp);
+  like(op, inp, weight, "weight", {C});
+  like(op, inp, bias, "bias", {C});
+  like_rows(op, inp, out, "out", N, C);
+  stat(op, inp, mean, "mean", N);
+  stat(op, inp, rstd, "rstd", N);
+  OP_ASSERT(eps >= 0, "eps ", eps, " is negative");
+  MT_CPU_DISPATCH(op, inp,
+                  cpu::layernorm_forward_cpu<T>(out.data<T>(), mean.data<T>(), rstd.data<T>(), inp.data<T>(),
+                                                weight.data<T>(), bias.data<T>(), N, C, eps));
+}
+
+void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& mean, const Tensor& rstd, GradMode dinp_mode) {
+  const char* op = "layernorm_backward";
+  const int64_t C = last_dim(op, inp, "inp"), N = rows(inp);
+  like(op, inp, weight, "weight", {C});
+  like(op, inp, dweight, "dweight", {C});
+  like(op, inp, dbias, "dbias", {C});
+  like_rows(op, inp, dinp, "dinp", N, C);
+  like_rows(op, inp, dout, "dout", N, C);
+  stat(op, inp, mean, "mean", N);
+  stat(op, inp, rstd, "rstd", N);
+  const bool acc = dinp_mode == GradMode::Accumulate;
+  MT_CPU_DISPATCH(op, inp,
+                  cpu::layernorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dbias.data<T>(), dout.data<T>(),
+                                                 inp.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(), N,
+                                                 C, acc));
+}
+
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps) {
+  const char* op = "rmsnorm_forward";
+  const int64_t C = last_dim(op, inp, "inp"), N = rows(inp);
+  like(op, inp, weight, "weight", {C});
+  like_rows(op, inp, out, "out", N, C);
+  stat(op, inp, rstd, "rstd", N);
+  OP_ASSERT(eps >= 0, "eps ", eps, " is negative");
+  MT_CPU_DISPATCH(op, inp,
+                  cpu::rmsnorm_forward_cpu<T>(out.data<T>(), rstd.data<T>(), inp.data<T>(), weight.data<T>(), N, C,
+                                              eps));
+}
+
+void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                      const Tensor& rstd, GradMode dinp_mode) {
+  const char* op = "rmsnorm_backward";
+  const int64_t C = last_dim(op, inp, "inp"), N = rows(inp);
+  like(op, inp, weight, "weight", {C});
+  like(op, inp, dweight, "dweight", {C});
+  like_rows(op, inp, dinp, "dinp", N, C);
+  like_rows(op, inp, dout, "dout", N, C);
+  stat(op, inp, rstd, "rstd", N);
+  const bool acc = dinp_mode == GradMode::Accumulate;
+  MT_CPU_DISPATCH(op, inp,
+                  cpu::rmsnorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dout.data<T>(), inp.data<T>(),
+                                               weight.data<T>(), rstd.data<T>(), N, C, acc));
+}
+
+// ---------------------------------------------------------------- activations
+
+void gelu_forward(Tensor& out, const Tensor& inp) {
+  const char* op = "gelu_forward";
+  need(op, inp, "inp");
+  like_numel(op, inp, out, "out", inp.numel());
+  MT_CPU_DISPATCH(op, inp, cpu::gelu_forward_cpu<T>(out.data<T>(), inp.data<T>(), inp.numel()));
+}
+
+void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+  const char* op = "gelu_backward";
+  need(op, inp, "inp");
+  like_numel(op, inp, dinp, "dinp", inp.numel());
+  like_numel(op, inp, dout, "dout", inp.numel());
+  MT_CPU_DISPATCH(op, inp, cpu::gelu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), inp.numel()));
+}
+
+void swiglu_forward(Tensor& out, const Tensor& inp) {
+  const char* op = "swiglu_forward";
+  const int64_t F2 = last_dim(op, inp, "inp"), N = rows(inp);
+  OP_ASSERT(F2 % 2 == 0, "inp ", inp.str(), " should be (N, 2F)");
+  like_rows(op, inp, out, "out", N, F2 / 2);
+  MT_CPU_DISPATCH(op, inp, cpu::swiglu_forward_cpu<T>(out.data<T>(), inp.data<T>(), N, F2 / 2));
+}
+
+void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+  const char* op = "swiglu_backward";
+  const int64_t F2 = last_dim(op, inp, "inp"), N = rows(inp);
+  OP_ASSERT(F2 % 2 == 0, "inp ", inp.str(), " should be (N, 2F)");
+  like_rows(op, inp, dinp, "dinp", N, F2);
+  like_rows(op, inp, dout, "dout", N, F2 / 2);
+  MT_CPU_DISPATCH(op, inp, cpu::swiglu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2));
+}
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+void check_rope(const char* op, const Tensor& x, double theta) {
+  need(op, x, "x");
+  OP_ASSERT(x.dim() == 4 && x.size(3) % 2 == 0, "x ", x.str(), " should be (B, T, heads, D) with D even");
+  OP_ASSERT(theta > 0, "theta ", theta, " should be positive");
+}
+
+// q (B, T, H, D), k and v (B, T, G, D), H a multiple of G; returns the shape.
+cpu::AttnShape attn_shape(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  need(op, q, "q");
+  like(op, q, k, "k");
+  OP_ASSERT(q.dim() == 4, "q ", q.str(), " should be (B, T, H, D)");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  OP_ASSERT(k.dim() == 4 && k.size(0) == B && k.size(1) == T && k.size(3) == D && k.size(2) >= 1 &&
+                H % k.size(2) == 0,
+            "k ", k.str(), " should be (B, T, G, D) with H % G == 0 for q ", q.str());
+  like(op, q, v, "v", k.shape());
+  return {B, T, H, k.size(2), D};
+}
+}  // namespace
+
+void rope_forward(Tensor& x, double theta, int64_t position_offset) {
+  const char* op = "rope_forward";
+  check_rope(op, x, theta);
+  MT_CPU_DISPATCH(op, x,
+                  cpu::rope_forward_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), theta,
+                                           position_offset));
+}
+
+void rope_backward(Tensor& dx, double theta, int64_t position_offset) {
+  const char* op = "rope_backward";
+  check_rope(op, dx, theta);
+  MT_CPU_DISPATCH(op, dx,
+                  cpu::rope_backward_cpu<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), theta,
+                                            position_offset));
+}
+
+void qkv_split_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
+  const char* op = "qkv_split_forward";
+  const cpu::AttnShape s = attn_shape(op, q, k, v);
+  like_rows(op, q, qkv, "qkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
+  MT_CPU_DISPATCH(op, q, cpu::qkv_split_forward_cpu<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(), s));
+}
+
+void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const char* op = "qkv_split_backward";
+  const cpu::AttnShape s = attn_shape(op, dq, dk, dv);
+  like_rows(op, dq, dqkv, "dqkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
+  MT_CPU_DISPATCH(op, dq,
+                  cpu::qkv_split_backward_cpu<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), s));
+}
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const char* op = "attention_forward";
+  const cpu::AttnShape s = attn_shape(op, q, k, v);
+  like(op, q, out, "out", q.shape());
+  stat(op, q, lse, "lse (B, H, T)", s.B * s.H * s.T);
+  MT_CPU_DISPATCH(op, q,
+                  cpu::attention_forward_cpu<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
+                                                s));
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse) {
+  const char* op = "attention_backward";
+  const cpu::AttnShape s = attn_shape(op, q, k, v);
+  like(op, q, dq, "dq", q.shape());
+  like(op, q, dk, "dk", k.shape());
+  like(op, q, dv, "dv", k.shape());
+  like(op, q, dout, "dout", q.shape());
+  like(op, q, out, "out", q.shape());
+  stat(op, q, lse, "lse (B, H, T)", s.B * s.H * s.T);
+  MT_CPU_DISPATCH(op, q,
+                  cpu::attention_backward_cpu<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
+                                                 q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse.data<T>(),
+                                                 s));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+namespace {
+// logits (..., Vl) with targets int32 (N); returns {N, Vl}.
+std::array<int64_t, 2> ce_dims(const char* op, const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               int64_t n_valid) {
+  const int64_t Vl = last_dim(op, logits, "logits"), N = rows(logits);
+  on_device(op, logits, targets, "targets", DType::I32);
+  numel_is(op, targets, "targets", N);
+  OP_ASSERT(n_valid >= 0 && n_valid <= Vl, "n_valid ", n_valid, " outside [0, ", Vl, "] for logits ", logits.str());
+  OP_ASSERT(vocab_start >= 0, "vocab_start ", vocab_start, " is negative");
+  return {N, Vl};
+}
+}  // namespace
+
+void cross_entropy_stats(Tensor& max, Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
+                         const Tensor& targets, int64_t vocab_start, int64_t n_valid) {
+  const char* op = "cross_entropy_stats";
+  const auto [N, Vl] = ce_dims(op, logits, targets, vocab_start, n_valid);
+  stat(op, logits, max, "max", N);
+  stat(op, logits, sumexp, "sumexp", N);
+  stat(op, logits, target_logit, "target_logit", N);
+  MT_CPU_DISPATCH(op, logits,
+                  cpu::cross_entropy_stats_cpu<T>(max.data<T>(), sumexp.data<T>(), target_logit.data<T>(),
+                                                  logits.data<T>(), targets.data<int32_t>(), N, Vl, vocab_start,
+                                                  n_valid));
+}
+
+void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& dloss, int64_t vocab_start, int64_t n_valid) {
+  const char* op = "cross_entropy_backward";
+  const auto [N, Vl] = ce_dims(op, logits, targets, vocab_start, n_valid);
+  like_rows(op, logits, dlogits, "dlogits", N, Vl);
+  stat(op, logits, lse, "lse", N);
+  need(op, dloss, "dloss");
+  OP_ASSERT(dloss.dtype() == DType::F32 || dloss.dtype() == DType::F64, "dloss ", dloss.str(),
+            " should be fp32 or fp64");
+  on_device(op, logits, dloss, "dloss", dloss.dtype());
+  numel_is(op, dloss, "dloss", N);
+  MT_CPU_DISPATCH(op, logits, {
+    if (dloss.dtype() == DType::F32)
+      cpu::cross_entropy_backward_cpu<T, float>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(),
+                                                lse.data<T>(), dloss.data<float>(), N, Vl, vocab_start, n_valid);
+    else
+      cpu::cross_entropy_backward_cpu<T, double>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(),
+                                                 lse.data<T>(), dloss.data<double>(), N, Vl, vocab_start, n_valid);
+  });
+}
+
+// ---------------------------------------------------------------- dropout
+
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t seed, uint64_t offset) {
+  const char* op = "dropout_forward";
+  need(op, inp, "inp");
+  like_numel(op, inp, out, "out", inp.numel());
+  OP_ASSERT(p >= 0 && p <= 1, "p ", p, " outside [0, 1]");
+  MT_CPU_DISPATCH(op, inp, cpu::dropout_forward_cpu<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, seed, offset));
+}
+
+void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed, uint64_t offset) {
+  const char* op = "dropout_backward";
+  need(op, dout, "dout");
+  like_numel(op, dout, dinp, "dinp", dout.numel());
+  OP_ASSERT(p >= 0 && p <= 1, "p ", p, " outside [0, 1]");
+  MT_CPU_DISPATCH(op, dout,
+                  cpu::dropout_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), dout.numel(), p, seed, offset));
+}
+
+// ---------------------------------------------------------------- optimizer
+
+void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& a) {
+  const char* op = "adamw_step";
+  need(op, param, "param");
+  like_numel(op, param, m, "m", param.numel());
+  like_numel(op, param, v, "v", param.numel());
+  like_numel(op, param, grad, "grad", param.numel());
+  OP_ASSERT(a.step >= 1, "step ", a.step, " should be >= 1");
+  MT_CPU_DISPATCH(op, param,
+                  cpu::adamw_step_cpu<T>(param.data<T>(), m.data<T>(), v.data<T>(), grad.data<T>(), param.numel(),
+                                         a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale));
+}
+
+}  // namespace mt::ops

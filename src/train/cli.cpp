@@ -1,0 +1,65 @@
+#include "train/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "config/config_loader.h"
+#include "core/log.h"
+#include "runtime/mpi_communicator.h"
+#include "train/trainer.h"
+
+namespace mt {
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"megatrain: native trainer for GPT/Llama-style transformers (CPU and CUDA, MPI + NCCL)"};
+  app.set_version_flag("--version", std::string("megatrain ") + MEGATRAIN_VERSION);
+  app.require_subcommand(1);
+
+  std::string config_path;
+  std::vector<std::string> overrides;
+
+  CLI::App* train = app.add_subcommand("train", "Train a model as a YAML config describes");
+  train->add_option("--config,-c", config_path, "YAML config file (see configs/ and the README's reference)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  train->add_option("--set", overrides, "Override a config key: --set training.train_iters=20 (repeatable)");
+
+  CLI::App* config = app.add_subcommand("config", "Validate a config and print it resolved, or print the key reference");
+  bool reference = false;
+  int world_size = 1;
+  config->add_option("--config,-c", config_path, "YAML config file")->check(CLI::ExistingFile);
+  config->add_option("--set", overrides, "Override a config key (repeatable)");
+  config->add_option("--world-size", world_size, "Check the layout for this many ranks")->check(CLI::PositiveNumber);
+  config->add_flag("--reference", reference, "Print every config key with its type, default and meaning (markdown)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  if (*train) {
+    Config cfg = load_config(config_path, overrides);
+    log::init(mpi_world_rank(), mpi_world_size(), cfg.logging.level);
+    install_stop_signal_handlers();
+    run_training(cfg);
+    return 0;
+  }
+  if (*config) {
+    if (reference) {
+      std::cout << config_reference_markdown();
+      return 0;
+    }
+    MT_CHECK(!config_path.empty(), "megatrain config: give --config FILE (or --reference)");
+    Config cfg = load_config(config_path, overrides);
+    DerivedConfig d = derive_config(cfg, world_size);
+    std::cout << config_to_yaml(cfg);
+    std::cout << "# derived for " << world_size << " rank(s): data_parallel_size " << d.data_parallel_size
+              << ", num_microbatches " << d.num_microbatches << ", padded_vocab_size " << d.padded_vocab_size
+              << ", tokens_per_iteration " << d.tokens_per_iteration << "\n";
+    return 0;
+  }
+  return 0;
+}
+
+}  // namespace mt

@@ -1,0 +1,242 @@
+#include "train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config_loader.h"
+#include "core/log.h"
+#include "data/dataset.h"
+#include "model/gpt_model.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "runtime/mesh.h"
+#include "runtime/mpi_communicator.h"
+#include "tensor/cpu/counter_rng.h"
+#include "train/metrics.h"
+#include "train/train_checkpoint.h"
+
+namespace mt {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+Device resolve_device(const TrainingConfig& t) {
+  // The CUDA backend's ops arrive with the CUDA issue; until then "auto" means the CPU.
+  MT_CHECK(t.device != "cuda", "training.device: cuda: this build has no CUDA implementation of the model's ops yet; "
+                               "set training.device: cpu (or auto)");
+  return Device::CPU;
+}
+
+// Everything one training run holds.
+struct Run {
+  const Config& cfg;
+  DerivedConfig d;
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<Mesh> mesh;
+  ModelContext ctx;
+  std::unique_ptr<ParamStore> store;
+  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<AdamW> opt;
+  data::Datasets data;
+  std::string config_yaml;
+  int64_t flops_per_token = 0;
+
+  explicit Run(const Config& c) : cfg(c) {}
+  const ParallelState& ps() const { return mesh->state(); }
+
+  // Forward (and backward when training) of one micro-batch list; returns the summed token loss.
+  double run_microbatches(const std::vector<data::MicroBatch>& mbs, int64_t iteration, bool training) {
+    const double total_tokens = static_cast<double>(d.tokens_per_iteration);
+    double loss_sum = 0;
+    for (const data::MicroBatch& mb : mbs) {
+      StepContext step;
+      step.training = training;
+      step.dropout_seed = rng::mix64(cfg.training.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(iteration));
+      step.first_sample = mb.first_sample;
+      GPTModel::MicroState st;
+      double ls = 0;
+      model->forward(st, mb.tokens.data(), mb.labels.data(), mb.rows, mb.seq_length, Tensor(), step, &ls);
+      loss_sum += ls;
+      if (training) model->backward(st, Tensor(), 1.0 / total_tokens, step);
+    }
+    return loss_sum;
+  }
+
+  double evaluate() {
+    if (!data.valid || cfg.training.eval_iters <= 0) return -1;
+    // The same first eval_iters global batches of the validation split every time, so that
+    // validation losses are comparable across evaluations and across resumes.
+    data::BatchLoader loader(data.valid, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank, d.data_parallel_size,
+                             0, cfg.data.prefetch);
+    double sum = 0;
+    for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += run_microbatches(loader.next(), 0, false);
+    sum = ps().dp->all_reduce_scalar(sum, ReduceOp::Sum);
+    return sum / (static_cast<double>(d.tokens_per_iteration) * cfg.training.eval_iters);
+  }
+};
+
+int64_t count_flop_params(const ParamStore& store) {
+  int64_t n = 0;
+  for (Param* p : store.params())
+    if (p->spec.name != "embedding.position_embeddings.weight") n += shape_numel(p->spec.global_shape);
+  return n;
+}
+
+}  // namespace
+
+void install_stop_signal_handlers() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+}
+
+TrainResult run_training(const Config& cfg) {
+  Run run(cfg);
+  run.world = make_world_communicator();
+  run.d = derive_config(cfg, run.world->size());
+  const DerivedConfig& d = run.d;
+  run.mesh = std::make_unique<Mesh>(cfg.parallel, d, *run.world);
+  const ParallelState& ps = run.ps();
+  run.config_yaml = config_to_yaml(cfg);
+  log::info("megatrain {} | config {} | resolved:\n{}", MEGATRAIN_VERSION, cfg.source_file, run.config_yaml);
+
+  // Model.
+  run.ctx.model = &cfg.model;
+  run.ctx.derived = &run.d;
+  run.ctx.ps = &ps;
+  run.ctx.device = resolve_device(cfg.training);
+  run.ctx.dtype = DType::F32;
+  run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
+  ModelChunkSpec chunk{0, cfg.model.num_layers, true, true};
+  run.model = std::make_unique<GPTModel>(run.ctx, *run.store, chunk, cfg.training.recompute == "full");
+  run.store->allocate(run.ctx.dtype, run.ctx.device);
+  run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
+  run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer);
+  run.flops_per_token = model_flops_per_token(count_flop_params(*run.store), cfg.model);
+  log::info("model: {} layers, {} parameters on this rank ({:.1f} M), padded vocab {}, {} micro-batches of {} per iteration",
+            cfg.model.num_layers, run.store->local_numel(), run.store->local_numel() / 1e6, d.padded_vocab_size,
+            d.num_microbatches, cfg.training.micro_batch_size);
+
+  // State, possibly restored.
+  int64_t iteration = 0, consumed = 0, skipped_total = 0;
+  const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
+  if (!load.empty()) {
+    ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
+    load_training_checkpoint(ck, *run.store, *run.opt);
+    iteration = ck.state.at("iteration").get<int64_t>();
+    consumed = ck.state.at("consumed_train_samples").get<int64_t>();
+    skipped_total = ck.state.value("skipped_iterations", int64_t{0});
+    run.opt->set_step_count(ck.state.at("optimizer_step").get<int64_t>());
+    log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+  }
+
+  // Data.
+  const int64_t gbs = d.global_batch_size;
+  const int64_t eval_samples = cfg.training.eval_iters * gbs;
+  run.data = data::build_datasets(cfg, d, cfg.training.train_iters * gbs, eval_samples, eval_samples);
+  log::info("train data: {}", run.data.train->describe());
+  if (run.data.valid) log::info("valid data: {}", run.data.valid->describe());
+  data::BatchLoader loader(run.data.train, d.global_batch_size, cfg.training.micro_batch_size, ps.dp_rank,
+                           d.data_parallel_size, consumed, cfg.data.prefetch);
+
+  MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
+  auto save = [&](int64_t it) {
+    if (cfg.checkpoint.dir.empty()) return;
+    nlohmann::json state = {{"iteration", it},
+                            {"consumed_train_samples", loader.consumed_samples()},
+                            {"optimizer_step", run.opt->step_count()},
+                            {"skipped_iterations", skipped_total},
+                            {"seed", cfg.training.seed}};
+    std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
+                                                *run.opt, ps, state, run.config_yaml);
+    log::info("saved checkpoint {}", path);
+  };
+
+  TrainResult result;
+  IterationRecord rec;
+  double interval_loss = 0, interval_ms = 0;
+  int interval_iters = 0;
+  int64_t last_saved = iteration, last_eval = -1;
+  const int64_t decay_iters = d.lr_decay_iters;
+  while (iteration < cfg.training.train_iters) {
+    auto t0 = Clock::now();
+    const int64_t it = iteration + 1;
+    std::vector<data::MicroBatch> batches = loader.next();
+    run.store->zero_grads();
+    double loss = run.run_microbatches(batches, it, true);
+    loss = ps.dp->all_reduce_scalar(loss, ReduceOp::Sum) / static_cast<double>(d.tokens_per_iteration);
+    const double gnorm = global_grad_norm(*run.store, ps);
+    const double lr = learning_rate(cfg.optimizer, decay_iters, it);
+    bool skip = false;
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      MT_CHECK(cfg.training.nan_policy == "skip", "iteration ", it, ": loss ", loss, ", gradient norm ", gnorm,
+               " is not finite; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
+               "training.nan_policy: skip to skip such iterations");
+      skip = true;
+      ++skipped_total;
+      ++rec.skipped;
+      log::warn("iteration {}: non-finite loss/gradient norm, update skipped", it);
+    }
+    if (!skip) {
+      const double clip = cfg.optimizer.clip_grad;
+      const double scale = (clip > 0 && gnorm > clip) ? clip / (gnorm + 1e-6) : 1.0;
+      run.opt->step(lr, scale);
+      interval_loss += loss;
+      ++interval_iters;
+    }
+    iteration = it;
+    interval_ms += ms_since(t0);
+    result.last_iteration = it;
+    result.last_loss = loss;
+
+    const bool log_now = it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters;
+    if (log_now) {
+      rec.iteration = it;
+      rec.consumed_samples = loader.consumed_samples();
+      rec.loss = interval_iters ? interval_loss / interval_iters : NAN;
+      rec.grad_norm = gnorm;
+      rec.lr = lr;
+      const int64_t n_iters = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval
+                                                                 : it % cfg.logging.log_interval;
+      rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
+      metrics.train(rec, 0.0);
+      rec = IterationRecord{};
+      interval_loss = interval_ms = 0;
+      interval_iters = 0;
+    }
+    if (cfg.training.eval_interval > 0 && it % cfg.training.eval_interval == 0) {
+      result.last_val_loss = run.evaluate();
+      if (result.last_val_loss >= 0) metrics.eval(it, result.last_val_loss);
+      last_eval = it;
+    }
+    const bool stop_signal = run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max) != 0;
+    const bool exit_now = cfg.training.exit_interval > 0 && it % cfg.training.exit_interval == 0;
+    if ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) || stop_signal || exit_now) {
+      save(it);
+      last_saved = it;
+    }
+    if (stop_signal || exit_now) {
+      log::info("{} at iteration {}: checkpoint saved, exiting", stop_signal ? "stop signal received" : "exit_interval reached", it);
+      result.stopped_by_signal = stop_signal;
+      return result;
+    }
+  }
+  if (last_eval != iteration) {
+    result.last_val_loss = run.evaluate();
+    if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
+  }
+  if (last_saved != iteration) save(iteration);
+  log::info("training done: {} iterations, last loss {:.6f}", iteration, result.last_loss);
+  return result;
+}
+
+}  // namespace mt

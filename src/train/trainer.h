@@ -1,0 +1,26 @@
+// The training loop: build the model on this rank's share of the layout, restore the latest
+// checkpoint, then for each iteration run every micro-batch forward and backward, clip, step
+// AdamW, log, evaluate and save. Losses are the mean over all tokens of the global batch.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+
+namespace mt {
+
+struct TrainResult {
+  int64_t last_iteration = 0;
+  double last_loss = 0;
+  double last_val_loss = -1;
+  bool stopped_by_signal = false;
+};
+
+// Runs training as the config says (collective over all ranks). Throws mt::Error on bad input.
+TrainResult run_training(const Config& cfg);
+
+// SIGTERM / SIGUSR1 ask the loop to save a checkpoint and exit 0 after the current iteration.
+void install_stop_signal_handlers();
+
+}  // namespace mt

@@ -1,0 +1,271 @@
+// derive_config: the resolved values and every layout / batch refusal (numbers quoted, fix named).
+#include <string>
+
+#include "catch.h"
+#include "config/config_loader.h"
+#include "config_test_util.h"
+
+using mt::test::contains;
+using mt::test::error_of;
+
+namespace {
+
+// A llama-style model, CPU fp32, mock data; tests adjust fields and derive.
+mt::Config base() {
+  mt::Config c;
+  c.source_file = "configs/d.yaml";
+  c.model.num_layers = 8;
+  c.model.hidden_size = 256;
+  c.model.num_attention_heads = 8;
+  c.model.num_query_groups = 4;
+  c.model.ffn_hidden_size = 512;
+  c.model.vocab_size = 1000;
+  c.model.make_vocab_size_divisible_by = 64;
+  c.model.seq_length = 128;
+  c.training.train_iters = 100;
+  c.training.micro_batch_size = 2;
+  c.data.mock = true;
+  return c;
+}
+
+std::string derive_error(const mt::Config& c, int world) {
+  const std::string msg = error_of([&] { mt::derive_config(c, world); });
+  INFO(msg);
+  CHECK(mt::test::one_line(msg));
+  CHECK(msg.rfind("config configs/d.yaml: ", 0) == 0);
+  return msg;
+}
+
+}  // namespace
+
+TEST_CASE("derive: resolved values for one rank", "[config]") {
+  const mt::DerivedConfig d = mt::derive_config(base(), 1);
+  CHECK(d.world_size == 1);
+  CHECK(d.data_parallel_size == 1);
+  CHECK(d.num_query_groups == 4);
+  CHECK(d.ffn_hidden_size == 512);
+  CHECK(d.head_dim == 32);
+  CHECK(d.padded_vocab_size == 1024);
+  CHECK(d.global_batch_size == 2);  // 0 -> micro x data-parallel
+  CHECK(d.num_microbatches == 1);
+  CHECK(d.lr_decay_iters == 100);  // 0 -> train_iters
+  CHECK(d.tokens_per_iteration == 2 * 128);
+}
+
+TEST_CASE("derive: layouts over several ranks", "[config]") {
+  mt::Config c = base();
+  c.parallel.tensor = 2;
+  c.parallel.pipeline = 2;
+  c.training.global_batch_size = 32;
+  c.optimizer.lr_decay_iters = 80;
+  mt::DerivedConfig d = mt::derive_config(c, 8);
+  CHECK(d.data_parallel_size == 2);
+  CHECK(d.padded_vocab_size == 1024);  // multiple of 64 x 2
+  CHECK(d.global_batch_size == 32);
+  CHECK(d.num_microbatches == 8);
+  CHECK(d.lr_decay_iters == 80);
+  CHECK(d.tokens_per_iteration == 32 * 128);
+
+  c.parallel.tensor = 8;  // 4 query groups replicated on 2 ranks each
+  c.parallel.pipeline = 1;
+  c.model.vocab_size = 1100;
+  d = mt::derive_config(c, 16);
+  CHECK(d.data_parallel_size == 2);
+  CHECK(d.padded_vocab_size == 1536);  // multiple of 512
+
+  c = base();
+  c.model.num_query_groups = 0;
+  c.model.arch = "gpt2";
+  c.model.ffn_hidden_size = 0;
+  c.model.vocab_size = 50257;
+  c.model.make_vocab_size_divisible_by = 128;
+  d = mt::derive_config(c, 1);
+  CHECK(d.num_query_groups == 8);
+  CHECK(d.ffn_hidden_size == 4 * 256);
+  CHECK(d.padded_vocab_size == 50304);
+  c.parallel.tensor = 2;
+  CHECK(mt::derive_config(c, 2).padded_vocab_size == 50432);
+
+  // Context and sequence parallel, interleaved pipeline.
+  c = base();
+  c.parallel.context = 2;
+  c.parallel.tensor = 2;
+  c.parallel.sequence_parallel = true;
+  c.parallel.pipeline = 2;
+  c.parallel.virtual_pipeline = 2;
+  d = mt::derive_config(c, 8);
+  CHECK(d.data_parallel_size == 1);
+}
+
+TEST_CASE("derive: world size must fit tensor x pipeline x context", "[config]") {
+  mt::Config c = base();
+  c.parallel.tensor = 4;
+  const std::string m = derive_error(c, 6);
+  CHECK(contains(m, "world size 6 is not divisible by parallel.tensor (4) x parallel.pipeline (1) x parallel.context (1) = 4"));
+  CHECK(contains(m, "4 (data-parallel 1), 8 (data-parallel 2), 12 (data-parallel 3)"));
+  CHECK(contains(error_of([&] { mt::derive_config(c, 0); }), "world size 0 must be >= 1"));
+}
+
+TEST_CASE("derive: attention heads, query groups, hidden and MLP sizes", "[config]") {
+  mt::Config c = base();
+  c.model.num_attention_heads = 30;
+  c.model.num_query_groups = 0;
+  c.model.hidden_size = 960;
+  c.parallel.tensor = 4;
+  std::string m = derive_error(c, 4);
+  CHECK(contains(m, "model.num_attention_heads (30) must be divisible by parallel.tensor (4); tensor sizes that fit: 1, 2, 3, 5, 6, 10"));
+
+  c = base();
+  c.model.num_query_groups = 3;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "model.num_attention_heads (8) must be divisible by model.num_query_groups (3)"));
+
+  c = base();
+  c.model.num_attention_heads = 12;
+  c.model.hidden_size = 384;
+  c.model.num_query_groups = 3;
+  c.parallel.tensor = 2;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "model.num_query_groups (3) and parallel.tensor (2) must divide one another"));
+
+  c = base();
+  c.model.hidden_size = 100;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "model.hidden_size (100) must be divisible by model.num_attention_heads (8)"));
+
+  c = base();
+  c.model.hidden_size = 72;  // head_dim 9
+  m = derive_error(c, 1);
+  CHECK(contains(m, "= 9 must be even for RoPE"));
+
+  c = base();
+  c.model.ffn_hidden_size = 500;
+  c.parallel.tensor = 8;
+  m = derive_error(c, 8);
+  CHECK(contains(m, "model.ffn_hidden_size (500) must be divisible by parallel.tensor (8)"));
+
+  c = base();
+  c.model.arch = "gpt2";
+  c.model.num_query_groups = 2;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "for arch gpt2"));
+  c = base();
+  c.model.ffn_hidden_size = 0;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "model.ffn_hidden_size is required for arch llama"));
+  c = base();
+  c.model.num_layers = 0;  // built in code: ranges are checked too
+  m = derive_error(c, 1);
+  CHECK(contains(m, "model.num_layers = 0: must be >= 1"));
+}
+
+TEST_CASE("derive: layers over pipeline stages", "[config]") {
+  mt::Config c = base();
+  c.model.num_layers = 30;
+  c.parallel.pipeline = 4;
+  std::string m = derive_error(c, 4);
+  CHECK(contains(m, "model.num_layers (30) cannot be split evenly over parallel.pipeline (4) x parallel.virtual_pipeline (1) "
+                    "stages; set parallel.decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers or choose "
+                    "num_layers divisible by 4"));
+
+  c.parallel.decoder_first_pipeline_num_layers = 6;
+  c.parallel.decoder_last_pipeline_num_layers = 6;  // 18 left over 2 middle stages
+  CHECK(mt::derive_config(c, 4).data_parallel_size == 1);
+  c.parallel.decoder_first_pipeline_num_layers = 7;
+  m = derive_error(c, 4);
+  CHECK(contains(m, "leaves 17 layers, which cannot be split evenly over the 2 other pipeline stages"));
+  c.parallel.decoder_first_pipeline_num_layers = 8;  // first only: 22 over 3 stages
+  c.parallel.decoder_last_pipeline_num_layers = 0;
+  m = derive_error(c, 4);
+  CHECK(contains(m, "leaves 22 layers"));
+  c.parallel.decoder_first_pipeline_num_layers = 9;  // 21 over 3 stages
+  CHECK(mt::derive_config(c, 4).data_parallel_size == 1);
+  c.parallel.decoder_first_pipeline_num_layers = 20;
+  c.parallel.decoder_last_pipeline_num_layers = 20;
+  m = derive_error(c, 4);
+  CHECK(contains(m, "= 40 is more than model.num_layers (30)"));
+
+  c.parallel.pipeline = 2;
+  c.parallel.decoder_first_pipeline_num_layers = 14;
+  c.parallel.decoder_last_pipeline_num_layers = 16;
+  CHECK(mt::derive_config(c, 2).data_parallel_size == 1);
+  c.parallel.decoder_last_pipeline_num_layers = 10;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "must equal model.num_layers (30)"));
+
+  c = base();
+  c.parallel.pipeline = 2;
+  c.parallel.virtual_pipeline = 3;
+  c.model.num_layers = 8;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "model.num_layers (8) cannot be split evenly over parallel.pipeline (2) x parallel.virtual_pipeline (3) stages"));
+  c.parallel.decoder_first_pipeline_num_layers = 2;
+  c.parallel.decoder_last_pipeline_num_layers = 6;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "must be divisible by parallel.virtual_pipeline (3)"));
+
+  c = base();
+  c.parallel.virtual_pipeline = 2;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "parallel.virtual_pipeline (2) > 1 needs parallel.pipeline > 1"));
+  c = base();
+  c.parallel.decoder_first_pipeline_num_layers = 2;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "need parallel.pipeline > 1"));
+}
+
+TEST_CASE("derive: sequence and context parallel need divisible sequence lengths", "[config]") {
+  mt::Config c = base();
+  c.parallel.sequence_parallel = true;
+  std::string m = derive_error(c, 1);
+  CHECK(contains(m, "parallel.sequence_parallel needs parallel.tensor > 1"));
+  CHECK(contains(m, "set sequence_parallel: false or tensor > 1"));
+  c.parallel.tensor = 2;
+  c.model.seq_length = 127;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "model.seq_length (127) must be divisible by parallel.tensor (2) with parallel.sequence_parallel: true"));
+
+  c = base();
+  c.parallel.context = 2;
+  c.model.seq_length = 130;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "model.seq_length (130) must be divisible by 2 x parallel.context (2) = 4"));
+}
+
+TEST_CASE("derive: batch arithmetic is checked, never adjusted", "[config]") {
+  mt::Config c = base();
+  c.training.micro_batch_size = 8;
+  c.training.global_batch_size = 100;
+  std::string m = derive_error(c, 2);
+  CHECK(contains(m, "training.global_batch_size (100) must be a multiple of training.micro_batch_size (8) x data-parallel size (2) = 16"));
+  CHECK(contains(m, "96 or 112"));
+  c.training.global_batch_size = 8;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "nearest that fit: 16 (0 means 16)"));
+  c.training.global_batch_size = 64;
+  const mt::DerivedConfig d = mt::derive_config(c, 2);
+  CHECK(d.num_microbatches == 4);
+}
+
+TEST_CASE("derive: optimizer, precision and expert rules", "[config]") {
+  mt::Config c = base();
+  c.optimizer.warmup_iters = 50;
+  c.optimizer.lr_decay_iters = 40;
+  std::string m = derive_error(c, 1);
+  CHECK(contains(m, "optimizer.warmup_iters (50) must be <= optimizer.lr_decay_iters (40)"));
+  c = base();
+  c.optimizer.min_lr = 1.0;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "optimizer.min_lr (1.0) must be <= optimizer.lr (0.0003)"));
+  c = base();
+  c.parallel.expert = 2;
+  m = derive_error(c, 2);
+  CHECK(contains(m, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet"));
+  c = base();
+  c.training.device = "cpu";
+  c.training.precision = "bf16";
+  m = derive_error(c, 1);
+  CHECK(contains(m, "the CPU backend runs fp32; set training.precision: fp32"));
+  c.training.device = "auto";
+  CHECK(mt::derive_config(c, 1).world_size == 1);
+}
