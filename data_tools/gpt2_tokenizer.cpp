@@ -20,6 +20,22 @@ std::string read_file(const std::string& path, const char* what) {
 }
 }  // namespace
 
+std::vector<std::string> vocab_texts_by_id(const nlohmann::json& vocab, const std::string& where) {
+  MT_CHECK(vocab.is_object(), where, ": expected a JSON object {token: id}");
+  std::vector<std::string> texts;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    MT_CHECK(it.value().is_number_integer(), where, ": the id of token \"", it.key(), "\" is not an integer");
+    const int64_t id = it.value().get<int64_t>();
+    MT_CHECK(id >= 0 && id < (int64_t{1} << 31), where, ": token \"", it.key(), "\" has id ", id, " out of range");
+    if (static_cast<size_t>(id) >= texts.size()) texts.resize(id + 1);
+    MT_CHECK(texts[id].empty(), where, ": id ", id, " is given to both \"", texts[id], "\" and \"", it.key(), "\"");
+    MT_CHECK(!it.key().empty(), where, ": empty token text for id ", id);
+    texts[id] = it.key();
+  }
+  MT_CHECK(!texts.empty(), where, ": the vocabulary is empty");
+  return texts;
+}
+
 std::vector<std::string> read_gpt2_encoder_json(const std::string& path) {
   const std::string text = read_file(path, "GPT-2 vocabulary (--vocab-file encoder.json)");
   nlohmann::json j;
@@ -28,19 +44,7 @@ std::vector<std::string> read_gpt2_encoder_json(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     MT_CHECK(false, path, ": not valid JSON (", e.what(), "); --vocab-file must be GPT-2's encoder.json");
   }
-  MT_CHECK(j.is_object(), path, ": expected a JSON object {token: id}; --vocab-file must be GPT-2's encoder.json");
-  std::vector<std::string> texts;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    MT_CHECK(it.value().is_number_integer(), path, ": the id of token \"", it.key(), "\" is not an integer");
-    const int64_t id = it.value().get<int64_t>();
-    MT_CHECK(id >= 0 && id < (int64_t{1} << 31), path, ": token \"", it.key(), "\" has id ", id, " out of range");
-    if (static_cast<size_t>(id) >= texts.size()) texts.resize(id + 1);
-    MT_CHECK(texts[id].empty(), path, ": id ", id, " is given to both \"", texts[id], "\" and \"", it.key(), "\"");
-    MT_CHECK(!it.key().empty(), path, ": empty token text for id ", id);
-    texts[id] = it.key();
-  }
-  MT_CHECK(!texts.empty(), path, ": the vocabulary is empty");
-  return texts;
+  return vocab_texts_by_id(j, path);
 }
 
 std::vector<std::pair<std::string, std::string>> read_gpt2_merges(const std::string& path, std::vector<size_t>* line_of) {

@@ -4,6 +4,8 @@
 // (and Megatron's GPT2BPETokenizer); it is only the EOD id.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "data_tools/bpe.h"
 #include "data_tools/tokenizer.h"
 
@@ -30,6 +32,9 @@ class Gpt2Tokenizer : public Tokenizer {
   std::vector<std::string_view> pieces_;
 };
 
+// Token texts by id from a JSON object {token: id} (encoder.json, tokenizer.json's model.vocab);
+// ids without a token get "". Throws mt::Error naming `where` on any problem.
+std::vector<std::string> vocab_texts_by_id(const nlohmann::json& vocab, const std::string& where);
 // Reads encoder.json into texts by id (throws mt::Error naming the file on any problem).
 std::vector<std::string> read_gpt2_encoder_json(const std::string& path);
 // Reads vocab.bpe merges; line_of[i] is the 1-based line of merge i.

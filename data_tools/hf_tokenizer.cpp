@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "data_tools/gpt2_tokenizer.h"
 #include "data_tools/unicode.h"
 
 namespace mt::data {
@@ -80,8 +81,8 @@ void parse_pre_tokenizer(const json& j, const std::string& where, std::vector<Pr
 }
 
 // Appends the post-processor's ids before / after the text to prefix / suffix.
-void parse_post_processor(const json& j, const std::string& where, const HfTokenizer::Config& cfg,
-                          std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) {
+void parse_post_processor(const json& j, const std::string& where, std::vector<int32_t>* prefix,
+                          std::vector<int32_t>* suffix) {
   if (j.is_null()) return;
   const std::string type = type_of(j);
   std::vector<int32_t> pre, post;
@@ -90,7 +91,7 @@ void parse_post_processor(const json& j, const std::string& where, const HfToken
   } else if (type == "Sequence") {
     MT_CHECK(j.contains("processors") && j["processors"].is_array(), where, ": Sequence without a \"processors\" array");
     for (size_t i = 0; i < j["processors"].size(); ++i)
-      parse_post_processor(j["processors"][i], where + ".processors[" + std::to_string(i) + "]", cfg, prefix, suffix);
+      parse_post_processor(j["processors"][i], where + ".processors[" + std::to_string(i) + "]", prefix, suffix);
     return;
   } else if (type == "TemplateProcessing") {
     MT_CHECK(j.contains("single") && j["single"].is_array(), where, ": TemplateProcessing without a \"single\" template");
@@ -131,16 +132,8 @@ std::shared_ptr<const BpeModel> parse_model(const json& m, const std::string& pa
     MT_CHECK(!m.contains(key) || m[key].is_null() || m[key].get<std::string>().empty(), where, ".", key,
              " is not supported (byte-level BPE has none)");
   MT_CHECK(!flag(m, "byte_fallback", false), where, ".byte_fallback is true: SentencePiece-style BPE is not supported");
-  MT_CHECK(m.contains("vocab") && m["vocab"].is_object(), where, ".vocab must be an object {token: id}");
-  std::vector<std::string> texts;
-  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    MT_CHECK(it.value().is_number_integer(), where, ".vocab: the id of \"", it.key(), "\" is not an integer");
-    const int64_t id = it.value().get<int64_t>();
-    MT_CHECK(id >= 0 && id < (int64_t{1} << 31), where, ".vocab: \"", it.key(), "\" has id ", id, " out of range");
-    if (static_cast<size_t>(id) >= texts.size()) texts.resize(id + 1);
-    MT_CHECK(texts[id].empty(), where, ".vocab: id ", id, " is given to both \"", texts[id], "\" and \"", it.key(), "\"");
-    texts[id] = it.key();
-  }
+  MT_CHECK(m.contains("vocab"), where, ".vocab is missing");
+  const std::vector<std::string> texts = vocab_texts_by_id(m["vocab"], where + ".vocab");
   MT_CHECK(m.contains("merges") && m["merges"].is_array(), where, ".merges must be an array");
   std::vector<std::pair<std::string, std::string>> merges;
   merges.reserve(m["merges"].size());
@@ -210,7 +203,7 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::string& eod_token, 
   for (const PreStage& s : cfg->stages) byte_level |= s.byte_level;
   MT_CHECK(byte_level, path, ": neither the pre_tokenizer nor the decoder is ByteLevel; only byte-level BPE is supported");
   if (add_special_tokens)
-    parse_post_processor(j.value("post_processor", json()), path + ": post_processor", *cfg, &cfg->prefix, &cfg->suffix);
+    parse_post_processor(j.value("post_processor", json()), path + ": post_processor", &cfg->prefix, &cfg->suffix);
 
   // EOD: the named token, or the first known end-of-text token.
   std::vector<std::string> candidates = {eod_token};

@@ -1,7 +1,8 @@
 // Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, GPT-NeoX, Llama-3, ...).
 // The pipeline of the `tokenizers` library, for the pieces these models use:
 //   1. added tokens ("added_tokens", special or not) are cut out of the raw text first,
-//      leftmost-longest, honouring lstrip / rstrip / single_word;
+//      leftmost-longest, honouring lstrip / rstrip / single_word (all are matched on the raw
+//      text, also those marked "normalized", which differs only under NFC for non-NFC content);
 //   2. normalizer: none or NFC (GPT-NeoX);
 //   3. pre_tokenizer: ByteLevel (add_prefix_space, use_regex with GPT-2's pattern), Split with
 //      the GPT-2 or Llama-3 regex (behavior Isolated), or a Sequence of those;

@@ -220,6 +220,9 @@ std::string dataset_prefix(const std::string& output_prefix, const std::string& 
 PreprocessStats preprocess(const PreprocessOptions& o, const std::atomic<bool>* cancel) {
   MT_CHECK(!o.inputs.empty(), "preprocess: no --input file given");
   MT_CHECK(!o.json_keys.empty(), "preprocess: --json-keys is empty");
+  for (size_t k = 0; k < o.json_keys.size(); ++k)
+    for (size_t m = k + 1; m < o.json_keys.size(); ++m)
+      MT_CHECK(o.json_keys[k] != o.json_keys[m], "preprocess: --json-keys names \"", o.json_keys[k], "\" twice");
   MT_CHECK(!o.output_prefix.empty(), "preprocess: --output-prefix is required");
   MT_CHECK(o.workers >= 1, "preprocess: --workers must be at least 1, got ", o.workers);
   for (const std::string& path : o.inputs)

@@ -26,7 +26,7 @@ class SampleDataset {
 enum class Split { Train = 0, Valid = 1, Test = 2 };
 
 struct Datasets {
-  std::shared_ptr<SampleDataset> train, valid, test;  // valid/test null when their split weight is 0
+  std::shared_ptr<SampleDataset> train, valid, test;  // valid/test null: split weight 0 or no samples
 };
 
 // Builds the datasets of the config: mock (data.mock) or the weighted blend of data.paths, split

@@ -67,11 +67,13 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocRange docu
                      "document range [", range_.begin, ", ", range_.end, ") of ", data_->num_documents());
   const auto& di = data_->document_indices();
   doc_lengths_.resize(static_cast<size_t>(range_.end - range_.begin));
+  uint64_t lengths_hash = 0;  // fingerprint of the document lengths: the cache must match the data
   for (int64_t d = range_.begin; d < range_.end; ++d) {
     int64_t n = 0;
     for (int64_t s = di[d]; s < di[d + 1]; ++s) n += data_->sequence_length(s);
     doc_lengths_[d - range_.begin] = n;
     tokens_per_epoch_ += n;
+    lengths_hash = mix64(lengths_hash ^ static_cast<uint64_t>(n));
   }
   const int64_t L = opt_.seq_length;
   MT_CHECK(tokens_per_epoch_ >= L + 1, "data.paths: the ", split_name(opt_.split), " split of '", prefix,
@@ -89,6 +91,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocRange docu
                         {"dataset_tokens", data_->num_tokens()},
                         {"split", split_name(opt_.split)},
                         {"documents", {range_.begin, range_.end}},
+                        {"document_lengths_hash", lengths_hash},
                         {"seq_length", L},
                         {"num_samples", opt_.num_samples},
                         {"seed", opt_.seed}};

@@ -22,7 +22,11 @@
 // of several sequences is read as the concatenation of its sequences (Megatron indexes sequences by
 // document id, the same thing when each document is one sequence, as preprocess writes it).
 //
-// The three arrays are cached on disk (index_cache.h), keyed by everything they depend on.
+// The three arrays are cached on disk (index_cache.h) under cache_dir as
+// NAME-SPLIT-HASH-{description.json, document_index.int64, sample_index.int64, shuffle_index.int64},
+// keyed by the dataset's file name (not its directory: data copied with its cache keeps it), its
+// document / sequence / token counts, a fingerprint of the split's document lengths, the split's
+// document range, seq_length, num_samples and seed. Built once, then mapped read-only.
 #pragma once
 
 #include <array>

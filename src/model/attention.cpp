@@ -21,14 +21,14 @@ SelfAttention::SelfAttention(const std::string& prefix, const ModelContext& ctx,
                   ctx, store),
       linear_proj_(prefix + ".linear_proj", static_cast<int64_t>(ctx.model->num_attention_heads) * head_dim_,
                    ctx.model->hidden_size, !ctx.llama(), ParamInit::ScaledNormal, ctx, store) {
-  MT_INTERNAL_ASSERT(ctx.derived->num_query_groups % ctx.ps->tp_size == 0,
-                     "query groups replicated over TP are not supported yet");
+  MT_CHECK(ctx.derived->num_query_groups % ctx.ps->tp_size == 0, "model.num_query_groups (",
+           ctx.derived->num_query_groups, ") must be divisible by parallel.tensor (", ctx.ps->tp_size,
+           "): key/value heads replicated over tensor-parallel ranks are not supported yet");
 }
 
-void SelfAttention::forward(Tensor& y, Saved& s, const Tensor& x, int64_t B, int64_t T) const {
+Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const {
   const ModelContext& c = *ctx_;
-  Tensor qkv = c.empty({B * T, linear_qkv_.local_out()});
-  linear_qkv_.forward(qkv, x);
+  Tensor qkv = linear_qkv_.forward(x);  // (B*T, G_l*(R+2)*D): rows gathered under SP
   s.q = c.empty({B, T, heads_local_, head_dim_});
   s.k = c.empty({B, T, groups_local_, head_dim_});
   s.v = c.empty({B, T, groups_local_, head_dim_});
@@ -40,14 +40,12 @@ void SelfAttention::forward(Tensor& y, Saved& s, const Tensor& x, int64_t B, int
   s.out = c.empty({B, T, heads_local_, head_dim_});
   s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
   ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
-  linear_proj_.forward(y, s.out.view({B * T, heads_local_ * head_dim_}));
+  return linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}));
 }
 
-void SelfAttention::backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x, int64_t B,
-                             int64_t T) const {
+Tensor SelfAttention::backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const {
   const ModelContext& c = *ctx_;
-  Tensor dout = c.empty({B * T, heads_local_ * head_dim_});
-  linear_proj_.backward(dout, dy, s.out.view({B * T, heads_local_ * head_dim_}));
+  Tensor dout = linear_proj_.backward(dy, s.out.view({B * T, heads_local_ * head_dim_}));
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
   ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
   if (c.llama()) {
@@ -56,7 +54,7 @@ void SelfAttention::backward(Tensor& dx, const Tensor& dy, const Saved& s, const
   }
   Tensor dqkv = c.empty({B, T, linear_qkv_.local_out()});
   ops::qkv_split_backward(dqkv, dq, dk, dv);
-  linear_qkv_.backward(dx, dqkv.view({B * T, -1}), x);
+  return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
 }
 
 // ---------------------------------------------------------------- MLP
@@ -70,29 +68,26 @@ MLP::MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
       linear_fc2_(prefix + ".linear_fc2", ctx.derived->ffn_hidden_size, ctx.model->hidden_size, !ctx.llama(),
                   ParamInit::ScaledNormal, ctx, store) {}
 
-void MLP::forward(Tensor& y, Saved& s, const Tensor& x) const {
+Tensor MLP::forward(Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
-  const int64_t N = x.size(0);
-  s.h = c.empty({N, linear_fc1_.local_out()});
-  linear_fc1_.forward(s.h, x);
-  s.a = c.empty({N, ffn_local_});
+  s.h = linear_fc1_.forward(x);
+  s.a = c.empty({s.h.size(0), ffn_local_});
   if (c.llama())
     ops::swiglu_forward(s.a, s.h);
   else
     ops::gelu_forward(s.a, s.h);
-  linear_fc2_.forward(y, s.a);
+  return linear_fc2_.forward(s.a);
 }
 
-void MLP::backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x) const {
+Tensor MLP::backward(const Tensor& dy, const Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
-  Tensor da = c.empty(s.a.shape());
-  linear_fc2_.backward(da, dy, s.a);
+  Tensor da = linear_fc2_.backward(dy, s.a);
   Tensor dh = c.empty(s.h.shape());
   if (c.llama())
     ops::swiglu_backward(dh, da, s.h);
   else
     ops::gelu_backward(dh, da, s.h);
-  linear_fc1_.backward(dx, dh, x);
+  return linear_fc1_.backward(dh, x);
 }
 
 }  // namespace mt

@@ -15,9 +15,10 @@ class SelfAttention {
   struct Saved {
     Tensor q, k, v, out, lse;
   };
-  void forward(Tensor& y, Saved& s, const Tensor& x, int64_t B, int64_t T) const;
-  // dx (B*T, C) = gradient w.r.t. x (overwritten).
-  void backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
+  // x (rows_local, C) -> y (rows_local, C); rows_local = B*T, or B*T/tp under sequence parallelism.
+  Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const;
+  // Returns dL/dx (rows_local, C).
+  Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
 
  private:
   const ModelContext* ctx_;
@@ -34,8 +35,8 @@ class MLP {
   struct Saved {
     Tensor h, a;
   };
-  void forward(Tensor& y, Saved& s, const Tensor& x) const;
-  void backward(Tensor& dx, const Tensor& dy, const Saved& s, const Tensor& x) const;
+  Tensor forward(Saved& s, const Tensor& x) const;
+  Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x) const;
 
  private:
   const ModelContext* ctx_;

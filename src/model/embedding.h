@@ -10,32 +10,42 @@ namespace mt {
 class Embedding {
  public:
   Embedding(const ModelContext& ctx, ParamStore& store);
-  // tokens int32 (B*T) -> x (B*T, C). positions t = row % T.
+  // tokens int32 (B*T) -> x (rows_local, C): all B*T rows, or this rank's B*T/tp under sequence
+  // parallelism. Positions t = row % T.
   Tensor forward(const Tensor& tokens, int64_t B, int64_t T, const StepContext& step) const;
   void backward(const Tensor& dx, const Tensor& tokens, int64_t B, int64_t T, const StepContext& step) const;
   Param* word_embeddings() const { return word_; }
   int64_t vocab_start() const;
 
  private:
-  Tensor positions(int64_t B, int64_t T) const;
+  Tensor positions(int64_t row0, int64_t rows, int64_t T) const;
+  int64_t local_rows(int64_t B, int64_t T) const;
+  int64_t first_row(int64_t B, int64_t T) const;
   const ModelContext* ctx_;
   Param* word_ = nullptr;
   Param* position_ = nullptr;
 };
 
 // logits = h W^T over this rank's vocab slice, then vocab-parallel softmax cross-entropy.
+// Registers a vocab-parallel (padded vocab, C) table named `name`.
+Param* word_table(const ModelContext& ctx, ParamStore& store, const std::string& name);
+
 class OutputLayer {
  public:
-  // tied: the word-embedding table (gpt2); null: own output_layer.weight (llama).
-  OutputLayer(const ModelContext& ctx, ParamStore& store, Param* tied);
+  // weight: the (padded vocab, C) table the logits use: the word embeddings (gpt2, tied) or
+  // output_layer.weight (llama). Create it with word_table().
+  OutputLayer(const ModelContext& ctx, Param* weight);
   struct Saved {
     Tensor logits;  // (N, Vl)
     Tensor lse;     // (N) global log-sum-exp
   };
-  // Returns the sum over the N tokens of -log p(target); per-token losses into `losses` if given.
+  // h (rows_local, C), targets int32 (N = B*T). Returns the sum over the N tokens of -log p(target)
+  // (the same on every TP rank); per-token losses into `losses` if given.
   double forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor* losses = nullptr) const;
-  // dh (N, C) = gradient w.r.t. h given dL/dloss_n = dloss_per_token for every token.
-  void backward(Tensor& dh, Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const;
+  // Returns dL/dh (rows_local, C) given dL/dloss_n = dloss_per_token for every token.
+  Tensor backward(Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const;
+  // Logits of this rank's vocab slice for the last forward (generation reads them).
+  int64_t vocab_start() const { return vocab_start_; }
 
  private:
   const ModelContext* ctx_;

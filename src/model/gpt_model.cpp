@@ -11,13 +11,16 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
     layers_.push_back(std::make_unique<TransformerLayer>(l, ctx, store, full_recompute));
   if (spec.post_process) {
     final_norm_ = std::make_unique<Norm>("decoder.final_layernorm", ctx.model->hidden_size, ctx, store);
-    // gpt2 ties the output layer to the word embeddings (same parameter on a single stage).
-    Param* tied = nullptr;
-    if (!ctx.llama()) {
-      tied = embedding_ ? embedding_->word_embeddings() : nullptr;
-      MT_INTERNAL_ASSERT(tied != nullptr, "tied output layer on a stage without the embedding is not supported yet");
+    // gpt2 ties the output layer to the word embeddings: the same parameter when this rank holds
+    // the embedding, else a copy kept in sync over the embedding group (first and last stage).
+    Param* weight = nullptr;
+    if (ctx.llama()) {
+      weight = word_table(ctx, store, "output_layer.weight");
+    } else if ((weight = store.find("embedding.word_embeddings.weight")) == nullptr) {
+      weight = word_table(ctx, store, "embedding.word_embeddings.weight");
+      weight->spec.tied_copy = true;
     }
-    output_ = std::make_unique<OutputLayer>(ctx, store, tied);
+    output_ = std::make_unique<OutputLayer>(ctx, weight);
   }
 }
 
@@ -59,8 +62,7 @@ Tensor GPTModel::backward(MicroState& st, const Tensor& d_out, double dloss_per_
   const int64_t B = st.B, T = st.T;
   Tensor dx;
   if (spec_.post_process) {
-    Tensor dfinal = ctx_->empty(st.final_out.shape());
-    output_->backward(dfinal, st.head, st.final_out, st.labels, dloss_per_token);
+    Tensor dfinal = output_->backward(st.head, st.final_out, st.labels, dloss_per_token);
     dx = ctx_->zeros(st.final_in.shape());
     final_norm_->backward_accumulate(dx, dfinal, st.final_in, st.final_norm);
   } else {

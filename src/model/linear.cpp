@@ -34,15 +34,26 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string&, Param* shared_wei
   MT_INTERNAL_ASSERT(weight_->spec.partition_dim == 0, "tied weight must be split by rows");
 }
 
-void ColumnParallelLinear::forward(Tensor& y, const Tensor& x) const {
-  // CopyToTP::forward is the identity: X is already replicated on every TP rank.
-  ops::linear_forward(y, x, weight_->value, bias_ ? &bias_->value : nullptr);
+Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+  const ParallelState& ps = *ctx_->ps;
+  // Without SP, CopyToTP::forward is the identity: X is already replicated on every TP rank.
+  Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
+  Tensor y = ctx_->empty({xf.size(0), local_out()});
+  ops::linear_forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr);
+  return y;
 }
 
-void ColumnParallelLinear::backward(Tensor& dx, const Tensor& dy, const Tensor& x) const {
-  ops::linear_backward(dx.defined() ? &dx : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, x,
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx) const {
+  const ParallelState& ps = *ctx_->ps;
+  Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
+  Tensor dxf;
+  if (need_dx) dxf = ctx_->empty(xf.shape());
+  ops::linear_backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf,
                        weight_->value);
-  if (dx.defined()) CopyToTP::backward(dx, *ctx_->ps);
+  if (!need_dx) return Tensor();
+  if (ps.sequence_parallel) return GatherFromSP::backward(dxf, ps);
+  CopyToTP::backward(dxf, ps);
+  return dxf;
 }
 
 // ---------------------------------------------------------------- row parallel
@@ -54,16 +65,25 @@ RowParallelLinear::RowParallelLinear(const std::string& name, int64_t in, int64_
   if (bias) bias_ = add_param(store, name + ".bias", {out}, -1, 1, ParamInit::Zeros, ParamKind::Bias);
 }
 
-void RowParallelLinear::forward(Tensor& y, const Tensor& x) const {
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  const ParallelState& ps = *ctx_->ps;
   // The replicated bias is added by TP rank 0 only, before the sum over ranks.
-  const Tensor* b = (bias_ && ctx_->ps->tp_rank == 0) ? &bias_->value : nullptr;
+  const Tensor* b = (bias_ && ps.tp_rank == 0) ? &bias_->value : nullptr;
+  Tensor y = ctx_->empty({x.size(0), weight_->local_shape[0]});
   ops::linear_forward(y, x, weight_->value, b);
-  ReduceFromTP::forward(y, *ctx_->ps);
+  if (ps.sequence_parallel) return ReduceScatterToSP::forward(y, ps);
+  ReduceFromTP::forward(y, ps);
+  return y;
 }
 
-void RowParallelLinear::backward(Tensor& dx, const Tensor& dy, const Tensor& x) const {
-  // ReduceFromTP::backward is the identity: dy is replicated.
-  ops::linear_backward(&dx, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, x, weight_->value);
+Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) const {
+  const ParallelState& ps = *ctx_->ps;
+  // Without SP, ReduceFromTP::backward is the identity: dy is replicated. The bias gradient comes
+  // from the full dy on every rank, so the replicated bias stays identical across TP ranks.
+  Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
+  Tensor dx = ctx_->empty(x.shape());
+  ops::linear_backward(&dx, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value);
+  return dx;
 }
 
 // ---------------------------------------------------------------- norm
@@ -71,6 +91,10 @@ void RowParallelLinear::backward(Tensor& dx, const Tensor& dy, const Tensor& x) 
 Norm::Norm(const std::string& name, int64_t hidden, const ModelContext& ctx, ParamStore& store) : ctx_(&ctx) {
   weight_ = add_param(store, name + ".weight", {hidden}, -1, 1, ParamInit::Ones, ParamKind::Norm);
   if (!ctx.llama()) bias_ = add_param(store, name + ".bias", {hidden}, -1, 1, ParamInit::Zeros, ParamKind::Norm);
+  // Under sequence parallelism each TP rank sees only its rows: the gradients are partial sums.
+  const bool sp = ctx.ps->sequence_parallel && ctx.ps->tp_size > 1;
+  weight_->spec.sequence_parallel_grad = sp;
+  if (bias_) bias_->spec.sequence_parallel_grad = sp;
 }
 
 void Norm::forward(Tensor& y, Saved& s, const Tensor& x) const {

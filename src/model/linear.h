@@ -6,7 +6,11 @@
 //     Y_r = X A_r^T + b_r is this rank's slice of the output features.
 //   RowParallelLinear: A split along its input features: rank r holds A_r (out, in/tp) and
 //     reads its slice X_r of the input; Y = sum_r X_r A_r^T (ReduceFromTP) + b, b replicated.
-// Inputs/outputs are (N, features); parameter gradients accumulate.
+// Inputs/outputs are (rows, features); parameter gradients accumulate.
+// With sequence parallelism the rows outside the TP region are split over TP ranks: the column-
+// parallel layer all-gathers its input rows (GatherFromSP) and the row-parallel layer
+// reduce-scatters its output rows (ReduceScatterToSP); without it, CopyToTP / ReduceFromTP.
+// Backward re-gathers the saved (split) input instead of keeping the gathered copy.
 #pragma once
 
 #include <string>
@@ -22,8 +26,10 @@ class ColumnParallelLinear {
   ColumnParallelLinear(const std::string& name, int64_t in, int64_t out, bool bias, ParamInit init,
                        const ModelContext& ctx, ParamStore& store, int chunks = 1);
   ColumnParallelLinear(const std::string& name, Param* shared_weight, const ModelContext& ctx);  // tied
-  void forward(Tensor& y, const Tensor& x) const;
-  void backward(Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  // x (rows_local, in) -> y (rows_full, out_local)
+  Tensor forward(const Tensor& x) const;
+  // dy (rows_full, out_local) -> dx shaped like x (skipped when need_dx is false: returns undefined).
+  Tensor backward(const Tensor& dy, const Tensor& x, bool need_dx = true) const;
   int64_t local_out() const { return weight_->local_shape[0]; }
   Param* weight() const { return weight_; }
 
@@ -37,8 +43,10 @@ class RowParallelLinear {
  public:
   RowParallelLinear(const std::string& name, int64_t in, int64_t out, bool bias, ParamInit init,
                     const ModelContext& ctx, ParamStore& store);
-  void forward(Tensor& y, const Tensor& x) const;
-  void backward(Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  // x (rows_full, in_local) -> y (rows_local, out)
+  Tensor forward(const Tensor& x) const;
+  // dy (rows_local, out) -> dx (rows_full, in_local)
+  Tensor backward(const Tensor& dy, const Tensor& x) const;
   int64_t local_in() const { return weight_->local_shape[1]; }
 
  private:

@@ -78,9 +78,10 @@ Param* ParamStore::add(const ParamSpec& spec) {
   return params_.back().get();
 }
 
-void ParamStore::allocate(DType dtype, Device device) {
-  flat_values_ = Tensor::zeros({total_}, dtype, device);
-  flat_grads_ = Tensor::zeros({total_}, dtype, device);
+void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple) {
+  const int64_t padded = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+  flat_values_ = Tensor::zeros({padded}, dtype, device);
+  flat_grads_ = Tensor::zeros({padded}, dtype, device);
   for (auto& p : params_) {
     int64_t n = shape_numel(p->local_shape);
     p->value = flat_values_.slice(static_cast<int64_t>(p->flat_offset), n).view(p->local_shape);

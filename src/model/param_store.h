@@ -31,6 +31,13 @@ struct ParamSpec {
   ParamKind kind = ParamKind::Weight;
   // Rows at or beyond this index of dim 0 are vocab padding: initialized to zero (never used).
   int64_t valid_rows = -1;
+  // Replicated over TP but computed on sequence-parallel rows: each TP rank's gradient is a partial
+  // sum, all-reduced over TP before the optimizer (norm weights, position embeddings under SP).
+  bool sequence_parallel_grad = false;
+  // This rank's copy of a parameter that another pipeline stage owns (the tied word embeddings on
+  // the last stage): gradients are summed over the embedding group; never saved, never counted
+  // twice in the gradient norm.
+  bool tied_copy = false;
 };
 
 // One box of the global tensor held locally: global offset/shape and the local dim-0 row range.
@@ -55,8 +62,9 @@ class ParamStore {
   ParamStore(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {}
   // Registers a parameter; the returned pointer stays valid. Names must be unique.
   Param* add(const ParamSpec& spec);
-  // Allocates the flat value/grad buffers and points every Param at its views.
-  void allocate(DType dtype, Device device);
+  // Allocates the flat value/grad buffers and points every Param at its views. The buffers are
+  // padded with zeros to a multiple of pad_multiple (the distributed optimizer's DP shards).
+  void allocate(DType dtype, Device device, int64_t pad_multiple = 1);
   // Seeded initialization: element e of the GLOBAL tensor gets normal01(seed, hash(name), e) * std,
   // so every parallel layout starts from identical weights. ScaledNormal uses
   // std / sqrt(2 * num_layers) (output projections, Megatron's scaled init).
@@ -66,6 +74,7 @@ class ParamStore {
   std::vector<Param*> params() const;
   Param* find(const std::string& name) const;
   int64_t local_numel() const { return total_; }
+  int64_t padded_numel() const { return flat_values_.numel(); }
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
   int tp_rank() const { return tp_rank_; }

@@ -22,26 +22,33 @@ uint64_t TransformerLayer::dropout_seed(const StepContext& step, int site) const
   return rng::mix64(step.dropout_seed ^ rng::mix64(static_cast<uint64_t>(layer_) * 8 + site + 1));
 }
 
+// Dropout offset of this rank's first row: element (global sample, t, c) is numbered
+// ((first_sample + b) * T + t) * C + c in every layout; under sequence parallelism this rank holds
+// rows [tp_rank * rows, (tp_rank + 1) * rows) of the micro-batch.
+uint64_t TransformerLayer::dropout_offset(const StepContext& step, int64_t T, int64_t rows) const {
+  const int64_t C = ctx_->model->hidden_size;
+  const int64_t row0 = ctx_->ps->sequence_parallel ? ctx_->ps->tp_rank * rows : 0;
+  return static_cast<uint64_t>(step.first_sample * T * C + row0 * C);
+}
+
 Tensor TransformerLayer::forward_full(Saved& s, const Tensor& x, int64_t B, int64_t T,
                                       const StepContext& step) const {
   const ModelContext& c = *ctx_;
-  const int64_t C = c.model->hidden_size;
+  const int64_t rows = x.size(0), C = c.model->hidden_size;
   const double p = step.training ? c.model->dropout : 0.0;
-  const uint64_t offset = static_cast<uint64_t>(step.first_sample) * static_cast<uint64_t>(T * C);
+  const uint64_t offset = dropout_offset(step, T, rows);
   s.x_in = x;
-  s.ln1_out = c.empty({B * T, C});
+  s.ln1_out = c.empty({rows, C});
   input_layernorm_.forward(s.ln1_out, s.n1, x);
-  Tensor attn_y = c.empty({B * T, C});
-  self_attention_.forward(attn_y, s.attn, s.ln1_out, B, T);
+  Tensor attn_y = self_attention_.forward(s.attn, s.ln1_out, B, T);
   if (p > 0) ops::dropout_forward(attn_y, attn_y, p, dropout_seed(step, 0), offset);
-  s.x_mid = c.empty({B * T, C});
+  s.x_mid = c.empty({rows, C});
   ops::add(s.x_mid, x, attn_y);
-  s.ln2_out = c.empty({B * T, C});
+  s.ln2_out = c.empty({rows, C});
   pre_mlp_layernorm_.forward(s.ln2_out, s.n2, s.x_mid);
-  Tensor mlp_y = c.empty({B * T, C});
-  mlp_.forward(mlp_y, s.mlp, s.ln2_out);
+  Tensor mlp_y = mlp_.forward(s.mlp, s.ln2_out);
   if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, dropout_seed(step, 1), offset);
-  Tensor out = c.empty({B * T, C});
+  Tensor out = c.empty({rows, C});
   ops::add(out, s.x_mid, mlp_y);
   s.complete = true;
   return out;
@@ -58,29 +65,26 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
 }
 
 void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, const StepContext& step) const {
-  const ModelContext& c = *ctx_;
   if (!s.complete) forward_full(s, s.x_in, B, T, step);  // full recompute
-  const int64_t C = c.model->hidden_size;
-  const double p = step.training ? c.model->dropout : 0.0;
-  const uint64_t offset = static_cast<uint64_t>(step.first_sample) * static_cast<uint64_t>(T * C);
+  const double p = step.training ? ctx_->model->dropout : 0.0;
+  const uint64_t offset = dropout_offset(step, T, dx.size(0));
 
-  // MLP branch: dx holds dL/dx_out = dL/dx_mid (residual) + path through the MLP.
-  Tensor dy = c.empty({B * T, C});
-  if (p > 0)
+  // MLP branch: dx holds dL/dx_out = dL/dx_mid (residual) + the path through the MLP.
+  Tensor dy = dx;
+  if (p > 0) {
+    dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 1), offset);
-  else
-    dy.copy_from(dx);
-  Tensor dln2 = c.empty({B * T, C});
-  mlp_.backward(dln2, dy, s.mlp, s.ln2_out);
+  }
+  Tensor dln2 = mlp_.backward(dy, s.mlp, s.ln2_out);
   pre_mlp_layernorm_.backward_accumulate(dx, dln2, s.x_mid, s.n2);  // dx = dL/dx_mid
 
   // Attention branch.
-  if (p > 0)
+  dy = dx;
+  if (p > 0) {
+    dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 0), offset);
-  else
-    dy.copy_from(dx);
-  Tensor dln1 = c.empty({B * T, C});
-  self_attention_.backward(dln1, dy, s.attn, s.ln1_out, B, T);
+  }
+  Tensor dln1 = self_attention_.backward(dy, s.attn, s.ln1_out, B, T);
   input_layernorm_.backward_accumulate(dx, dln1, s.x_in, s.n1);  // dx = dL/dx_in
   s = Saved{};
 }

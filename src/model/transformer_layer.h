@@ -19,7 +19,8 @@ class TransformerLayer {
     MLP::Saved mlp;
     bool complete = false;  // false when dropped for recompute
   };
-  // x (B*T, C) -> returns x_out (B*T, C). Keeps a reference to x in s.
+  // x (rows, C) -> returns x_out (rows, C); rows = B*T, or B*T/tp under sequence parallelism.
+  // Keeps a reference to x in s.
   Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const StepContext& step) const;
   // dx: on entry dL/dx_out, on return dL/dx (updated in place). Frees s.
   void backward(Tensor& dx, Saved& s, int64_t B, int64_t T, const StepContext& step) const;
@@ -28,6 +29,7 @@ class TransformerLayer {
  private:
   Tensor forward_full(Saved& s, const Tensor& x, int64_t B, int64_t T, const StepContext& step) const;
   uint64_t dropout_seed(const StepContext& step, int site) const;
+  uint64_t dropout_offset(const StepContext& step, int64_t T, int64_t rows) const;
 
   const ModelContext* ctx_;
   int layer_;

@@ -1,30 +1,45 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tensor/ops.h"
 
 namespace mt {
 
-double global_grad_norm(ParamStore& store, const ParallelState& ps) {
-  double split = 0, replicated = 0;
+std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, ShardRange shard) {
+  std::vector<OptimizerSegment> segs;
   for (Param* p : store.params()) {
-    double s = ops::sum_squares(p->grad);
-    if (p->spec.partition_dim >= 0 && ps.tp_size > 1)
-      split += s;
-    else
-      replicated += s;
+    const int64_t b = static_cast<int64_t>(p->flat_offset), e = b + p->value.numel();
+    const int64_t lo = std::max(b, shard.begin), hi = std::min(e, shard.end);
+    if (lo < hi) segs.push_back({p, lo, hi - lo});
   }
-  double total = split + (ps.tp_rank == 0 ? replicated : 0.0);
+  return segs;
+}
+
+double global_grad_norm(const ParamStore& store, const ParallelState& ps, ShardRange shard, bool sharded) {
+  double total = 0;
+  Tensor flat = const_cast<ParamStore&>(store).flat_grads();
+  for (const OptimizerSegment& s : optimizer_segments(store, shard)) {
+    const ParamSpec& spec = s.param->spec;
+    if (spec.tied_copy) continue;
+    const bool split = spec.partition_dim >= 0 && ps.tp_size > 1;
+    if (!split && ps.tp_rank != 0) continue;
+    total += ops::sum_squares(flat.slice(s.flat_begin, s.length));
+  }
   if (ps.tp_size > 1) total = ps.tp->all_reduce_scalar(total, ReduceOp::Sum);
   if (ps.pp_size > 1) total = ps.pp->all_reduce_scalar(total, ReduceOp::Sum);
+  if (sharded && ps.dp_size > 1) total = ps.dp->all_reduce_scalar(total, ReduceOp::Sum);
   return std::sqrt(total);
 }
 
-AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg) : store_(&store), cfg_(cfg) {
+AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState& ps, bool distributed)
+    : store_(&store), cfg_(cfg), ps_(&ps), distributed_(distributed && ps.dp_size > 1) {
+  shard_ = optimizer_shard(store, ps, distributed_);
+  segments_ = optimizer_segments(store, shard_);
   const Tensor& flat = store.flat_values();
-  m_ = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
-  v_ = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
+  m_ = Tensor::zeros({shard_.end - shard_.begin}, flat.dtype(), flat.device());
+  v_ = Tensor::zeros({shard_.end - shard_.begin}, flat.dtype(), flat.device());
   for (Param* p : store.params()) {
     switch (p->spec.kind) {
       case ParamKind::Weight: p->weight_decay = true; break;
@@ -35,27 +50,46 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg) : store_(&store), cf
   }
 }
 
-Tensor AdamW::exp_avg(const Param& p) const {
-  return m_.slice(static_cast<int64_t>(p.flat_offset), p.value.numel()).view(p.local_shape);
-}
-Tensor AdamW::exp_avg_sq(const Param& p) const {
-  return v_.slice(static_cast<int64_t>(p.flat_offset), p.value.numel()).view(p.local_shape);
-}
-
 void AdamW::step(double lr, double grad_scale) {
   ++step_;
-  for (Param* p : store_->params()) {
+  Tensor& values = store_->flat_values();
+  Tensor& grads = store_->flat_grads();
+  for (const OptimizerSegment& s : segments_) {
     ops::AdamWArgs a;
     a.lr = lr;
     a.beta1 = cfg_.adam_beta1;
     a.beta2 = cfg_.adam_beta2;
     a.eps = cfg_.adam_eps;
-    a.weight_decay = p->weight_decay ? cfg_.weight_decay : 0.0;
+    a.weight_decay = s.param->weight_decay ? cfg_.weight_decay : 0.0;
     a.step = step_;
     a.grad_scale = grad_scale;
-    Tensor m = exp_avg(*p), v = exp_avg_sq(*p);
-    ops::adamw_step(p->value, m, v, p->grad, a);
+    Tensor p = values.slice(s.flat_begin, s.length);
+    Tensor m = m_.slice(s.flat_begin - shard_.begin, s.length);
+    Tensor v = v_.slice(s.flat_begin - shard_.begin, s.length);
+    ops::adamw_step(p, m, v, grads.slice(s.flat_begin, s.length), a);
   }
+  if (distributed_) {
+    // Every DP rank updated its shard of the parameters: gather them all.
+    Tensor mine = values.slice(shard_.begin, shard_.end - shard_.begin).clone();
+    ps_->dp->all_gather(values, mine);
+  }
+}
+
+Tensor AdamW::gather(const Tensor& buf) const {
+  if (!distributed_) return buf;
+  Tensor full = Tensor::empty({store_->padded_numel()}, buf.dtype(), buf.device());
+  ps_->dp->all_gather(full, buf);
+  return full;
+}
+
+void AdamW::full_moments(Tensor& m, Tensor& v) const {
+  m = gather(m_);
+  v = gather(v_);
+}
+
+void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
+  m_.copy_from(m.slice(shard_.begin, shard_.end - shard_.begin));
+  v_.copy_from(v.slice(shard_.begin, shard_.end - shard_.begin));
 }
 
 }  // namespace mt

@@ -1,37 +1,58 @@
-// AdamW with decoupled weight decay over the parameter store, fp32 master weights (on the CPU
-// backend the parameters are the master weights), global-norm gradient clipping.
+// AdamW with decoupled weight decay over the parameter store's flat buffers, fp32 master weights
+// (on the CPU backend the parameters are the master weights), global-norm gradient clipping, and
+// the distributed optimizer (ZeRO-1): each DP rank keeps Adam moments for its shard of the flat
+// buffer only, updates that shard, then the parameters are all-gathered over DP.
 // Which parameters decay: weights yes; norms and biases only with
 // optimizer.weight_decay_norms_and_biases; embedding/output tables only with
 // optimizer.weight_decay_embeddings.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "config/config.h"
 #include "model/param_store.h"
+#include "parallel/grad_sync.h"
 #include "parallel/parallel_state.h"
 
 namespace mt {
 
-// Sum of squares of all gradients of the model counted once: TP-split parameters from every TP
-// rank, replicated ones from TP rank 0 only; summed over the TP and PP groups.
-double global_grad_norm(ParamStore& store, const ParallelState& ps);
+// A run of the flat buffers inside this rank's optimizer shard that belongs to one parameter.
+struct OptimizerSegment {
+  Param* param;
+  int64_t flat_begin;  // element offset into the flat buffers
+  int64_t length;
+};
+std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, ShardRange shard);
+
+// L2 norm of the whole model's gradient, every element counted once: TP-split parameters from
+// every TP rank, TP-replicated ones from TP rank 0, the tied embedding copy of the last stage never;
+// summed over TP and PP, and over DP when the gradients are sharded (distributed optimizer).
+double global_grad_norm(const ParamStore& store, const ParallelState& ps, ShardRange shard, bool sharded);
 
 class AdamW {
  public:
-  AdamW(ParamStore& store, const OptimizerConfig& cfg);
+  AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState& ps, bool distributed);
   // One update with learning rate lr; gradients are multiplied by grad_scale first.
   void step(double lr, double grad_scale);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
-  // Moment buffers of one parameter (views into the flat buffers), for checkpoints.
-  Tensor exp_avg(const Param& p) const;
-  Tensor exp_avg_sq(const Param& p) const;
+  ShardRange shard() const { return shard_; }
+  bool distributed() const { return distributed_; }
+  // Moments as full-size flat buffers (gathered over DP when sharded), for checkpoints.
+  void full_moments(Tensor& m, Tensor& v) const;
+  // Sets the moments from full-size flat buffers (keeping this rank's shard).
+  void set_full_moments(const Tensor& m, const Tensor& v);
 
  private:
+  Tensor gather(const Tensor& shard_buf) const;
   ParamStore* store_;
   OptimizerConfig cfg_;
-  Tensor m_, v_;  // flat, like the store's buffers
+  const ParallelState* ps_;
+  bool distributed_;
+  ShardRange shard_;
+  std::vector<OptimizerSegment> segments_;
+  Tensor m_, v_;  // (shard length), element i <-> flat element shard.begin + i
   int64_t step_ = 0;
 };
 

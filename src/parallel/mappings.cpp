@@ -12,6 +12,28 @@ void ReduceFromTP::forward(Tensor& x, const ParallelState& ps) {
   if (ps.tp_size > 1) ps.tp->all_reduce(x, ReduceOp::Sum);
 }
 
+Tensor GatherFromSP::forward(const Tensor& x, const ParallelState& ps) {
+  if (ps.tp_size == 1) return x;
+  Shape s = x.shape();
+  s[0] *= ps.tp_size;
+  Tensor out = Tensor::empty(s, x.dtype(), x.device());
+  ps.tp->all_gather(out, x);
+  return out;
+}
+
+Tensor GatherFromSP::backward(const Tensor& g, const ParallelState& ps) {
+  if (ps.tp_size == 1) return g;
+  Shape s = g.shape();
+  MT_INTERNAL_ASSERT(s[0] % ps.tp_size == 0, "sequence-parallel rows ", s[0], " not divisible by tp ", ps.tp_size);
+  s[0] /= ps.tp_size;
+  Tensor out = Tensor::empty(s, g.dtype(), g.device());
+  ps.tp->reduce_scatter(out, g, ReduceOp::Sum);
+  return out;
+}
+
+Tensor ReduceScatterToSP::forward(const Tensor& x, const ParallelState& ps) { return GatherFromSP::backward(x, ps); }
+Tensor ReduceScatterToSP::backward(const Tensor& g, const ParallelState& ps) { return GatherFromSP::forward(g, ps); }
+
 namespace {
 template <typename T>
 void combine(Tensor& max, Tensor& sumexp, Tensor& target, const ParallelState& ps) {

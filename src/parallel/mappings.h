@@ -2,8 +2,15 @@
 // communication at the borders of tensor-parallel regions. Model code calls these and never a
 // communicator directly. Each is the identity when the tensor-parallel group has one rank.
 //
-//   CopyToTP      forward: identity            backward: all-reduce(sum)   (input of column-parallel)
-//   ReduceFromTP  forward: all-reduce(sum)     backward: identity          (output of row-parallel)
+//   CopyToTP            forward: identity                backward: all-reduce(sum)
+//   ReduceFromTP        forward: all-reduce(sum)         backward: identity
+//   GatherFromSP        forward: all-gather rows         backward: reduce-scatter rows (sum)
+//   ReduceScatterToSP   forward: reduce-scatter rows     backward: all-gather rows
+//
+// Sequence parallelism splits the rows of an activation (B*T, C) into tp equal contiguous blocks;
+// the ops inside a sequence-parallel region (norms, dropout, residual adds) are row-wise, so any row
+// partition is exact. TPIn/TPOut pick the pair a linear layer needs: with sequence parallelism the
+// all-gather/reduce-scatter pair, without it copy/all-reduce.
 #pragma once
 
 #include "parallel/parallel_state.h"
@@ -19,6 +26,16 @@ struct CopyToTP {
 struct ReduceFromTP {
   static void forward(Tensor& x, const ParallelState& ps);
   static void backward(Tensor&, const ParallelState&) {}
+};
+
+struct GatherFromSP {
+  static Tensor forward(const Tensor& x_part, const ParallelState& ps);   // (N/tp, C) -> (N, C)
+  static Tensor backward(const Tensor& g_full, const ParallelState& ps);  // (N, C) -> (N/tp, C)
+};
+
+struct ReduceScatterToSP {
+  static Tensor forward(const Tensor& x_full, const ParallelState& ps);   // (N, C) partial -> (N/tp, C)
+  static Tensor backward(const Tensor& g_part, const ParallelState& ps);  // (N/tp, C) -> (N, C)
 };
 
 // Vocab-parallel cross-entropy statistics: combines each TP rank's partial (max, sumexp,

@@ -14,6 +14,14 @@ namespace mt {
 
 enum class ReduceOp { Sum, Max, Min };
 
+// One point-to-point transfer of a batch (see Communicator::batch_p2p).
+struct P2POp {
+  enum class Kind { Send, Recv } kind;
+  Tensor* tensor;  // source (Send) or destination (Recv), contiguous, sized by the caller
+  int peer;        // rank in this group
+  int tag;         // matched together with the peer: sends and receives pair up in issue order per (peer, tag)
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -32,6 +40,10 @@ class Communicator {
   virtual void send(const Tensor& x, int peer) = 0;  // point-to-point (not collective)
   virtual void recv(Tensor& x, int peer) = 0;
   virtual void barrier() = 0;
+  // Starts every transfer of `ops` at once and returns when all have completed (like
+  // torch.distributed.batch_isend_irecv + wait): a stage may send forward and receive backward in
+  // one call without deadlock, whatever order its peer lists them in.
+  virtual void batch_p2p(const std::vector<P2POp>& ops) = 0;
 
   // Host-value helpers (built on the tensor calls).
   double all_reduce_scalar(double v, ReduceOp op);

@@ -103,6 +103,20 @@ class MpiCommunicator final : public Communicator {
     MT_MPI_CHECK(MPI_Recv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, peer, 0, comm_, MPI_STATUS_IGNORE), name_);
   }
   void barrier() override { MT_MPI_CHECK(MPI_Barrier(comm_), name_); }
+  void batch_p2p(const std::vector<P2POp>& ops) override {
+    std::vector<MPI_Request> reqs(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2POp& op = ops[i];
+      check_host(*op.tensor);
+      const int bytes = static_cast<int>(op.tensor->nbytes());
+      if (op.kind == P2POp::Kind::Send)
+        MT_MPI_CHECK(MPI_Isend(op.tensor->raw(), bytes, MPI_BYTE, op.peer, op.tag, comm_, &reqs[i]), name_);
+      else
+        MT_MPI_CHECK(MPI_Irecv(op.tensor->raw(), bytes, MPI_BYTE, op.peer, op.tag, comm_, &reqs[i]), name_);
+    }
+    if (!reqs.empty())
+      MT_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), name_);
+  }
 
  private:
   void check_host(const Tensor& x) const {
@@ -170,6 +184,16 @@ std::unique_ptr<Communicator> make_mpi_subgroup(const std::vector<int>& ranks, c
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   MT_INTERNAL_ASSERT(comm != MPI_COMM_NULL, "rank ", mpi_world_rank(), " is not in group ", name);
+  return std::make_unique<MpiCommunicator>(comm, name, true);
+}
+
+std::unique_ptr<Communicator> make_mpi_split(int color, int key, const std::string& name) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &comm), name);
+  if (comm == MPI_COMM_NULL) {
+    MT_INTERNAL_ASSERT(color < 0, "rank ", mpi_world_rank(), " got no communicator for group ", name, " color ", color);
+    return nullptr;
+  }
   return std::make_unique<MpiCommunicator>(comm, name, true);
 }
 

@@ -22,5 +22,9 @@ std::unique_ptr<Communicator> make_world_communicator();
 // in it. Collective over the world: every rank calls it once per group of its partition, in the
 // same order (see Mesh).
 std::unique_ptr<Communicator> make_mpi_subgroup(const std::vector<int>& ranks, const std::string& name);
+// MPI_Comm_split of the world: ranks passing the same `color` form one group, ordered by `key`
+// (then by world rank). Collective over the world: every rank calls it, in the same order. A rank
+// passing color < 0 joins no group and gets nullptr.
+std::unique_ptr<Communicator> make_mpi_split(int color, int key, const std::string& name);
 
 }  // namespace mt

@@ -1,12 +1,19 @@
-// The public ops: shape/dtype/device checks, then dispatch on device (CPU reference here; the CUDA
-// backend adds its `case Device::CUDA`) and on dtype (fp32 / fp64 on CPU). A wrong shape or a dtype
-// mismatch between the arguments is a bug in our code (MT_INTERNAL_ASSERT naming the op and the
-// tensors); an unsupported device/dtype pair is a user-visible error (MT_CHECK) naming the op.
+// The public ops: shape/dtype/device checks, then dispatch on device (CPU reference, or the CUDA
+// backend's `case Device::CUDA` when built with it) and on dtype (fp32 / fp64 on CPU; fp32 / bf16 on
+// CUDA). A wrong shape or a dtype mismatch between the arguments is a bug in our code
+// (MT_INTERNAL_ASSERT naming the op and the tensors); an unsupported device/dtype pair is a
+// user-visible error (MT_CHECK) naming the op.
+// CUDA mixed precision (Megatron style): statistics are fp32, and parameter gradients (dweight,
+// dbias, dtable) are fp32 main grads whatever the activation dtype; on CPU they have the op's dtype.
 #include "tensor/ops.h"
 
 #include <array>
+#include <type_traits>
 
 #include "tensor/cpu/cpu_ops.h"
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_ops.h"
+#endif
 
 namespace mt::ops {
 
@@ -78,16 +85,53 @@ void cpu_float(const char* op, const Tensor& t, F&& f) {
   }
 }
 
-#define MT_CPU_DISPATCH(op, t, ...)                            \
-  switch ((t).device()) {                                      \
-    case Device::CPU:                                          \
-      cpu_float(op, t, [&](auto zero_) {                       \
-        using T = decltype(zero_);                             \
-        __VA_ARGS__;                                           \
-      });                                                      \
-      return;                                                  \
-    default:                                                   \
-      unsupported(op, t);                                      \
+// Parameter gradients (dweight, dbias, dtable) of an op whose inputs are like ref: ref's dtype on CPU,
+// fp32 main grads on CUDA (an unsupported dtype there is a user-visible error).
+void param_grad(const char* op, const Tensor& ref, const Tensor& t, const char* name, const Shape& s) {
+  need(op, t, name);
+  if (ref.device() == Device::CUDA && t.device() == Device::CUDA)
+    MT_CHECK(t.dtype() == DType::F32, "op ", op, " is not supported on device cuda for ", name, " ", t.str(),
+             ": parameter gradients on cuda are fp32 (main grads)");
+  on_device(op, ref, t, name, ref.device() == Device::CUDA ? DType::F32 : ref.dtype());
+  OP_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
+}
+
+#define MT_UNPAREN(...) __VA_ARGS__
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+// Calls f(float{}) or f(bf16{}) for the dtype of t (CUDA dtypes).
+template <typename F>
+void cuda_float(const char* op, const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+    case DType::F32: f(float{}); return;
+    case DType::BF16: f(bf16{}); return;
+    default: unsupported(op, t);
+  }
+}
+#define MT_CUDA_CASE(op, t, cuda_call) \
+  case Device::CUDA:                   \
+    cuda_float(op, t, [&](auto zero_) { \
+      using T = decltype(zero_);       \
+      MT_UNPAREN cuda_call;            \
+    });                                \
+    return;
+#else
+#define MT_CUDA_CASE(op, t, cuda_call)
+#endif
+
+// Dispatch on the device of t, then its dtype: the CPU call (the variadic tail) with T in
+// {float, double}; the CUDA call (parenthesized) with T in {float, bf16}.
+#define MT_DISPATCH(op, t, cuda_call, ...)    \
+  switch ((t).device()) {                     \
+    case Device::CPU:                         \
+      cpu_float(op, t, [&](auto zero_) {      \
+        using T = decltype(zero_);            \
+        __VA_ARGS__;                          \
+      });                                     \
+      return;                                 \
+    MT_CUDA_CASE(op, t, cuda_call)            \
+    default:                                  \
+      unsupported(op, t);                     \
   }
 
 }  // namespace
@@ -97,14 +141,16 @@ void cpu_float(const char* op, const Tensor& t, F&& f) {
 void fill_(Tensor& x, double value) {
   const char* op = "fill_";
   need(op, x, "x");
-  MT_CPU_DISPATCH(op, x, cpu::fill_cpu<T>(x.data<T>(), x.numel(), value));
+  MT_DISPATCH(op, x, (cuda::fill_cuda<T>(x.data<T>(), x.numel(), value)),
+              cpu::fill_cpu<T>(x.data<T>(), x.numel(), value));
 }
 
 void add_(Tensor& a, const Tensor& b) {
   const char* op = "add_";
   need(op, a, "a");
   like_numel(op, a, b, "b", a.numel());
-  MT_CPU_DISPATCH(op, a, cpu::add_inplace_cpu<T>(a.data<T>(), b.data<T>(), a.numel()));
+  MT_DISPATCH(op, a, (cuda::add_inplace_cuda<T>(a.data<T>(), b.data<T>(), a.numel())),
+              cpu::add_inplace_cpu<T>(a.data<T>(), b.data<T>(), a.numel()));
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
@@ -112,13 +158,14 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   need(op, a, "a");
   like_numel(op, a, b, "b", a.numel());
   like_numel(op, a, out, "out", a.numel());
-  MT_CPU_DISPATCH(op, a, cpu::add_cpu<T>(out.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
+  MT_DISPATCH(op, a, (cuda::add_cuda<T>(out.data<T>(), a.data<T>(), b.data<T>(), a.numel())),
+              cpu::add_cpu<T>(out.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
 }
 
 void scale_(Tensor& x, double s) {
   const char* op = "scale_";
   need(op, x, "x");
-  MT_CPU_DISPATCH(op, x, cpu::scale_cpu<T>(x.data<T>(), x.numel(), s));
+  MT_DISPATCH(op, x, (cuda::scale_cuda<T>(x.data<T>(), x.numel(), s)), cpu::scale_cpu<T>(x.data<T>(), x.numel(), s));
 }
 
 void cast(Tensor& out, const Tensor& in) {
@@ -144,6 +191,18 @@ void cast(Tensor& out, const Tensor& in) {
       else MT_CHECK(false, "op cast is not supported on device cpu for ", dtype_name(a), " -> ", dtype_name(b));
       return;
     }
+#if defined(MEGATRAIN_HAVE_CUDA)
+    case Device::CUDA: {
+      using D = DType;
+      const D a = in.dtype(), b = out.dtype();
+      const int64_t n = in.numel();
+      if (a == b) cuda::copy_cuda(out.raw(), in.raw(), in.nbytes());
+      else if (a == D::F32 && b == D::BF16) cuda::cast_cuda(out.data<bf16>(), in.data<float>(), n);
+      else if (a == D::BF16 && b == D::F32) cuda::cast_cuda(out.data<float>(), in.data<bf16>(), n);
+      else MT_CHECK(false, "op cast is not supported on device cuda for ", dtype_name(a), " -> ", dtype_name(b));
+      return;
+    }
+#endif
     default:
       unsupported(op, in);
   }
@@ -160,6 +219,14 @@ double sum_squares(const Tensor& x) {
         result = cpu::sum_squares_cpu<T>(x.data<T>(), x.numel());
       });
       return result;
+#if defined(MEGATRAIN_HAVE_CUDA)
+    case Device::CUDA:
+      cuda_float(op, x, [&](auto z) {
+        using T = decltype(z);
+        result = cuda::sum_squares_cuda<T>(x.data<T>(), x.numel());
+      });
+      return result;
+#endif
     default:
       unsupported(op, x);
   }
@@ -183,9 +250,11 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, out, "out", N, OC);
   if (bias) like(op, inp, *bias, "bias", {OC});
-  MT_CPU_DISPATCH(op, inp,
-                  cpu::linear_forward_cpu<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
-                                             bias ? bias->data<T>() : nullptr, N, IC, OC));
+  MT_DISPATCH(op, inp,
+              (cuda::linear_forward_cuda<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
+                                            bias ? bias->data<T>() : nullptr, N, IC, OC)),
+              cpu::linear_forward_cpu<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
+                                         bias ? bias->data<T>() : nullptr, N, IC, OC));
 }
 
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
@@ -194,13 +263,17 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, dout, "dout", N, OC);
   if (dinp) like_rows(op, inp, *dinp, "dinp", N, IC);
-  if (dweight) like(op, inp, *dweight, "dweight", weight.shape());
-  if (dbias) like(op, inp, *dbias, "dbias", {OC});
+  if (dweight) param_grad(op, inp, *dweight, "dweight", weight.shape());
+  if (dbias) param_grad(op, inp, *dbias, "dbias", {OC});
   const bool acc = dinp_mode == GradMode::Accumulate;
-  MT_CPU_DISPATCH(op, inp,
-                  cpu::linear_backward_cpu<T>(dinp ? dinp->data<T>() : nullptr, dweight ? dweight->data<T>() : nullptr,
-                                              dbias ? dbias->data<T>() : nullptr, dout.data<T>(), inp.data<T>(),
-                                              weight.data<T>(), N, IC, OC, acc));
+  MT_DISPATCH(op, inp,
+              (cuda::linear_backward_cuda<T>(dinp ? dinp->data<T>() : nullptr,
+                                             dweight ? dweight->data<float>() : nullptr,
+                                             dbias ? dbias->data<float>() : nullptr, dout.data<T>(), inp.data<T>(),
+                                             weight.data<T>(), N, IC, OC, acc)),
+              cpu::linear_backward_cpu<T>(dinp ? dinp->data<T>() : nullptr, dweight ? dweight->data<T>() : nullptr,
+                                          dbias ? dbias->data<T>() : nullptr, dout.data<T>(), inp.data<T>(),
+                                          weight.data<T>(), N, IC, OC, acc));
 }
 
 // ---------------------------------------------------------------- embedding
@@ -213,9 +286,11 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
   OP_ASSERT(vocab_start >= 0, "vocab_start ", vocab_start, " is negative");
   const int64_t Vl = table.size(0), C = table.size(1), N = tokens.numel();
   like_rows(op, table, out, "out", N, C);
-  MT_CPU_DISPATCH(op, table,
-                  cpu::embedding_forward_cpu<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, Vl, C,
-                                                vocab_start));
+  MT_DISPATCH(op, table,
+              (cuda::embedding_forward_cuda<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, Vl, C,
+                                               vocab_start)),
+              cpu::embedding_forward_cpu<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, Vl, C,
+                                            vocab_start));
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t vocab_start) {
@@ -225,10 +300,25 @@ void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens
   OP_ASSERT(dtable.dim() == 2, "dtable ", dtable.str(), " should be (Vl, C)");
   OP_ASSERT(vocab_start >= 0, "vocab_start ", vocab_start, " is negative");
   const int64_t Vl = dtable.size(0), C = dtable.size(1), N = tokens.numel();
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (dtable.device() == Device::CUDA) {  // dtable: fp32 main grad; dout: the activation dtype
+    param_grad(op, dtable, dtable, "dtable", dtable.shape());
+    need(op, dout, "dout");
+    on_device(op, dtable, dout, "dout", dout.dtype());
+    OP_ASSERT(dout.dim() >= 1 && dout.size(-1) == C && rows(dout) == N, "dout ", dout.str(), " should be (", N, ", ",
+              C, ")");
+    cuda_float(op, dout, [&](auto z) {
+      using T = decltype(z);
+      cuda::embedding_backward_cuda<T>(dtable.data<float>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
+                                       vocab_start);
+    });
+    return;
+  }
+#endif
   like_rows(op, dtable, dout, "dout", N, C);
-  MT_CPU_DISPATCH(op, dtable,
-                  cpu::embedding_backward_cpu<T>(dtable.data<T>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
-                                                 vocab_start));
+  MT_DISPATCH(op, dtable, (unsupported(op, dtable)),
+              cpu::embedding_backward_cpu<T>(dtable.data<T>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
+                                             vocab_start));
 }
 
 // ---------------------------------------------------------------- norms
@@ -243,9 +333,11 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   stat(op, inp, mean, "mean", N);
   stat(op, inp, rstd, "rstd", N);
   OP_ASSERT(eps >= 0, "eps ", eps, " is negative");
-  MT_CPU_DISPATCH(op, inp,
-                  cpu::layernorm_forward_cpu<T>(out.data<T>(), mean.data<T>(), rstd.data<T>(), inp.data<T>(),
-                                                weight.data<T>(), bias.data<T>(), N, C, eps));
+  MT_DISPATCH(op, inp,
+              (cuda::layernorm_forward_cuda<T>(out.data<T>(), mean.data<float>(), rstd.data<float>(), inp.data<T>(),
+                                               weight.data<T>(), bias.data<T>(), N, C, eps)),
+              cpu::layernorm_forward_cpu<T>(out.data<T>(), mean.data<T>(), rstd.data<T>(), inp.data<T>(),
+                                            weight.data<T>(), bias.data<T>(), N, C, eps));
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tensor& dout, const Tensor& inp,
@@ -253,17 +345,20 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   const char* op = "layernorm_backward";
   const int64_t C = last_dim(op, inp, "inp"), N = rows(inp);
   like(op, inp, weight, "weight", {C});
-  like(op, inp, dweight, "dweight", {C});
-  like(op, inp, dbias, "dbias", {C});
+  param_grad(op, inp, dweight, "dweight", {C});
+  param_grad(op, inp, dbias, "dbias", {C});
   like_rows(op, inp, dinp, "dinp", N, C);
   like_rows(op, inp, dout, "dout", N, C);
   stat(op, inp, mean, "mean", N);
   stat(op, inp, rstd, "rstd", N);
   const bool acc = dinp_mode == GradMode::Accumulate;
-  MT_CPU_DISPATCH(op, inp,
-                  cpu::layernorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dbias.data<T>(), dout.data<T>(),
-                                                 inp.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(), N,
-                                                 C, acc));
+  MT_DISPATCH(op, inp,
+              (cuda::layernorm_backward_cuda<T>(dinp.data<T>(), dweight.data<float>(), dbias.data<float>(),
+                                                dout.data<T>(), inp.data<T>(), weight.data<T>(), mean.data<float>(),
+                                                rstd.data<float>(), N, C, acc)),
+              cpu::layernorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dbias.data<T>(), dout.data<T>(),
+                                             inp.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(), N,
+                                             C, acc));
 }
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps) {
@@ -273,9 +368,11 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor&
   like_rows(op, inp, out, "out", N, C);
   stat(op, inp, rstd, "rstd", N);
   OP_ASSERT(eps >= 0, "eps ", eps, " is negative");
-  MT_CPU_DISPATCH(op, inp,
-                  cpu::rmsnorm_forward_cpu<T>(out.data<T>(), rstd.data<T>(), inp.data<T>(), weight.data<T>(), N, C,
-                                              eps));
+  MT_DISPATCH(op, inp,
+              (cuda::rmsnorm_forward_cuda<T>(out.data<T>(), rstd.data<float>(), inp.data<T>(), weight.data<T>(), N,
+                                             C, eps)),
+              cpu::rmsnorm_forward_cpu<T>(out.data<T>(), rstd.data<T>(), inp.data<T>(), weight.data<T>(), N, C,
+                                          eps));
 }
 
 void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const Tensor& inp, const Tensor& weight,
@@ -283,14 +380,16 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
   const char* op = "rmsnorm_backward";
   const int64_t C = last_dim(op, inp, "inp"), N = rows(inp);
   like(op, inp, weight, "weight", {C});
-  like(op, inp, dweight, "dweight", {C});
+  param_grad(op, inp, dweight, "dweight", {C});
   like_rows(op, inp, dinp, "dinp", N, C);
   like_rows(op, inp, dout, "dout", N, C);
   stat(op, inp, rstd, "rstd", N);
   const bool acc = dinp_mode == GradMode::Accumulate;
-  MT_CPU_DISPATCH(op, inp,
-                  cpu::rmsnorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dout.data<T>(), inp.data<T>(),
-                                               weight.data<T>(), rstd.data<T>(), N, C, acc));
+  MT_DISPATCH(op, inp,
+              (cuda::rmsnorm_backward_cuda<T>(dinp.data<T>(), dweight.data<float>(), dout.data<T>(), inp.data<T>(),
+                                              weight.data<T>(), rstd.data<float>(), N, C, acc)),
+              cpu::rmsnorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dout.data<T>(), inp.data<T>(),
+                                           weight.data<T>(), rstd.data<T>(), N, C, acc));
 }
 
 // ---------------------------------------------------------------- activations
@@ -299,7 +398,8 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
   const char* op = "gelu_forward";
   need(op, inp, "inp");
   like_numel(op, inp, out, "out", inp.numel());
-  MT_CPU_DISPATCH(op, inp, cpu::gelu_forward_cpu<T>(out.data<T>(), inp.data<T>(), inp.numel()));
+  MT_DISPATCH(op, inp, (cuda::gelu_forward_cuda<T>(out.data<T>(), inp.data<T>(), inp.numel())),
+              cpu::gelu_forward_cpu<T>(out.data<T>(), inp.data<T>(), inp.numel()));
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
@@ -307,7 +407,8 @@ void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
   need(op, inp, "inp");
   like_numel(op, inp, dinp, "dinp", inp.numel());
   like_numel(op, inp, dout, "dout", inp.numel());
-  MT_CPU_DISPATCH(op, inp, cpu::gelu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), inp.numel()));
+  MT_DISPATCH(op, inp, (cuda::gelu_backward_cuda<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), inp.numel())),
+              cpu::gelu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), inp.numel()));
 }
 
 void swiglu_forward(Tensor& out, const Tensor& inp) {
@@ -315,7 +416,8 @@ void swiglu_forward(Tensor& out, const Tensor& inp) {
   const int64_t F2 = last_dim(op, inp, "inp"), N = rows(inp);
   OP_ASSERT(F2 % 2 == 0, "inp ", inp.str(), " should be (N, 2F)");
   like_rows(op, inp, out, "out", N, F2 / 2);
-  MT_CPU_DISPATCH(op, inp, cpu::swiglu_forward_cpu<T>(out.data<T>(), inp.data<T>(), N, F2 / 2));
+  MT_DISPATCH(op, inp, (cuda::swiglu_forward_cuda<T>(out.data<T>(), inp.data<T>(), N, F2 / 2)),
+              cpu::swiglu_forward_cpu<T>(out.data<T>(), inp.data<T>(), N, F2 / 2));
 }
 
 void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
@@ -324,7 +426,8 @@ void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
   OP_ASSERT(F2 % 2 == 0, "inp ", inp.str(), " should be (N, 2F)");
   like_rows(op, inp, dinp, "dinp", N, F2);
   like_rows(op, inp, dout, "dout", N, F2 / 2);
-  MT_CPU_DISPATCH(op, inp, cpu::swiglu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2));
+  MT_DISPATCH(op, inp, (cuda::swiglu_backward_cuda<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2)),
+              cpu::swiglu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2));
 }
 
 // ---------------------------------------------------------------- attention
@@ -348,37 +451,49 @@ cpu::AttnShape attn_shape(const char* op, const Tensor& q, const Tensor& k, cons
   like(op, q, v, "v", k.shape());
   return {B, T, H, k.size(2), D};
 }
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+cuda::AttnShape cuda_shape(const cpu::AttnShape& s) { return {s.B, s.T, s.H, s.G, s.D}; }
+#endif
 }  // namespace
 
 void rope_forward(Tensor& x, double theta, int64_t position_offset) {
   const char* op = "rope_forward";
   check_rope(op, x, theta);
-  MT_CPU_DISPATCH(op, x,
-                  cpu::rope_forward_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), theta,
-                                           position_offset));
+  MT_DISPATCH(op, x,
+              (cuda::rope_forward_cuda<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), theta,
+                                          position_offset)),
+              cpu::rope_forward_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), theta,
+                                       position_offset));
 }
 
 void rope_backward(Tensor& dx, double theta, int64_t position_offset) {
   const char* op = "rope_backward";
   check_rope(op, dx, theta);
-  MT_CPU_DISPATCH(op, dx,
-                  cpu::rope_backward_cpu<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), theta,
-                                            position_offset));
+  MT_DISPATCH(op, dx,
+              (cuda::rope_backward_cuda<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), theta,
+                                           position_offset)),
+              cpu::rope_backward_cpu<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), theta,
+                                        position_offset));
 }
 
 void qkv_split_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
   const char* op = "qkv_split_forward";
   const cpu::AttnShape s = attn_shape(op, q, k, v);
   like_rows(op, q, qkv, "qkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
-  MT_CPU_DISPATCH(op, q, cpu::qkv_split_forward_cpu<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(), s));
+  MT_DISPATCH(op, q,
+              (cuda::qkv_split_forward_cuda<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(), cuda_shape(s))),
+              cpu::qkv_split_forward_cpu<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(), s));
 }
 
 void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "qkv_split_backward";
   const cpu::AttnShape s = attn_shape(op, dq, dk, dv);
   like_rows(op, dq, dqkv, "dqkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
-  MT_CPU_DISPATCH(op, dq,
-                  cpu::qkv_split_backward_cpu<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), s));
+  MT_DISPATCH(op, dq,
+              (cuda::qkv_split_backward_cuda<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
+                                                cuda_shape(s))),
+              cpu::qkv_split_backward_cpu<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), s));
 }
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -386,9 +501,11 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   const cpu::AttnShape s = attn_shape(op, q, k, v);
   like(op, q, out, "out", q.shape());
   stat(op, q, lse, "lse (B, H, T)", s.B * s.H * s.T);
-  MT_CPU_DISPATCH(op, q,
-                  cpu::attention_forward_cpu<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
-                                                s));
+  MT_DISPATCH(op, q,
+              (cuda::attention_forward_cuda<T>(out.data<T>(), lse.data<float>(), q.data<T>(), k.data<T>(),
+                                               v.data<T>(), cuda_shape(s))),
+              cpu::attention_forward_cpu<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
+                                            s));
 }
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -401,10 +518,13 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   like(op, q, dout, "dout", q.shape());
   like(op, q, out, "out", q.shape());
   stat(op, q, lse, "lse (B, H, T)", s.B * s.H * s.T);
-  MT_CPU_DISPATCH(op, q,
-                  cpu::attention_backward_cpu<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
-                                                 q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse.data<T>(),
-                                                 s));
+  MT_DISPATCH(op, q,
+              (cuda::attention_backward_cuda<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(), q.data<T>(),
+                                                k.data<T>(), v.data<T>(), out.data<T>(), lse.data<float>(),
+                                                cuda_shape(s))),
+              cpu::attention_backward_cpu<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
+                                             q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse.data<T>(),
+                                             s));
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -429,10 +549,13 @@ void cross_entropy_stats(Tensor& max, Tensor& sumexp, Tensor& target_logit, cons
   stat(op, logits, max, "max", N);
   stat(op, logits, sumexp, "sumexp", N);
   stat(op, logits, target_logit, "target_logit", N);
-  MT_CPU_DISPATCH(op, logits,
-                  cpu::cross_entropy_stats_cpu<T>(max.data<T>(), sumexp.data<T>(), target_logit.data<T>(),
-                                                  logits.data<T>(), targets.data<int32_t>(), N, Vl, vocab_start,
-                                                  n_valid));
+  MT_DISPATCH(op, logits,
+              (cuda::cross_entropy_stats_cuda<T>(max.data<float>(), sumexp.data<float>(), target_logit.data<float>(),
+                                                 logits.data<T>(), targets.data<int32_t>(), N, Vl, vocab_start,
+                                                 n_valid)),
+              cpu::cross_entropy_stats_cpu<T>(max.data<T>(), sumexp.data<T>(), target_logit.data<T>(),
+                                              logits.data<T>(), targets.data<int32_t>(), N, Vl, vocab_start,
+                                              n_valid));
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
@@ -446,7 +569,13 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
             " should be fp32 or fp64");
   on_device(op, logits, dloss, "dloss", dloss.dtype());
   numel_is(op, dloss, "dloss", N);
-  MT_CPU_DISPATCH(op, logits, {
+  if (logits.device() == Device::CUDA)
+    MT_CHECK(dloss.dtype() == DType::F32, "op ", op, " is not supported on device cuda for dloss ", dloss.str(),
+             " (fp32 only)");
+  MT_DISPATCH(op, logits,
+              (cuda::cross_entropy_backward_cuda<T>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(),
+                                                    lse.data<float>(), dloss.data<float>(), N, Vl, vocab_start,
+                                                    n_valid)), {
     if (dloss.dtype() == DType::F32)
       cpu::cross_entropy_backward_cpu<T, float>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(),
                                                 lse.data<T>(), dloss.data<float>(), N, Vl, vocab_start, n_valid);
@@ -463,7 +592,8 @@ void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t seed, ui
   need(op, inp, "inp");
   like_numel(op, inp, out, "out", inp.numel());
   OP_ASSERT(p >= 0 && p <= 1, "p ", p, " outside [0, 1]");
-  MT_CPU_DISPATCH(op, inp, cpu::dropout_forward_cpu<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, seed, offset));
+  MT_DISPATCH(op, inp, (cuda::dropout_forward_cuda<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, seed, offset)),
+              cpu::dropout_forward_cpu<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, seed, offset));
 }
 
 void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed, uint64_t offset) {
@@ -471,8 +601,9 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed,
   need(op, dout, "dout");
   like_numel(op, dout, dinp, "dinp", dout.numel());
   OP_ASSERT(p >= 0 && p <= 1, "p ", p, " outside [0, 1]");
-  MT_CPU_DISPATCH(op, dout,
-                  cpu::dropout_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), dout.numel(), p, seed, offset));
+  MT_DISPATCH(op, dout,
+              (cuda::dropout_backward_cuda<T>(dinp.data<T>(), dout.data<T>(), dout.numel(), p, seed, offset)),
+              cpu::dropout_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), dout.numel(), p, seed, offset));
 }
 
 // ---------------------------------------------------------------- optimizer
@@ -484,9 +615,13 @@ void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const A
   like_numel(op, param, v, "v", param.numel());
   like_numel(op, param, grad, "grad", param.numel());
   OP_ASSERT(a.step >= 1, "step ", a.step, " should be >= 1");
-  MT_CPU_DISPATCH(op, param,
-                  cpu::adamw_step_cpu<T>(param.data<T>(), m.data<T>(), v.data<T>(), grad.data<T>(), param.numel(),
-                                         a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale));
+  MT_DISPATCH(op, param,
+              (if constexpr (std::is_same_v<T, float>) cuda::adamw_step_cuda(
+                   param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(), a.lr,
+                   a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale);
+               else unsupported(op, param)),
+              cpu::adamw_step_cpu<T>(param.data<T>(), m.data<T>(), v.data<T>(), grad.data<T>(), param.numel(),
+                                     a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale));
 }
 
 }  // namespace mt::ops

@@ -6,6 +6,7 @@
 #include "config/config_loader.h"
 #include "core/log.h"
 #include "runtime/mpi_communicator.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -32,6 +33,15 @@ int run_cli(int argc, char** argv) {
   config->add_option("--world-size", world_size, "Check the layout for this many ranks")->check(CLI::PositiveNumber);
   config->add_flag("--reference", reference, "Print every config key with its type, default and meaning (markdown)");
 
+  CLI::App* plan = app.add_subcommand("plan", "Check a parallel layout and estimate per-rank memory, FLOPs and the "
+                                       "pipeline schedule, without allocating");
+  int plan_world_size = 1;
+  plan->add_option("--config,-c", config_path, "YAML config file")->required()->check(CLI::ExistingFile);
+  plan->add_option("--world-size,--gpus,-n", plan_world_size, "Number of ranks (GPUs) to plan for")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--set", overrides, "Override a config key: --set parallel.tensor=2 (repeatable)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -43,6 +53,11 @@ int run_cli(int argc, char** argv) {
     log::init(mpi_world_rank(), mpi_world_size(), cfg.logging.level);
     install_stop_signal_handlers();
     run_training(cfg);
+    return 0;
+  }
+  if (*plan) {
+    Config cfg = load_config(config_path, overrides);
+    std::cout << format_plan(make_plan(cfg, plan_world_size));
     return 0;
   }
   if (*config) {

@@ -13,6 +13,14 @@ Tensor box_view(const Tensor& t, const ParamBox& b, bool to_host) {
 }
 }  // namespace
 
+namespace {
+// Views of one parameter inside full-size flat buffers (the optimizer moments).
+Tensor param_view(const Tensor& flat, const Param& p) {
+  return flat.slice(static_cast<int64_t>(p.flat_offset), p.value.numel()).view(p.local_shape);
+}
+const char* kSuffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
+}  // namespace
+
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                      const std::string& config_yaml) {
@@ -22,21 +30,19 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
   req.keep_last = keep_last;
   req.state = state;
   req.config_yaml = config_yaml;
+  Tensor m, v;
+  opt.full_moments(m, v);  // gathered over DP under the distributed optimizer
   for (Param* p : store.params()) {
-    // Replicas (replicated over TP, or over DP) are written by one rank.
-    const bool owner = ps.dp_rank == 0 && (p->spec.partition_dim >= 0 || ps.tp_rank == 0);
-    const Tensor* sources[3] = {&p->value, nullptr, nullptr};
-    Tensor m = opt.exp_avg(*p), v = opt.exp_avg_sq(*p);
-    sources[1] = &m;
-    sources[2] = &v;
-    const char* suffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
+    // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank.
+    const bool owner = ps.dp_rank == 0 && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
+    const Tensor sources[3] = {p->value, param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes) {
         ckpt::ShardTensor st;
-        st.name = p->spec.name + suffix[k];
+        st.name = p->spec.name + kSuffix[k];
         st.global_shape = p->spec.global_shape;
         st.offset = b.global_offset;
-        st.data = box_view(*sources[k], b, true);
+        st.data = box_view(sources[k], b, true);
         st.owner = owner;
         req.tensors.push_back(std::move(st));
       }
@@ -46,23 +52,25 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
 }
 
 void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt) {
+  const Tensor& flat = store.flat_values();
+  Tensor m = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
+  Tensor v = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
   for (Param* p : store.params()) {
-    Tensor m = opt.exp_avg(*p), v = opt.exp_avg_sq(*p);
-    const Tensor* targets[3] = {&p->value, &m, &v};
-    const char* suffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
+    const Tensor targets[3] = {p->value, param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes) {
-        Tensor dst = targets[k]->slice(b.local_row_begin, b.shape[0]).view(b.shape);
+        Tensor dst = targets[k].slice(b.local_row_begin, b.shape[0]).view(b.shape);
         if (dst.device() == Device::CPU) {
-          ckpt::load_tensor(ck, p->spec.name + suffix[k], p->spec.global_shape, b.global_offset, dst);
+          ckpt::load_tensor(ck, p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, dst);
         } else {
           Tensor h = Tensor::empty(b.shape, dst.dtype());
-          ckpt::load_tensor(ck, p->spec.name + suffix[k], p->spec.global_shape, b.global_offset, h);
+          ckpt::load_tensor(ck, p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, h);
           dst.copy_from(h);
         }
       }
     }
   }
+  opt.set_full_moments(m, v);
 }
 
 }  // namespace mt

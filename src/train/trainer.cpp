@@ -12,10 +12,13 @@
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "parallel/grad_sync.h"
+#include "parallel/layer_split.h"
 #include "runtime/mesh.h"
 #include "runtime/mpi_communicator.h"
 #include "tensor/cpu/counter_rng.h"
 #include "train/metrics.h"
+#include "train/pipeline_executor.h"
 #include "train/train_checkpoint.h"
 
 namespace mt {
@@ -45,7 +48,8 @@ struct Run {
   std::unique_ptr<Mesh> mesh;
   ModelContext ctx;
   std::unique_ptr<ParamStore> store;
-  std::unique_ptr<GPTModel> model;
+  std::vector<std::unique_ptr<GPTModel>> chunks;  // this rank's model chunks (virtual pipeline)
+  std::unique_ptr<PipelineExecutor> exec;
   std::unique_ptr<AdamW> opt;
   data::Datasets data;
   std::string config_yaml;
@@ -54,41 +58,37 @@ struct Run {
   explicit Run(const Config& c) : cfg(c) {}
   const ParallelState& ps() const { return mesh->state(); }
 
-  // Forward (and backward when training) of one micro-batch list; returns the summed token loss.
-  double run_microbatches(const std::vector<data::MicroBatch>& mbs, int64_t iteration, bool training) {
-    const double total_tokens = static_cast<double>(d.tokens_per_iteration);
-    double loss_sum = 0;
-    for (const data::MicroBatch& mb : mbs) {
-      StepContext step;
-      step.training = training;
-      step.dropout_seed = rng::mix64(cfg.training.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(iteration));
-      step.first_sample = mb.first_sample;
-      GPTModel::MicroState st;
-      double ls = 0;
-      model->forward(st, mb.tokens.data(), mb.labels.data(), mb.rows, mb.seq_length, Tensor(), step, &ls);
-      loss_sum += ls;
-      if (training) model->backward(st, Tensor(), 1.0 / total_tokens, step);
-    }
-    return loss_sum;
+  uint64_t dropout_seed(int64_t iteration) const {
+    return rng::mix64(cfg.training.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(iteration));
+  }
+
+  // The mean token loss over the global batch from this rank's loss sum (non-zero on the last stage).
+  double global_mean(double loss_sum, int64_t iterations = 1) const {
+    if (ps().pp_size > 1) loss_sum = ps().pp->all_reduce_scalar(loss_sum, ReduceOp::Sum);
+    if (ps().dp_size > 1) loss_sum = ps().dp->all_reduce_scalar(loss_sum, ReduceOp::Sum);
+    return loss_sum / (static_cast<double>(d.tokens_per_iteration) * iterations);
   }
 
   double evaluate() {
     if (!data.valid || cfg.training.eval_iters <= 0) return -1;
     // The same first eval_iters global batches of the validation split every time, so that
     // validation losses are comparable across evaluations and across resumes.
-    data::BatchLoader loader(data.valid, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank, d.data_parallel_size,
-                             0, cfg.data.prefetch);
+    data::BatchLoader loader(data.valid, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
+                             d.data_parallel_size, 0, cfg.data.prefetch);
     double sum = 0;
-    for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += run_microbatches(loader.next(), 0, false);
-    sum = ps().dp->all_reduce_scalar(sum, ReduceOp::Sum);
-    return sum / (static_cast<double>(d.tokens_per_iteration) * cfg.training.eval_iters);
+    for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += exec->evaluate(loader.next());
+    return global_mean(sum, cfg.training.eval_iters);
   }
 };
 
-int64_t count_flop_params(const ParamStore& store) {
+// Model FLOPs count every parameter of the whole model once (all stages), except learned
+// position embeddings; the tied table once.
+int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
   int64_t n = 0;
   for (Param* p : store.params())
-    if (p->spec.name != "embedding.position_embeddings.weight") n += shape_numel(p->spec.global_shape);
+    if (p->spec.name != "embedding.position_embeddings.weight" && !p->spec.tied_copy)
+      n += shape_numel(p->spec.global_shape);
+  if (ps.pp_size > 1) n = ps.pp->all_reduce_int(n, ReduceOp::Sum);
   return n;
 }
 
@@ -109,20 +109,31 @@ TrainResult run_training(const Config& cfg) {
   run.config_yaml = config_to_yaml(cfg);
   log::info("megatrain {} | config {} | resolved:\n{}", MEGATRAIN_VERSION, cfg.source_file, run.config_yaml);
 
-  // Model.
+  // Model: this rank's chunks of the layer stack (virtual pipeline stages chunk * pp + pp_rank).
+  MT_CHECK(cfg.parallel.context == 1, "parallel.context = ", cfg.parallel.context,
+           ": context-parallel attention is not implemented yet; set parallel.context: 1");
   run.ctx.model = &cfg.model;
   run.ctx.derived = &run.d;
   run.ctx.ps = &ps;
   run.ctx.device = resolve_device(cfg.training);
   run.ctx.dtype = DType::F32;
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
-  ModelChunkSpec chunk{0, cfg.model.num_layers, true, true};
-  run.model = std::make_unique<GPTModel>(run.ctx, *run.store, chunk, cfg.training.recompute == "full");
-  run.store->allocate(run.ctx.dtype, run.ctx.device);
+  std::vector<const GPTModel*> chunk_ptrs;
+  for (int c = 0; c < cfg.parallel.virtual_pipeline; ++c) {
+    const LayerRange lr = stage_layers(cfg.model, cfg.parallel, ps.pp_rank, c);
+    ModelChunkSpec spec{lr.begin, lr.end, ps.pp_rank == 0 && c == 0,
+                        ps.pp_rank == ps.pp_size - 1 && c == cfg.parallel.virtual_pipeline - 1};
+    run.chunks.push_back(std::make_unique<GPTModel>(run.ctx, *run.store, spec, cfg.training.recompute == "full"));
+    chunk_ptrs.push_back(run.chunks.back().get());
+  }
+  const bool distributed = cfg.parallel.distributed_optimizer && ps.dp_size > 1;
+  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? ps.dp_size : 1);
   run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
-  run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer);
-  run.flops_per_token = model_flops_per_token(count_flop_params(*run.store), cfg.model);
-  log::info("model: {} layers, {} parameters on this rank ({:.1f} M), padded vocab {}, {} micro-batches of {} per iteration",
+  run.exec = std::make_unique<PipelineExecutor>(chunk_ptrs, run.ctx);
+  run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer, ps, distributed);
+  run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model);
+  log::info("model: {} layers, {} parameters on rank 0 ({:.2f} M), padded vocab {}, {} micro-batches of {} per iteration "
+            "and data-parallel rank",
             cfg.model.num_layers, run.store->local_numel(), run.store->local_numel() / 1e6, d.padded_vocab_size,
             d.num_microbatches, cfg.training.micro_batch_size);
 
@@ -140,9 +151,8 @@ TrainResult run_training(const Config& cfg) {
   }
 
   // Data.
-  const int64_t gbs = d.global_batch_size;
-  const int64_t eval_samples = cfg.training.eval_iters * gbs;
-  run.data = data::build_datasets(cfg, d, cfg.training.train_iters * gbs, eval_samples, eval_samples);
+  const data::SampleCounts counts = data::megatron_sample_counts(cfg, d);
+  run.data = data::build_datasets(cfg, d, counts.train, counts.valid, counts.test);
   log::info("train data: {}", run.data.train->describe());
   if (run.data.valid) log::info("valid data: {}", run.data.valid->describe());
   data::BatchLoader loader(run.data.train, d.global_batch_size, cfg.training.micro_batch_size, ps.dp_rank,
@@ -172,9 +182,11 @@ TrainResult run_training(const Config& cfg) {
     const int64_t it = iteration + 1;
     std::vector<data::MicroBatch> batches = loader.next();
     run.store->zero_grads();
-    double loss = run.run_microbatches(batches, it, true);
-    loss = ps.dp->all_reduce_scalar(loss, ReduceOp::Sum) / static_cast<double>(d.tokens_per_iteration);
-    const double gnorm = global_grad_norm(*run.store, ps);
+    const double loss_sum =
+        run.exec->train(batches, run.dropout_seed(it), 1.0 / static_cast<double>(d.tokens_per_iteration));
+    finalize_gradients(*run.store, ps, distributed, cfg.model.arch == "gpt2");
+    const double loss = run.global_mean(loss_sum);
+    const double gnorm = global_grad_norm(*run.store, ps, run.opt->shard(), run.opt->distributed());
     const double lr = learning_rate(cfg.optimizer, decay_iters, it);
     bool skip = false;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {

@@ -202,6 +202,14 @@ TEST_CASE("gpt dataset: the index cache is built once and reused", "[data][gpt]"
   CHECK(vec(rebuilt.shuffle_index()) == vec(first.shuffle_index()));
   GPTDataset again(data, range, options(8, 200, 9, cache));
   CHECK(again.loaded_from_cache());
+  // Data rewritten under the same name with the same counts but other document lengths: rebuilt.
+  auto docs = make_docs(60, 5);
+  std::swap(docs[0], docs[1]);
+  REQUIRE(docs[0].size() != docs[1].size());
+  write(tmp.path + "/ds", docs);
+  auto data2 = std::make_shared<const IndexedDataset>(tmp.path + "/ds");
+  GPTDataset changed(data2, range, options(8, 200, 9, cache));
+  CHECK_FALSE(changed.loaded_from_cache());
   // No temporary files are left behind.
   for (const auto& e : std::filesystem::directory_iterator(cache))
     CHECK(e.path().string().find(".tmp") == std::string::npos);

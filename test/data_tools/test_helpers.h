@@ -7,16 +7,25 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "catch.h"
+#include "core/check.h"
 #include "data_tools/bpe.h"
 
 namespace dt_test {
 
 namespace fs = std::filesystem;
+
+// Substring matcher under both Catch2 majors (v3 renamed it ContainsSubstring).
+#if __has_include(<catch2/catch_test_macros.hpp>)
+inline auto has_text(const std::string& s) { return Catch::Matchers::ContainsSubstring(s); }
+#else
+inline auto has_text(const std::string& s) { return Catch::Matchers::Contains(s); }
+#endif
 
 // A fresh directory under the build tree, removed at the end of the test.
 struct TempDir {
@@ -32,6 +41,16 @@ struct TempDir {
   }
   std::string operator/(const std::string& f) const { return (path / f).string(); }
 };
+
+// The message of the mt::Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const mt::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 inline void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);

@@ -12,6 +12,7 @@
 #include "test_helpers.h"
 
 using namespace mt::data;
+using dt_test::error_of;
 using dt_test::TempDir;
 using Ids = std::vector<int32_t>;
 
@@ -45,14 +46,6 @@ struct Fixture {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 bool any_output(const std::string& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -177,14 +170,14 @@ TEST_CASE("preprocess: bad lines are errors with file:line, or skipped and count
   o.workers = 2;
   o.chunk_bytes = 16;
   std::string err = error_of([&] { preprocess(o); });
-  CHECK_THAT(err, Catch::Matchers::Contains(in + ":3: malformed JSON") && Catch::Matchers::Contains("--skip-bad"));
+  CHECK_THAT(err, dt_test::has_text(in + ":3: malformed JSON") && dt_test::has_text("--skip-bad"));
   CHECK_FALSE(any_output(fx.dir.path.string()));
 
   dt_test::write_file(in, "{\"text\": \"ok\"}\n{\"txt\": \"no key\"}\n");
   CHECK_THAT(error_of([&] { preprocess(o); }),
-             Catch::Matchers::Contains(in + ":2: no key \"text\"") && Catch::Matchers::Contains("--json-keys"));
+             dt_test::has_text(in + ":2: no key \"text\"") && dt_test::has_text("--json-keys"));
   dt_test::write_file(in, "{\"text\": [\"a\", 3]}\n");
-  CHECK_THAT(error_of([&] { preprocess(o); }), Catch::Matchers::Contains(in + ":1: \"text\" is a list holding a number"));
+  CHECK_THAT(error_of([&] { preprocess(o); }), dt_test::has_text(in + ":1: \"text\" is a list holding a number"));
   CHECK_FALSE(any_output(fx.dir.path.string()));
 
   dt_test::write_file(in, "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\": \"broken\n{\"txt\": \"no key\"}\n"
@@ -205,7 +198,7 @@ TEST_CASE("preprocess: a failing run leaves no dataset under the final names", "
   auto o = fx.options({fx.dir / "good.jsonl", fx.dir / "late_bad.jsonl"}, "out");
   o.workers = 2;
   o.chunk_bytes = 1000;
-  CHECK_THAT(error_of([&] { preprocess(o); }), Catch::Matchers::Contains("late_bad.jsonl:2001: malformed JSON"));
+  CHECK_THAT(error_of([&] { preprocess(o); }), dt_test::has_text("late_bad.jsonl:2001: malformed JSON"));
   CHECK_FALSE(any_output(fx.dir.path.string()));
   // A truncated gzip file.
   std::string gz;
@@ -213,14 +206,14 @@ TEST_CASE("preprocess: a failing run leaves no dataset under the final names", "
   gz = dt_test::read_file(fx.dir / "full.gz");
   dt_test::write_file(fx.dir / "cut.gz", gz.substr(0, gz.size() / 2));
   o.inputs = {fx.dir / "cut.gz"};
-  CHECK_THAT(error_of([&] { preprocess(o); }), Catch::Matchers::Contains("cut.gz:") && Catch::Matchers::Contains("corrupt or truncated"));
+  CHECK_THAT(error_of([&] { preprocess(o); }), dt_test::has_text("cut.gz:") && dt_test::has_text("corrupt or truncated"));
   CHECK_FALSE(any_output(fx.dir.path.string()));
   // A missing input is found before anything is written; cancellation stops a run.
   o.inputs = {fx.dir / "good.jsonl", fx.dir / "missing.jsonl"};
-  CHECK_THAT(error_of([&] { preprocess(o); }), Catch::Matchers::Contains("missing.jsonl: cannot read the input file"));
+  CHECK_THAT(error_of([&] { preprocess(o); }), dt_test::has_text("missing.jsonl: cannot read the input file"));
   std::atomic<bool> cancel{true};
   o.inputs = {fx.dir / "good.jsonl"};
-  CHECK_THAT(error_of([&] { preprocess(o, &cancel); }), Catch::Matchers::Contains("interrupted"));
+  CHECK_THAT(error_of([&] { preprocess(o, &cancel); }), dt_test::has_text("interrupted"));
   CHECK_FALSE(any_output(fx.dir.path.string()));
 }
 
@@ -254,7 +247,7 @@ TEST_CASE("merge equals preprocessing the concatenated input; inspect reports it
   CHECK(dt_test::read_file(fx.dir / "merged.idx") == dt_test::read_file(fx.dir / "ab_text_document.idx"));
   CHECK(dt_test::read_file(fx.dir / "merged.bin") == dt_test::read_file(fx.dir / "ab_text_document.bin"));
   CHECK_THAT(error_of([&] { merge_datasets({fx.dir / "a_text_document"}, fx.dir / "a_text_document"); }),
-             Catch::Matchers::Contains("is also an input"));
+             dt_test::has_text("is also an input"));
 
   InspectOptions io;
   io.prefix = fx.dir / "merged";
@@ -263,8 +256,8 @@ TEST_CASE("merge equals preprocessing the concatenated input; inspect reports it
   std::ostringstream out;
   inspect_dataset(io, out);
   const std::string report = out.str();
-  CHECK_THAT(report, Catch::Matchers::Contains("dtype       uint16"));
-  CHECK_THAT(report, Catch::Matchers::Contains("documents   81 (1 empty)"));
-  CHECK_THAT(report, Catch::Matchers::Contains("sequence length (tokens): min"));
-  CHECK_THAT(report, Catch::Matchers::Contains("\"first file 0<|endoftext|>\""));
+  CHECK_THAT(report, dt_test::has_text("dtype       uint16"));
+  CHECK_THAT(report, dt_test::has_text("documents   81 (1 empty)"));
+  CHECK_THAT(report, dt_test::has_text("sequence length (tokens): min"));
+  CHECK_THAT(report, dt_test::has_text("\"first file 0<|endoftext|>\""));
 }

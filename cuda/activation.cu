@@ -1,0 +1,150 @@
+// Activations on CUDA, fp32 math (the CPU reference of tensor/cpu/activation.cpp gives the derivations).
+// GELU, tanh approximation, through s = sigmoid(2u) = 0.5 (1 + tanh u), u = k (x + a x^3):
+//   y = x s,   dy/dx = s + 2 x s (1 - s) k (1 + 3 a x^2).          Any shape, n elements.
+// SwiGLU: inp (N, 2F) = [gate | up] per row, out (N, F) = silu(g) u, s = sigmoid(g):
+//   dgate = dout u s (1 + g (1 - s)),   dup = dout g s.   dinp (N, 2F) is overwritten.
+// Memory-bound: GELU through launch_map (16-byte accesses); SwiGLU with VEC columns per thread when
+// F and the pointers allow 16-byte accesses, else one column per thread.
+#include <cmath>
+#include <initializer_list>
+
+#include "cuda/cuda_ops.h"
+#include "cuda/kernel_utils.cuh"
+
+namespace mt::ops::cuda {
+
+using namespace ::mt::cuda;
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+constexpr float kGeluA = 0.044715f;
+
+__device__ __forceinline__ float sigmoidf_stable(float g) {
+  if (g >= 0.f) return 1.f / (1.f + expf(-g));
+  const float e = expf(g);
+  return e / (1.f + e);
+}
+
+__device__ __forceinline__ float gelu_s(float x) {
+  return 1.f / (1.f + expf(-2.f * kSqrt2OverPi * (x + kGeluA * x * x * x)));
+}
+
+template <typename D>
+struct GeluForwardOp {
+  __device__ D operator()(int64_t, D in, None) const {
+    const float x = to_float(in);
+    return from_float<D>(x * gelu_s(x));
+  }
+};
+
+template <typename D>
+struct GeluBackwardOp {
+  __device__ D operator()(int64_t, D dout, D in) const {
+    const float x = to_float(in), s = gelu_s(x);
+    const float d = s + 2.f * x * s * (1.f - s) * kSqrt2OverPi * (1.f + 3.f * kGeluA * x * x);
+    return from_float<D>(to_float(dout) * d);
+  }
+};
+
+// One thread per VEC consecutive columns of one row (F % VEC == 0 when VEC > 1).
+template <int VEC, typename D>
+__global__ void swiglu_forward_kernel(D* out, const D* inp, int64_t N, int64_t F) {
+  const int64_t per_row = F / VEC, total = N * per_row, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t n = idx / per_row, f = (idx % per_row) * VEC;
+    D g[VEC], u[VEC], o[VEC];
+    load_vec<VEC>(g, inp + n * 2 * F + f);
+    load_vec<VEC>(u, inp + n * 2 * F + F + f);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float gf = to_float(g[k]);
+      o[k] = from_float<D>(gf * sigmoidf_stable(gf) * to_float(u[k]));
+    }
+    store_vec<VEC>(out + n * F + f, o);
+  }
+}
+
+template <int VEC, typename D>
+__global__ void swiglu_backward_kernel(D* dinp, const D* dout, const D* inp, int64_t N, int64_t F) {
+  const int64_t per_row = F / VEC, total = N * per_row, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t n = idx / per_row, f = (idx % per_row) * VEC;
+    D g[VEC], u[VEC], dy[VEC], dg[VEC], du[VEC];
+    load_vec<VEC>(g, inp + n * 2 * F + f);
+    load_vec<VEC>(u, inp + n * 2 * F + F + f);
+    load_vec<VEC>(dy, dout + n * F + f);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float gf = to_float(g[k]), uf = to_float(u[k]), d = to_float(dy[k]), s = sigmoidf_stable(gf);
+      dg[k] = from_float<D>(d * uf * s * (1.f + gf * (1.f - s)));
+      du[k] = from_float<D>(d * gf * s);
+    }
+    store_vec<VEC>(dinp + n * 2 * F + f, dg);
+    store_vec<VEC>(dinp + n * 2 * F + F + f, du);
+  }
+}
+
+// 16-byte path when F is a multiple of the vector width and every pointer is 16-byte aligned.
+template <typename D>
+bool swiglu_vec_ok(int64_t F, std::initializer_list<const void*> ptrs) {
+  constexpr int kVec = 16 / sizeof(D);
+  if (F % kVec != 0) return false;
+  for (const void* p : ptrs)
+    if (!aligned(p, 16)) return false;
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+template <typename T>
+void gelu_forward_cuda(T* out, const T* inp, int64_t n) {
+  using D = dev_t<T>;
+  launch_map("gelu_forward_cuda", n, GeluForwardOp<D>{}, dev(out), dev(inp));
+}
+
+template <typename T>
+void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n) {
+  using D = dev_t<T>;
+  launch_map("gelu_backward_cuda", n, GeluBackwardOp<D>{}, dev(dinp), dev(dout), dev(inp));
+}
+
+template <typename T>
+void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F) {
+  using D = dev_t<T>;
+  if (N * F == 0) return;
+  constexpr int kVec = 16 / sizeof(D), kThreads = 256;
+  cudaStream_t s = current_stream();
+  if (swiglu_vec_ok<D>(F, {out, inp}))
+    swiglu_forward_kernel<kVec><<<grid_for(N * F / kVec, kThreads), kThreads, 0, s>>>(dev(out), dev(inp), N, F);
+  else
+    swiglu_forward_kernel<1><<<grid_for(N * F, kThreads), kThreads, 0, s>>>(dev(out), dev(inp), N, F);
+  MT_CUDA_CHECK_LAUNCH("swiglu_forward_cuda");
+}
+
+template <typename T>
+void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F) {
+  using D = dev_t<T>;
+  if (N * F == 0) return;
+  constexpr int kVec = 16 / sizeof(D), kThreads = 256;
+  cudaStream_t s = current_stream();
+  if (swiglu_vec_ok<D>(F, {dinp, dout, inp}))
+    swiglu_backward_kernel<kVec>
+        <<<grid_for(N * F / kVec, kThreads), kThreads, 0, s>>>(dev(dinp), dev(dout), dev(inp), N, F);
+  else
+    swiglu_backward_kernel<1><<<grid_for(N * F, kThreads), kThreads, 0, s>>>(dev(dinp), dev(dout), dev(inp), N, F);
+  MT_CUDA_CHECK_LAUNCH("swiglu_backward_cuda");
+}
+
+#define MT_INSTANTIATE(T)                                                          \
+  template void gelu_forward_cuda<T>(T*, const T*, int64_t);                       \
+  template void gelu_backward_cuda<T>(T*, const T*, const T*, int64_t);            \
+  template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t);            \
+  template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(mt::bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::ops::cuda

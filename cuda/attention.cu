@@ -1,0 +1,224 @@
+// Causal grouped-query attention on CUDA: the entry points, and the bf16 forward (flash attention).
+// Shapes: q, out (B, T, H, D); k, v (B, T, G, D); lse (B, H, T) fp32; query head h reads kv head
+// h / (H / G); scale c = 1/sqrt(D) (tensor/cpu/attention.cpp has the math and the backward).
+//   s_ij = c q_i . k_j (j <= i),  lse_i = log sum_j exp(s_ij),  o_i = sum_j exp(s_ij - lse_i) v_j.
+// The T x T matrix is never materialized: one block owns (b, h, a tile of kBr = 64 queries); its 4
+// warps own 16 query rows each. Key/value tiles of kBc = 64 rows stream through shared memory with
+// cp.async, double-buffered (the next tile loads while the current one is used). Per key tile:
+//   S = Q K^T on tensor cores (mma.sync bf16 -> fp32), the causal mask on the diagonal tile,
+//   online softmax in base 2 (m = running max, l = running sum, O rescaled by exp2(m_old - m_new)),
+//   O += P V with P rounded to bf16 straight from the S registers.
+// At the end O /= l and lse = c m + ln l. Query tiles are scheduled heaviest (last) first.
+// fp32 inputs take the CUDA-core path of attention_f32.cu; the backward is in attention_backward.cu.
+#include <cmath>
+
+#include "cuda/attention_common.cuh"
+
+namespace mt::ops::cuda {
+
+using namespace ::mt::cuda;
+
+namespace attn {
+namespace {
+
+constexpr int kBr = 64, kBc = 64, kWarps = 4, kThreads = kWarps * 32;
+
+template <int D>
+constexpr size_t forward_smem() {
+  return sizeof(bf16_t) * (D + 8) * (kBr + 4 * kBc);  // Q, then K and V double-buffered
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel_mma(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, int T,
+                                 int H, int G, float scale, float scale_log2) {
+  constexpr int LD = D + 8, kDT = D / 8, kNT = kBc / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
+  bf16_t* sK = sQ + kBr * LD;        // 2 buffers of kBc * LD
+  bf16_t* sV = sK + 2 * kBc * LD;    // 2 buffers of kBc * LD
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y / H, h = blockIdx.y % H, g = h / (H / G);
+  const int i0 = tile * kBr, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(G) * D;
+  const bf16_t* qh = q + (int64_t(b) * T * H + h) * D;
+  const bf16_t* kh = k + (int64_t(b) * T * G + g) * D;
+  const bf16_t* vh = v + (int64_t(b) * T * G + g) * D;
+  const int n_tiles = (min(T, i0 + kBr) + kBc - 1) / kBc;
+
+  load_tile_async<kBr, D, kThreads>(sQ, qh, q_stride, i0, T);
+  load_tile_async<kBc, D, kThreads>(sK, kh, kv_stride, 0, T);
+  load_tile_async<kBc, D, kThreads>(sV, vh, kv_stride, 0, T);
+  cp_async_commit();
+
+  float o[kDT][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t qf[D / 16][4];
+  const int row0 = i0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int buf = j % 2;
+    if (j + 1 < n_tiles) {
+      load_tile_async<kBc, D, kThreads>(sK + (1 - buf) * kBc * LD, kh, kv_stride, (j + 1) * kBc, T);
+      load_tile_async<kBc, D, kThreads>(sV + (1 - buf) * kBc * LD, vh, kv_stride, (j + 1) * kBc, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) load_a_frag<LD>(qf[kk], sQ, warp * 16, kk * 16);
+    }
+    const bf16_t* tK = sK + buf * kBc * LD;
+    const bf16_t* tV = sV + buf * kBc * LD;
+
+    // S = Q K^T (16 x kBc per warp).
+    float s[kNT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t bfr[4];
+        load_b_frags_nk<LD>(bfr, tK, nt * 8, kk * 16);
+        mma_16816(s[nt], qf[kk], bfr[0], bfr[1]);
+        mma_16816(s[nt + 1], qf[kk], bfr[2], bfr[3]);
+      }
+    }
+    // Causal mask where this tile reaches past the warp's first row.
+    const int j0 = j * kBc;
+    if (j0 + kBc - 1 > i0 + warp * 16) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j0 + nt * 8 + (lane % 4) * 2 + (e % 2), row = row0 + (e / 2) * 8;
+          if (key > row) s[nt][e] = -INFINITY;
+        }
+    }
+    // Online softmax, rows row0 (e = 0, 1) and row0 + 8 (e = 2, 3); a row is spread over a lane quad.
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[rr], mx);  // finite: key 0 <= row is in tile 0
+      const float alpha = exp2f((m[rr] - m_new) * scale_log2), base = m_new * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+          s[nt][e] = exp2f(fmaf(s[nt][e], scale_log2, -base));
+          sum += s[nt][e];
+        }
+      l[rr] = l[rr] * alpha + sum;  // per-lane partial; the quad is summed at the end
+      m[rr] = m_new;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        o[dt][2 * rr] *= alpha;
+        o[dt][2 * rr + 1] *= alpha;
+      }
+    }
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t pa[4];
+      c_to_a_frag(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t bfr[4];
+        load_b_frags_kn<LD>(bfr, tV, kk * 16, dt * 8);
+        mma_16816(o[dt], pa, bfr[0], bfr[1]);
+        mma_16816(o[dt + 1], pa, bfr[2], bfr[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this buffer
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float sum = l[rr];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = row0 + rr * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / sum;
+    bf16_t* orow = out + (int64_t(b) * T + row) * q_stride + int64_t(h) * D;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(o[dt][2 * rr] * inv, o[dt][2 * rr + 1] * inv);
+      *reinterpret_cast<__nv_bfloat162*>(orow + dt * 8 + (lane % 4) * 2) = pair;
+    }
+    if (lane % 4 == 0) lse[(int64_t(b) * H + h) * T + row] = m[rr] * scale + logf(sum);
+  }
+}
+
+template <int D>
+void forward_launch(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, const AttnShape& s) {
+  constexpr size_t smem = forward_smem<D>();
+  auto kernel = attention_forward_kernel_mma<D>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(s.T, kBr)), static_cast<unsigned>(s.B * s.H));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  kernel<<<grid, kThreads, smem, current_stream()>>>(out, lse, q, k, v, static_cast<int>(s.T), static_cast<int>(s.H),
+                                                     static_cast<int>(s.G), scale, scale * kLog2e);
+  MT_CUDA_CHECK_LAUNCH("attention_forward_kernel_mma");
+}
+
+}  // namespace
+
+void attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                            const AttnShape& s) {
+  if (s.D == 64) forward_launch<64>(out, lse, q, k, v, s);
+  else forward_launch<128>(out, lse, q, k, v, s);
+}
+
+}  // namespace attn
+
+// ---------------------------------------------------------------- entry points
+
+bool attention_head_dim_supported(int64_t D) { return D == 64 || D == 128; }
+
+namespace {
+void check_attention(const char* op, const AttnShape& s, std::initializer_list<const void*> ptrs) {
+  MT_CHECK(attention_head_dim_supported(s.D), op, " on cuda supports head dims 64 and 128, got D = ", s.D,
+           " (hidden_size / num_attention_heads)");
+  MT_CHECK(s.T < (int64_t(1) << 31) && s.B * s.H < (int64_t(1) << 31), op, ": B*H = ", s.B * s.H, " or T = ", s.T,
+           " too large");
+  for (const void* p : ptrs)
+    MT_CHECK(aligned(p, 16), op, " on cuda needs 16-byte aligned tensors (a view at an odd offset?)");
+}
+}  // namespace
+
+template <typename T>
+void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T* v, const AttnShape& s) {
+  if (s.B * s.T * s.H == 0) return;
+  check_attention("attention_forward", s, {out, q, k, v});
+  if constexpr (std::is_same_v<T, float>) attn::attention_forward_f32(out, lse, q, k, v, s);
+  else attn::attention_forward_bf16(dev(out), lse, dev(q), dev(k), dev(v), s);
+}
+
+template <typename T>
+void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                             const float* lse, const AttnShape& s) {
+  if (s.B * s.T * s.H == 0) return;
+  check_attention("attention_backward", s, {dq, dk, dv, dout, q, k, v, out});
+  if constexpr (std::is_same_v<T, float>)
+    attn::attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
+  else
+    attn::attention_backward_bf16(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, s);
+}
+
+#define MT_INSTANTIATE(T)                                                                                    \
+  template void attention_forward_cuda<T>(T*, float*, const T*, const T*, const T*, const AttnShape&);       \
+  template void attention_backward_cuda<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,     \
+                                           const float*, const AttnShape&);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(mt::bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::ops::cuda

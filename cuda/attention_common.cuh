@@ -1,0 +1,126 @@
+// Shared pieces of the attention kernels (attention.cu, attention_backward.cu, attention_f32.cu):
+// tensor-core primitives (mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async), tile loaders, and
+// the launchers each file provides to attention.cu's entry points. Declarations and inline device
+// helpers only.
+//
+// Fragment layouts of mma.m16n8k16 (lane = 4 * r + c, r = lane / 4, c = lane % 4):
+//   A (16 x 16, row): a0 = (r, 2c..2c+1), a1 = (r + 8, 2c..), a2 = (r, 2c + 8..), a3 = (r + 8, 2c + 8..)
+//   B (16 x 8, col):  b0 = (k = 2c..2c+1, n = r), b1 = (k = 2c + 8.., n = r)
+//   C (16 x 8, fp32): c0, c1 = (r, 2c..2c+1), c2, c3 = (r + 8, 2c..)
+// so the C fragments of two adjacent n-tiles, rounded to bf16, are the A fragment of the next product
+// (P = softmax(S) feeds P V without leaving registers).
+// Tiles live in shared memory with rows padded by 8 elements (16 bytes), which makes the 8 row
+// addresses of every ldmatrix hit distinct banks.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_ops.h"
+#include "cuda/kernel_utils.cuh"
+
+namespace mt::ops::cuda::attn {
+
+using bf16_t = __nv_bfloat16;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// 16-byte asynchronous copy global -> shared; when !valid the 16 bytes are zero-filled (src unread).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Rows [t0, t0 + ROWS) of one head of a (B, T, heads, D) tensor into a padded shared tile
+// (row stride D + 8); rows at or past T are zero-filled. `head0` points at (b, t = 0, head);
+// consecutive t are `row_stride` elements apart.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_async(bf16_t* tile, const bf16_t* head0, int64_t row_stride, int t0, int T) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
+    const int r = i / kChunks, c = (i % kChunks) * 8, t = t0 + r;
+    const bool valid = t < T;
+    cp_async_16(tile + r * (D + 8) + c, head0 + (valid ? int64_t(t) * row_stride + c : 0), valid);
+  }
+}
+
+// A fragment (16 x 16) at (row0, col0) of a padded tile with row stride LD.
+template <int LD>
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const bf16_t* tile, int row0, int col0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, tile + (row0 + lane % 16) * LD + col0 + (lane / 16) * 8);
+}
+// B fragments of two n-tiles (n0, n0 + 8) x k16 at k0 from a tile stored [n][k] (K for Q K^T):
+// b[0], b[1] for n-tile n0; b[2], b[3] for n0 + 8.
+template <int LD>
+__device__ __forceinline__ void load_b_frags_nk(uint32_t (&b)[4], const bf16_t* tile, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * LD + k0 + ((lane / 8) % 2) * 8);
+}
+// B fragments of two n-tiles (n0, n0 + 8) x k16 at k0 from a tile stored [k][n] (V for P V).
+template <int LD>
+__device__ __forceinline__ void load_b_frags_kn(uint32_t (&b)[4], const bf16_t* tile, int k0, int n0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * LD + n0 + (lane / 16) * 8);
+}
+
+// A fragment for k-chunk kk from fp32 C fragments of n-tiles 2kk and 2kk + 1, rounded to bf16.
+__device__ __forceinline__ void c_to_a_frag(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------- per-file launchers
+// bf16, tensor cores (attention.cu / attention_backward.cu); D in {64, 128}.
+void attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                            const AttnShape& s);
+void attention_backward_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
+                             const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
+                             const AttnShape& s);
+// fp32, CUDA cores (attention_f32.cu); D in {64, 128}.
+void attention_forward_f32(float* out, float* lse, const float* q, const float* k, const float* v, const AttnShape& s);
+void attention_backward_f32(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                            const float* v, const float* out, const float* lse, const AttnShape& s);
+// delta(B, H, T) = rowsum(dout * out) in fp32 (attention_backward.cu), for either dtype.
+template <typename D>
+void attention_delta(float* delta, const D* dout, const D* out, const AttnShape& s);
+
+}  // namespace mt::ops::cuda::attn

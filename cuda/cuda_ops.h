@@ -1,0 +1,108 @@
+// CUDA implementations of the ops of tensor/ops.h, on raw contiguous device pointers: the same
+// signatures as the CPU references of tensor/cpu/cpu_ops.h, with element type T = float (parity mode)
+// or mt::bf16 (training). Declarations only (plain header: ops.cpp includes it); one cuda/<family>.cu
+// per family holds the kernels and these launchers. Every launcher runs on the backend's current
+// stream (cuda_context.h), checks its own launch, and returns without synchronizing, except
+// sum_squares_cuda, which returns a host value.
+//
+// Mixed precision (Megatron style): statistics (mean, rstd, lse, cross-entropy partials) are fp32;
+// parameter gradients (dweight, dbias, dtable) are fp32 "main grads", accumulated (+=) whatever T
+// is; activation gradients have type T (= unless a GradMode asks for +=).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace mt::ops::cuda {
+
+// ---------------------------------------------------------------- elementwise.cu
+template <typename T> void fill_cuda(T* x, int64_t n, double value);
+template <typename T> void add_inplace_cuda(T* a, const T* b, int64_t n);        // a += b
+template <typename T> void add_cuda(T* out, const T* a, const T* b, int64_t n);  // may alias
+template <typename T> void scale_cuda(T* x, int64_t n, double s);
+// To/From in {float, bf16} (To != From); same-type copies go through copy_cuda.
+template <typename To, typename From> void cast_cuda(To* out, const From* in, int64_t n);
+void copy_cuda(void* out, const void* in, size_t bytes);
+// sum of x^2 in fp64, deterministic (fixed grid and reduction order); synchronizes the stream.
+template <typename T> double sum_squares_cuda(const T* x, int64_t n);
+
+// ---------------------------------------------------------------- gemm.cu (cuBLASLt)
+// out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC)   (bias may be null)
+template <typename T>
+void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC);
+// dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += dout^T @ inp;
+// dbias (fp32) += column sums of dout. Null outputs are skipped.
+template <typename T>
+void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp);
+
+// ---------------------------------------------------------------- embedding.cu
+template <typename T>
+void embedding_forward_cuda(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t Vl, int64_t C,
+                            int64_t vocab_start);
+// dtable (fp32) += scatter of dout rows; deterministic (tokens sorted stably, one owner per row).
+template <typename T>
+void embedding_backward_cuda(float* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t Vl, int64_t C,
+                             int64_t vocab_start);
+
+// ---------------------------------------------------------------- norm.cu
+template <typename T>
+void layernorm_forward_cuda(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int64_t N,
+                            int64_t C, double eps);
+template <typename T>
+void layernorm_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                             const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate_dinp);
+template <typename T>
+void rmsnorm_forward_cuda(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps);
+template <typename T>
+void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
+                           int64_t N, int64_t C, bool accumulate_dinp);
+
+// ---------------------------------------------------------------- activation.cu
+template <typename T> void gelu_forward_cuda(T* out, const T* inp, int64_t n);
+template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n);
+template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F);
+template <typename T> void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F);
+
+// ---------------------------------------------------------------- rope.cu
+template <typename T>
+void rope_forward_cuda(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, double theta, int64_t position_offset);
+template <typename T>
+void rope_backward_cuda(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, double theta,
+                        int64_t position_offset);
+
+// ---------------------------------------------------------------- qkv_split.cu, attention*.cu
+struct AttnShape {
+  int64_t B, T, H, G, D;
+};
+template <typename T> void qkv_split_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s);
+template <typename T>
+void qkv_split_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s);
+// Head dims this backend's attention supports (others: an error naming them).
+bool attention_head_dim_supported(int64_t D);
+template <typename T>
+void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T* v, const AttnShape& s);
+template <typename T>
+void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                             const float* lse, const AttnShape& s);
+
+// ---------------------------------------------------------------- cross_entropy.cu
+template <typename T>
+void cross_entropy_stats_cuda(float* max, float* sumexp, float* target_logit, const T* logits, const int32_t* targets,
+                              int64_t N, int64_t Vl, int64_t vocab_start, int64_t n_valid);
+template <typename T>
+void cross_entropy_backward_cuda(T* dlogits, const T* logits, const int32_t* targets, const float* lse,
+                                 const float* dloss, int64_t N, int64_t Vl, int64_t vocab_start, int64_t n_valid);
+
+// ---------------------------------------------------------------- dropout.cu
+template <typename T>
+void dropout_forward_cuda(T* out, const T* inp, int64_t n, double p, uint64_t seed, uint64_t offset);
+template <typename T>
+void dropout_backward_cuda(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t offset);
+
+// ---------------------------------------------------------------- adamw.cu (fp32 master weights)
+void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
+                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,232 @@
+// Linear layers on CUDA through cuBLASLt (tensor/cpu/linear.cpp has the math):
+//   forward:  out(N, OC) = inp(N, IC) @ W(OC, IC)^T + b(OC)                    (bias fused: EPILOGUE_BIAS)
+//   backward: dinp(N, IC) = dout(N, OC) @ W            (beta 0, or 1 with GradMode::Accumulate)
+//             dW(OC, IC) (fp32) += dout^T @ inp         (beta 1: main grads accumulate)
+//             db(OC)     (fp32) += column sums of dout  (deterministic two-pass reduction kernel)
+// Row-major onto cuBLAS's column-major: a row-major (r, c) matrix is a column-major (c, r) one, so
+//   out^T(OC, N)  = W^T'(op T on the stored (IC, OC)) x inp^T (stored (IC, N))      m=OC n=N  k=IC
+//   dinp^T(IC, N) = W (stored (IC, OC)) x dout^T (stored (OC, N))                   m=IC n=N  k=OC
+//   dW^T(IC, OC)  = inp^T (stored (IC, N)) x dout (op T on the stored (OC, N))      m=IC n=OC k=N
+// bf16 operands accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 operands use CUBLAS_COMPUTE_32F too,
+// which is plain fp32 (TF32 off, for parity runs). Matmul descriptors, layouts and the heuristic's
+// algorithm are cached per (shape, types, transposes, epilogue, pointer alignment).
+#include <array>
+#include <map>
+#include <mutex>
+
+#include "cuda/cuda_ops.h"
+#include "cuda/kernel_utils.cuh"
+
+namespace mt::ops::cuda {
+
+using namespace ::mt::cuda;
+
+namespace {
+
+// ---------------------------------------------------------------- bias gradient: column sums
+constexpr int kColThreads = 32, kRowThreads = 8;
+
+// Block (32, 8): thread x owns VEC consecutive columns of a 32*VEC tile, thread y strides over the rows of
+// the block's row chunk; the 8 row-partials are added in order y = 0..7. partial: (gridDim.y, C).
+template <int VEC, typename D>
+__global__ void column_sum_kernel_partials(float* partial, const D* x, int64_t N, int64_t C, int64_t rows_per) {
+  __shared__ float red[kRowThreads][kColThreads * VEC];
+  const int64_t c = (int64_t(blockIdx.x) * kColThreads + threadIdx.x) * VEC;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per, r1 = min(N, r0 + rows_per);
+  float acc[VEC] = {};
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
+      D v[VEC];
+      load_vec<VEC>(v, x + r * C + c);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] += to_float(v[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) red[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      float s = 0.f;
+      for (int y = 0; y < kRowThreads; ++y) s += red[y][threadIdx.x * VEC + k];
+      partial[int64_t(blockIdx.y) * C + c + k] = s;
+    }
+  }
+}
+
+__global__ void column_sum_kernel_final(float* out, const float* partial, int splits, int64_t C) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (int i = 0; i < splits; ++i) s += partial[int64_t(i) * C + c];
+  out[c] += s;
+}
+
+// out(C) (fp32) += sum over rows of x(N, C).
+template <typename D>
+void column_sum_accumulate(float* out, const D* x, int64_t N, int64_t C) {
+  if (N == 0 || C == 0) return;
+  constexpr int kVec = 16 / sizeof(D);
+  const bool vec = C % kVec == 0 && aligned(x, 16);
+  const int vw = vec ? kVec : 1;
+  const int64_t col_blocks = ceil_div(C, int64_t(kColThreads) * vw);
+  const int64_t want = std::max<int64_t>(1, int64_t(context().sm_count) * 4 / col_blocks);
+  const int64_t rows_per = std::max<int64_t>(64, ceil_div(N, want));
+  const int64_t splits = ceil_div(N, rows_per);
+  Scratch partial(sizeof(float) * static_cast<size_t>(splits * C));
+  cudaStream_t s = current_stream();
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits)), block(kColThreads, kRowThreads);
+  if (vec)
+    column_sum_kernel_partials<kVec><<<grid, block, 0, s>>>(partial.as<float>(), x, N, C, rows_per);
+  else
+    column_sum_kernel_partials<1><<<grid, block, 0, s>>>(partial.as<float>(), x, N, C, rows_per);
+  MT_CUDA_CHECK_LAUNCH("column_sum_kernel_partials");
+  column_sum_kernel_final<<<static_cast<unsigned>(ceil_div(C, 256)), 256, 0, s>>>(out, partial.as<float>(),
+                                                                                 static_cast<int>(splits), C);
+  MT_CUDA_CHECK_LAUNCH("column_sum_kernel_final");
+}
+
+// ---------------------------------------------------------------- cuBLASLt wrapper
+// Column-major D(m, n) = alpha op(A) op(B) + beta C with C = D (+ bias(m) per row when bias).
+struct GemmArgs {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  const void* A;
+  int64_t lda;
+  const void* B;
+  int64_t ldb;
+  void* C;
+  int64_t ldc;
+  cudaDataType_t ab_type, c_type;
+  const void* bias;  // m elements of c_type, or null
+  float beta;
+};
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+using GemmKey = std::array<int64_t, 14>;
+
+int alignment_of(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  int a = 16;
+  while (a > 1 && u % a != 0) a /= 2;
+  return a;
+}
+
+GemmPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
+  const Context& ctx = context();
+  GemmPlan p;
+  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (g.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &g.c_type,
+                                                   sizeof g.c_type));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  }
+  // Stored shapes: op(A) is (m, k), op(B) is (k, n).
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.c_type, g.m, g.n, g.ldc));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ctx.workspace_bytes, sizeof ctx.workspace_bytes));
+  const uint32_t al[3] = {static_cast<uint32_t>(key[11]), static_cast<uint32_t>(key[12]),
+                          static_cast<uint32_t>(key[13])};
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  MT_CHECK(found > 0, what, ": cuBLASLt has no algorithm for the GEMM m=", g.m, " n=", g.n, " k=", g.k,
+           " (types ", static_cast<int>(g.ab_type), "/", static_cast<int>(g.c_type), ", bias ", g.bias != nullptr, ")");
+  p.algo = result.algo;
+  return p;
+}
+
+void gemm(const char* what, const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  const GemmKey key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.ab_type, g.c_type,
+                    g.bias != nullptr, alignment_of(g.A), alignment_of(g.B), alignment_of(g.C)};
+  static std::mutex mu;
+  static std::map<GemmKey, GemmPlan> cache;
+  GemmPlan plan;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, make_plan(what, g, key)).first;
+    plan = it->second;
+    if (g.bias)  // the cached descriptor carries the last call's pointer
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  }
+  const Context& ctx = context();
+  const float alpha = 1.f;
+  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &g.beta, g.C, plan.c, g.C,
+                                 plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
+}
+
+template <typename T>
+constexpr cudaDataType_t cuda_type() {
+  return std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+template <typename T>
+void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC) {
+  if (N == 0 || OC == 0) return;
+  if (IC == 0) {  // an empty sum: out = bias (or 0)
+    fill_cuda(out, N * OC, 0.0);
+    MT_CHECK(bias == nullptr, "linear_forward_cuda: IC = 0 with a bias is not supported");
+    return;
+  }
+  constexpr cudaDataType_t t = cuda_type<T>();
+  gemm("linear_forward_cuda", {true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, t, bias, 0.f});
+}
+
+template <typename T>
+void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp) {
+  constexpr cudaDataType_t t = cuda_type<T>();
+  if (dinp && N > 0 && IC > 0) {
+    if (OC == 0) {
+      if (!accumulate_dinp) fill_cuda(dinp, N * IC, 0.0);
+    } else {
+      gemm("linear_backward_cuda dinp",
+           {false, false, IC, N, OC, weight, IC, dout, OC, dinp, IC, t, t, nullptr, accumulate_dinp ? 1.f : 0.f});
+    }
+  }
+  if (dweight && N > 0 && IC > 0 && OC > 0)
+    gemm("linear_backward_cuda dweight",
+         {false, true, IC, OC, N, inp, IC, dout, OC, dweight, IC, t, CUDA_R_32F, nullptr, 1.f});
+  if (dbias) column_sum_accumulate(dbias, dev(dout), N, OC);
+}
+
+#define MT_INSTANTIATE(T)                                                                                        \
+  template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);            \
+  template void linear_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                        bool);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(mt::bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::ops::cuda

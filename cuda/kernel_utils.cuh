@@ -1,0 +1,190 @@
+// Device helpers shared by the kernel families: host <-> device element types, float conversion,
+// vector loads/stores (16 bytes where alignment allows), warp/block reductions with a fixed order
+// (so that results are bit-reproducible), grid sizing, and a generic elementwise "map" kernel.
+// Included by .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_context.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace mt::cuda {
+
+// ---------------------------------------------------------------- element types
+// Host element types (float, mt::bf16) map to device ones (float, __nv_bfloat16): same bits.
+template <typename T> struct DevTypeOf { using type = T; };
+template <> struct DevTypeOf<mt::bf16> { using type = __nv_bfloat16; };
+template <typename T> using dev_t = typename DevTypeOf<T>::type;
+static_assert(sizeof(mt::bf16) == sizeof(__nv_bfloat16));
+
+template <typename T>
+dev_t<T>* dev(T* p) { return reinterpret_cast<dev_t<T>*>(p); }
+template <typename T>
+const dev_t<T>* dev(const T* p) { return reinterpret_cast<const dev_t<T>*>(p); }
+
+__host__ __device__ __forceinline__ float to_float(float x) { return x; }
+__host__ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __host__ __device__ __forceinline__ T from_float(float x);
+template <> __host__ __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __host__ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ---------------------------------------------------------------- vector access
+// VEC consecutive elements, moved as 16-byte (or 8/4-byte) words. The pointer must be aligned to
+// vec_align<T, VEC>() bytes (launchers check with aligned()).
+template <typename T, int VEC>
+constexpr int vec_align() {
+  return VEC * sizeof(T) >= 16 ? 16 : VEC * static_cast<int>(sizeof(T));
+}
+template <typename T, int VEC>
+struct alignas(vec_align<T, VEC>()) Vec {
+  T v[VEC];
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(T (&dst)[VEC], const T* p) {
+  if constexpr (VEC * sizeof(T) <= 16) {
+    const auto w = *reinterpret_cast<const Vec<T, VEC>*>(p);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) dst[i] = w.v[i];
+  } else {
+    constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+    for (int c = 0; c < VEC / kPer; ++c) {
+      const auto w = *reinterpret_cast<const Vec<T, kPer>*>(p + c * kPer);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) dst[c * kPer + i] = w.v[i];
+    }
+  }
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const T (&src)[VEC]) {
+  if constexpr (VEC * sizeof(T) <= 16) {
+    Vec<T, VEC> w;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) w.v[i] = src[i];
+    *reinterpret_cast<Vec<T, VEC>*>(p) = w;
+  } else {
+    constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+    for (int c = 0; c < VEC / kPer; ++c) {
+      Vec<T, kPer> w;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) w.v[i] = src[c * kPer + i];
+      *reinterpret_cast<Vec<T, kPer>*>(p + c * kPer) = w;
+    }
+  }
+}
+
+inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// ---------------------------------------------------------------- reductions (fixed order)
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 values; the function synchronizes before returning so it can be reused.
+template <typename T>
+__device__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = lane < warps ? scratch[lane] : T(0);
+  r = warp_sum(r);
+  __syncthreads();
+  return r;
+}
+
+// ---------------------------------------------------------------- scratch memory
+// Temporary device memory from the caching allocator (no cudaMalloc in a step). Freed when the
+// object dies, possibly before the kernels using it have run: safe because every op runs on the one
+// current stream, so the next user of the block is ordered after them.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes)
+      : t_(Tensor::empty({static_cast<int64_t>(bytes == 0 ? 1 : bytes)}, DType::U8, Device::CUDA)) {}
+  template <typename T>
+  T* as() const { return static_cast<T*>(t_.raw()); }
+
+ private:
+  Tensor t_;
+};
+
+// ---------------------------------------------------------------- grids
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Blocks for a grid-stride loop over `work` items with `threads` per block: enough to fill the GPU.
+inline unsigned grid_for(int64_t work, int threads) {
+  const int64_t want = ceil_div(work, threads), cap = int64_t(context().sm_count) * 16;
+  return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+// ---------------------------------------------------------------- generic elementwise map
+// out[i] = op(i, a[i], b[i]) for i < n, with up to two inputs (None: absent). Each thread handles VEC
+// consecutive elements per step with vector loads/stores; the n % VEC tail goes element by element.
+// Op is a functor struct (no extended lambdas) with a __device__ operator()(int64_t, A, B) -> Out.
+struct None {};
+
+template <int VEC, typename Op, typename Out, typename A, typename B>
+__global__ void map_kernel(int64_t n, Op op, Out* out, const A* a, const B* b) {
+  const int64_t chunks = n / VEC, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t c = tid; c < chunks; c += stride) {
+    const int64_t i0 = c * VEC;
+    A va[VEC];
+    B vb[VEC];
+    if constexpr (!std::is_same_v<A, None>) load_vec<VEC>(va, a + i0);
+    if constexpr (!std::is_same_v<B, None>) load_vec<VEC>(vb, b + i0);
+    Out r[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) r[k] = op(i0 + k, va[k], vb[k]);
+    store_vec<VEC>(out + i0, r);
+  }
+  for (int64_t i = chunks * VEC + tid; i < n; i += stride) {
+    A va{};
+    B vb{};
+    if constexpr (!std::is_same_v<A, None>) va = a[i];
+    if constexpr (!std::is_same_v<B, None>) vb = b[i];
+    out[i] = op(i, va, vb);
+  }
+}
+
+template <typename T, int VEC>
+bool vec_ok(const T* p) {
+  if constexpr (std::is_same_v<T, None>) return true;
+  else return aligned(p, vec_align<T, VEC>());
+}
+
+// Launches map_kernel on the current stream: 16-byte accesses of `out` when every pointer allows.
+template <typename Op, typename Out, typename A = None, typename B = None>
+void launch_map(const char* what, int64_t n, const Op& op, Out* out, const A* a = nullptr, const B* b = nullptr) {
+  if (n <= 0) return;
+  constexpr int kVec = 16 / sizeof(Out);
+  constexpr int kThreads = 256;
+  cudaStream_t s = current_stream();
+  if (vec_ok<Out, kVec>(out) && vec_ok<A, kVec>(a) && vec_ok<B, kVec>(b))
+    map_kernel<kVec><<<grid_for(ceil_div(n, kVec), kThreads), kThreads, 0, s>>>(n, op, out, a, b);
+  else
+    map_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(n, op, out, a, b);
+  MT_CUDA_CHECK_LAUNCH(what);
+}
+
+}  // namespace mt::cuda

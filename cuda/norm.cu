@@ -1,0 +1,274 @@
+// LayerNorm and RMSNorm on CUDA over the last dim C of (N, C); tensor/cpu/norm.cpp has the math:
+//   LayerNorm: xh = (x - mu) r, r = 1/sqrt(var + eps), y = xh w + b; saves mean, rstd (fp32, (N)).
+//     dx = r (gh - mean_c(gh) - xh mean_c(gh xh)), gh = dy w;  dw += sum_n dy xh;  db += sum_n dy.
+//   RMSNorm: xh = x r, r = 1/sqrt(mean_c x^2 + eps), y = xh w; saves rstd.
+//     dx = r (gh - xh mean_c(gh xh));  dw += sum_n dy xh.
+// Math in fp32 whatever T is; dw, db are fp32 main grads (+=); dx is T (= or += by GradMode).
+//
+// Forward: one warp per row, three passes over the row (mean, centred variance, output; the row is
+// re-read from L1/L2), VEC elements per lane (16-byte loads) when C and the pointers allow.
+// Backward, deterministic (no float atomics): the N rows are cut into one contiguous chunk per block;
+// a block walks its rows one at a time with all its threads, each thread owning fixed columns, so it
+// accumulates its columns' dw/db partials in shared memory without conflicts. Each block writes its
+// partial row to scratch; a second kernel adds the partials of all blocks in block order into dw/db.
+// dx is computed per row after a block-wide reduction of (sum gh, sum gh xh); each element of dout is
+// read before dinp's same element is written, so dinp may alias dout.
+#include <algorithm>
+#include <initializer_list>
+
+#include "cuda/cuda_ops.h"
+#include "cuda/kernel_utils.cuh"
+
+namespace mt::ops::cuda {
+
+using namespace ::mt::cuda;
+
+namespace {
+
+constexpr int kFwdWarps = 8;         // rows per forward block
+constexpr int kBwdThreads = 256;
+constexpr int kBwdBlocksPerSM = 2;
+
+template <bool kLayerNorm, int VEC, typename D>
+__global__ void norm_forward_kernel_warp_row(D* out, float* mean, float* rstd, const D* inp, const D* weight,
+                                             const D* bias, int64_t N, int64_t C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = int64_t(blockIdx.x) * kFwdWarps + threadIdx.x / 32;
+  if (n >= N) return;
+  const D* x = inp + n * C;
+  float mu = 0.f;
+  if constexpr (kLayerNorm) {
+    float s = 0.f;
+    for (int64_t c = lane * VEC; c < C; c += 32 * VEC) {
+      D v[VEC];
+      load_vec<VEC>(v, x + c);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s += to_float(v[k]);
+    }
+    mu = warp_sum(s) / static_cast<float>(C);
+  }
+  float ss = 0.f;
+  for (int64_t c = lane * VEC; c < C; c += 32 * VEC) {
+    D v[VEC];
+    load_vec<VEC>(v, x + c);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float d = to_float(v[k]) - mu;
+      ss += d * d;
+    }
+  }
+  const float r = 1.f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
+  D* y = out + n * C;
+  for (int64_t c = lane * VEC; c < C; c += 32 * VEC) {
+    D v[VEC], w[VEC], b[VEC], o[VEC];
+    load_vec<VEC>(v, x + c);
+    load_vec<VEC>(w, weight + c);
+    if constexpr (kLayerNorm) load_vec<VEC>(b, bias + c);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      float t = (to_float(v[k]) - mu) * r * to_float(w[k]);
+      if constexpr (kLayerNorm) t += to_float(b[k]);
+      o[k] = from_float<D>(t);
+    }
+    store_vec<VEC>(y + c, o);
+  }
+  if (lane == 0) {
+    if constexpr (kLayerNorm) mean[n] = mu;
+    rstd[n] = r;
+  }
+}
+
+// Block b handles rows [b * rows_per_block, ...). Dynamic shared memory: dw partials (C floats),
+// then db partials (C floats, LayerNorm). partial: (gridDim.x, C) for dw, then the same for db.
+template <bool kLayerNorm, int VEC, typename D>
+__global__ void norm_backward_kernel_block_rows(D* dinp, float* partial, const D* dout, const D* inp,
+                                                const D* weight, const float* mean, const float* rstd, int64_t N,
+                                                int64_t C, int64_t rows_per_block, bool accumulate) {
+  extern __shared__ float smem[];
+  __shared__ float red[2][32];
+  float* sw = smem;
+  float* sb = smem + C;
+  for (int64_t c = threadIdx.x; c < (kLayerNorm ? 2 : 1) * C; c += blockDim.x) smem[c] = 0.f;
+  __syncthreads();
+  const int64_t n0 = int64_t(blockIdx.x) * rows_per_block, n1 = min(N, n0 + rows_per_block);
+  const float inv_c = 1.f / static_cast<float>(C);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const D* g = dout + n * C;
+    const D* x = inp + n * C;
+    const float mu = kLayerNorm ? mean[n] : 0.f, r = rstd[n];
+    float s_gh = 0.f, s_ghxh = 0.f;
+    for (int64_t c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+      D gv[VEC], xv[VEC], wv[VEC];
+      load_vec<VEC>(gv, g + c);
+      load_vec<VEC>(xv, x + c);
+      load_vec<VEC>(wv, weight + c);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float gh = to_float(gv[k]) * to_float(wv[k]);
+        s_gh += gh;
+        s_ghxh += gh * (to_float(xv[k]) - mu) * r;
+      }
+    }
+    // Block-wide sums of the two values (fixed order), every thread gets both.
+    s_gh = warp_sum(s_gh);
+    s_ghxh = warp_sum(s_ghxh);
+    if (lane == 0) {
+      red[0][warp] = s_gh;
+      red[1][warp] = s_ghxh;
+    }
+    __syncthreads();
+    s_gh = warp_sum(lane < warps ? red[0][lane] : 0.f);
+    s_ghxh = warp_sum(lane < warps ? red[1][lane] : 0.f);
+    __syncthreads();
+    const float m1 = kLayerNorm ? s_gh * inv_c : 0.f, m2 = s_ghxh * inv_c;
+    D* dx = dinp + n * C;
+    for (int64_t c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+      D gv[VEC], xv[VEC], wv[VEC], out[VEC];
+      float pw[VEC], pb[VEC];
+      load_vec<VEC>(gv, g + c);
+      load_vec<VEC>(xv, x + c);
+      load_vec<VEC>(wv, weight + c);
+      load_vec<VEC>(pw, sw + c);
+      if constexpr (kLayerNorm) load_vec<VEC>(pb, sb + c);
+      if (accumulate) load_vec<VEC>(out, dx + c);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float gf = to_float(gv[k]), xh = (to_float(xv[k]) - mu) * r, gh = gf * to_float(wv[k]);
+        pw[k] += gf * xh;
+        if constexpr (kLayerNorm) pb[k] += gf;
+        const float v = r * (gh - m1 - xh * m2);
+        out[k] = from_float<D>(accumulate ? to_float(out[k]) + v : v);
+      }
+      store_vec<VEC>(sw + c, pw);
+      if constexpr (kLayerNorm) store_vec<VEC>(sb + c, pb);
+      store_vec<VEC>(dx + c, out);
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    partial[int64_t(blockIdx.x) * C + c] = sw[c];
+    if constexpr (kLayerNorm) partial[(int64_t(gridDim.x) + blockIdx.x) * C + c] = sb[c];
+  }
+}
+
+// dw[c] += sum_b partial[b, c] (b in order); db likewise from the second half when db != null.
+__global__ void norm_backward_kernel_sum_partials(float* dw, float* db, const float* partial, int blocks,
+                                                  int64_t C) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f, sb = 0.f;
+  for (int b = 0; b < blocks; ++b) {
+    sw += partial[int64_t(b) * C + c];
+    if (db) sb += partial[(int64_t(blocks) + b) * C + c];
+  }
+  dw[c] += sw;
+  if (db) db[c] += sb;
+}
+
+template <typename D>
+bool norm_vec_ok(int64_t C, std::initializer_list<const void*> ptrs) {
+  if (C % (16 / sizeof(D)) != 0) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned(p, 16)) return false;
+  return true;
+}
+
+template <bool kLayerNorm, typename T>
+void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                  int64_t N, int64_t C, double eps) {
+  using D = dev_t<T>;
+  if (N == 0) return;
+  constexpr int kVec = 16 / sizeof(D);
+  const unsigned blocks = static_cast<unsigned>(ceil_div(N, kFwdWarps));
+  cudaStream_t s = current_stream();
+  const float e = static_cast<float>(eps);
+  if (norm_vec_ok<D>(C, {out, inp, weight, bias}))
+    norm_forward_kernel_warp_row<kLayerNorm, kVec><<<blocks, kFwdWarps * 32, 0, s>>>(
+        dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
+  else
+    norm_forward_kernel_warp_row<kLayerNorm, 1><<<blocks, kFwdWarps * 32, 0, s>>>(
+        dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
+  MT_CUDA_CHECK_LAUNCH(what);
+}
+
+template <bool kLayerNorm, int VEC, typename D>
+void launch_norm_backward(unsigned blocks, size_t smem, D* dinp, float* partial, const D* dout, const D* inp,
+                          const D* weight, const float* mean, const float* rstd, int64_t N, int64_t C, int64_t rows,
+                          bool acc) {
+  auto kernel = norm_backward_kernel_block_rows<kLayerNorm, VEC, D>;
+  if (smem > 48 * 1024)
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<blocks, kBwdThreads, smem, current_stream()>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C, rows,
+                                                          acc);
+}
+
+template <bool kLayerNorm, typename T>
+void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                   const T* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
+  using D = dev_t<T>;
+  if (N == 0 || C == 0) return;
+  const Context& ctx = context();
+  const size_t smem = sizeof(float) * static_cast<size_t>(C) * (kLayerNorm ? 2 : 1);
+  MT_CHECK(smem <= ctx.smem_optin, what, ": C = ", C, " needs ", smem, " bytes of shared memory, the device allows ",
+           ctx.smem_optin);
+  const int64_t blocks = std::min<int64_t>(N, int64_t(ctx.sm_count) * kBwdBlocksPerSM);
+  const int64_t rows = ceil_div(N, blocks);
+  const unsigned grid = static_cast<unsigned>(ceil_div(N, rows));
+  Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * (kLayerNorm ? 2 : 1));
+  constexpr int kVec = 16 / sizeof(D);
+  if (norm_vec_ok<D>(C, {dinp, dout, inp, weight}))
+    launch_norm_backward<kLayerNorm, kVec>(grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
+                                           dev(weight), mean, rstd, N, C, rows, acc);
+  else
+    launch_norm_backward<kLayerNorm, 1>(grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
+                                        dev(weight), mean, rstd, N, C, rows, acc);
+  MT_CUDA_CHECK_LAUNCH(what);
+  norm_backward_kernel_sum_partials<<<static_cast<unsigned>(ceil_div(C, 256)), 256, 0, current_stream()>>>(
+      dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
+  MT_CUDA_CHECK_LAUNCH(what);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+template <typename T>
+void layernorm_forward_cuda(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int64_t N,
+                            int64_t C, double eps) {
+  norm_forward<true>("layernorm_forward_cuda", out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+template <typename T>
+void layernorm_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                             const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate_dinp) {
+  norm_backward<true>("layernorm_backward_cuda", dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                      accumulate_dinp);
+}
+
+template <typename T>
+void rmsnorm_forward_cuda(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps) {
+  norm_forward<false>("rmsnorm_forward_cuda", out, nullptr, rstd, inp, weight, static_cast<const T*>(nullptr), N, C,
+                      eps);
+}
+
+template <typename T>
+void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
+                           int64_t N, int64_t C, bool accumulate_dinp) {
+  norm_backward<false>("rmsnorm_backward_cuda", dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C,
+                       accumulate_dinp);
+}
+
+#define MT_INSTANTIATE(T)                                                                                         \
+  template void layernorm_forward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t,    \
+                                          double);                                                               \
+  template void layernorm_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, const float*,       \
+                                           const float*, int64_t, int64_t, bool);                                \
+  template void rmsnorm_forward_cuda<T>(T*, float*, const T*, const T*, int64_t, int64_t, double);               \
+  template void rmsnorm_backward_cuda<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int64_t, \
+                                         bool);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(mt::bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::ops::cuda

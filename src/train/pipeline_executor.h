@@ -1,0 +1,32 @@
+// Runs one iteration's micro-batches through this rank's model chunks as the pipeline schedule
+// (src/parallel/pipeline_schedule.h) lists them: forwards, backwards, and the batched sends and
+// receives of activations and gradients between stages. With one stage it is plain gradient
+// accumulation. Evaluation runs forwards only, micro-batch by micro-batch.
+#pragma once
+
+#include <vector>
+
+#include "data/dataset.h"
+#include "model/gpt_model.h"
+
+namespace mt {
+
+class PipelineExecutor {
+ public:
+  // chunks[c] is this rank's model chunk c (virtual stage c * pp + pp_rank).
+  PipelineExecutor(std::vector<const GPTModel*> chunks, const ModelContext& ctx);
+  // Forward and backward of every micro-batch; returns the summed token loss (non-zero only on the
+  // last stage). Each token's loss has weight dloss_per_token.
+  double train(const std::vector<data::MicroBatch>& mbs, uint64_t dropout_seed, double dloss_per_token);
+  // Forward only (no dropout); returns the summed token loss on the last stage, 0 elsewhere.
+  double evaluate(const std::vector<data::MicroBatch>& mbs);
+
+ private:
+  Tensor activation_buffer(const data::MicroBatch& mb) const;
+  bool first_virtual(int chunk) const;
+  bool last_virtual(int chunk) const;
+  std::vector<const GPTModel*> chunks_;
+  const ModelContext* ctx_;
+};
+
+}  // namespace mt

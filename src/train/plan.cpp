@@ -1,0 +1,338 @@
+// `megatrain plan` estimates (see plan.h): parameters from the model built on Device::Meta,
+// activation bytes from the shapes the layers keep, micro-batches in flight from the schedule.
+#include "train/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+
+#include "config/config_loader.h"
+#include "core/check.h"
+#include "model/gpt_model.h"
+#include "parallel/pipeline_schedule.h"
+#include "train/metrics.h"
+
+namespace mt {
+
+namespace {
+
+DType activation_dtype(const std::string& precision) {
+  if (precision == "bf16") return DType::BF16;
+  if (precision == "fp16") return DType::F16;
+  return DType::F32;
+}
+
+int64_t stat_size(DType act) { return act == DType::F64 ? 8 : 4; }  // Norm / attention / loss statistics
+int64_t norm_stats(const ModelConfig& m) { return m.arch == "llama" ? 1 : 2; }  // RMSNorm: rstd; LayerNorm: mean, rstd
+
+std::string layer_pattern(const std::string& name) {
+  static const std::regex layer_re("decoder\\.layers\\.[0-9]+\\.");
+  return std::regex_replace(name, layer_re, "decoder.layers.*.");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- counting
+
+RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stage, int tp_rank) {
+  const ParallelConfig& par = cfg.parallel;
+  ParallelState ps;
+  ps.tp_rank = tp_rank;
+  ps.tp_size = par.tensor;
+  ps.pp_rank = stage;
+  ps.pp_size = par.pipeline;
+  ps.cp_size = par.context;
+  ps.dp_size = d.data_parallel_size;
+  ps.sequence_parallel = par.sequence_parallel;
+  ModelContext ctx;
+  ctx.model = &cfg.model;
+  ctx.derived = &d;
+  ctx.ps = &ps;
+  ctx.dtype = activation_dtype(cfg.training.precision);
+  ctx.device = Device::Meta;
+
+  RankParams out;
+  ParamStore store(tp_rank, par.tensor);
+  std::vector<std::unique_ptr<GPTModel>> chunks;
+  const int v = par.virtual_pipeline, p = par.pipeline;
+  for (int c = 0; c < v; ++c) {
+    const LayerRange lr = stage_layers(cfg.model, par, stage, c);
+    const ModelChunkSpec spec{lr.begin, lr.end, stage == 0 && c == 0, stage == p - 1 && c == v - 1};
+    const int64_t before = store.local_numel();
+    chunks.push_back(std::make_unique<GPTModel>(ctx, store, spec, false));
+    out.per_chunk.push_back(store.local_numel() - before);
+  }
+  store.allocate(ctx.dtype, Device::Meta);  // shapes only: no memory
+  out.total = store.local_numel();
+  for (const Param* prm : store.params()) {
+    if (prm->spec.partition_dim < 0 || par.tensor == 1) out.replicated += shape_numel(prm->local_shape);
+    out.params.push_back({prm->spec.name, prm->spec.global_shape, prm->local_shape, prm->spec.partition_dim});
+  }
+  if (par.tensor == 1) out.replicated = 0;  // nothing is split or replicated over a single rank
+  return out;
+}
+
+int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act,
+                               bool full_recompute) {
+  const int64_t N = B * T, C = m.hidden_size, e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
+  if (full_recompute) return N * C * e;  // x_in only
+  const int64_t heads = m.num_attention_heads / tp;
+  const int64_t groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
+  const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (m.arch == "llama" ? 2 : 1);
+  int64_t bytes = 4 * N * C * e;             // x_in, x_mid, ln1_out, ln2_out
+  bytes += 2 * norm_stats(m) * N * s;        // n1, n2
+  bytes += (2 * heads + 2 * groups) * D * N * e;  // attention q, out, k, v
+  bytes += B * heads * T * s;                // attention lse
+  bytes += N * (fc1 + ffn) * e;              // mlp h (fc1 output), a (activation output)
+  return bytes;
+}
+
+int64_t chunk_extra_activation_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, bool pre_process,
+                                     bool post_process) {
+  const int64_t N = B * T, C = m.hidden_size, e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
+  int64_t bytes = 0;
+  if (pre_process) bytes += N * 4;  // token ids (int32)
+  if (post_process) {
+    bytes += N * 4;                  // labels (int32)
+    bytes += 2 * N * C * e;          // final norm input and output
+    bytes += norm_stats(m) * N * s;  // final norm statistics
+    bytes += N * s;                  // loss log-sum-exp
+  }
+  return bytes;
+}
+
+int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act) {
+  return B * T * (d.padded_vocab_size / tp) * static_cast<int64_t>(dtype_size(act));
+}
+
+// ---------------------------------------------------------------- the plan
+
+namespace {
+
+// Peak activation bytes over the stage's schedule: at each step, sum over chunks of
+// (forwards done - backwards done) x bytes per micro-batch.
+void schedule_peaks(const PlanReport& r, PlanStage& st) {
+  const int v = r.vp;
+  std::vector<int> live(v, 0);
+  for (const pp::Action& a : pp::pipeline_schedule(r.pp, st.stage, r.num_microbatches, v)) {
+    if (a.kind == pp::ActionKind::Forward) ++live[a.chunk];
+    else if (a.kind == pp::ActionKind::Backward) --live[a.chunk];
+    else continue;
+    MT_INTERNAL_ASSERT(live[a.chunk] >= 0, "schedule runs a backward before its forward on stage ", st.stage);
+    int64_t none = 0, full = 0, logits = 0;
+    for (int c = 0; c < v; ++c) {
+      PlanChunk& ch = st.chunks[c];
+      ch.max_in_flight = std::max(ch.max_in_flight, live[c]);
+      none += live[c] * ch.act_none;
+      full += live[c] * ch.act_full;
+      logits += live[c] * ch.logits;
+    }
+    st.activation_none = std::max(st.activation_none, none);
+    st.activation_full = std::max(st.activation_full, full);
+    st.logits_bytes = std::max(st.logits_bytes, logits);
+  }
+}
+
+}  // namespace
+
+PlanReport make_plan(const Config& cfg, int world_size) {
+  const DerivedConfig d = derive_config(cfg, world_size);
+  const ParallelConfig& par = cfg.parallel;
+  PlanReport r;
+  r.config_file = cfg.source_file;
+  r.world_size = world_size;
+  r.tp = par.tensor;
+  r.pp = par.pipeline;
+  r.vp = par.virtual_pipeline;
+  r.cp = par.context;
+  r.dp = d.data_parallel_size;
+  r.ep = par.expert;
+  r.micro_batch_size = cfg.training.micro_batch_size;
+  r.global_batch_size = d.global_batch_size;
+  r.num_microbatches = d.num_microbatches;
+  r.seq_length = cfg.model.seq_length;
+  r.padded_vocab_size = d.padded_vocab_size;
+  r.sequence_parallel = par.sequence_parallel;
+  r.distributed_optimizer = par.distributed_optimizer;
+  r.precision = cfg.training.precision;
+  r.recompute = cfg.training.recompute;
+  r.activation_dtype = activation_dtype(cfg.training.precision);
+  r.tokens_per_iteration = d.tokens_per_iteration;
+
+  const bool fp32 = r.activation_dtype == DType::F32;
+  const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
+  const int64_t opt_shards = r.distributed_optimizer ? int64_t{r.dp} * r.cp : 1;
+  std::map<std::string, int64_t> global_numel;  // every distinct parameter of the model, once
+  std::map<std::string, size_t> table_row;
+  for (int s = 0; s < r.pp; ++s) {
+    const RankParams rp = count_rank_params(cfg, d, s, 0);
+    PlanStage st;
+    st.stage = s;
+    st.params = rp.total;
+    st.replicated_params = rp.replicated;
+    for (int c = 0; c < r.vp; ++c) {
+      PlanChunk ch;
+      ch.chunk = c;
+      ch.layers = stage_layers(cfg.model, par, s, c);
+      ch.pre_process = s == 0 && c == 0;
+      ch.post_process = s == r.pp - 1 && c == r.vp - 1;
+      ch.params = rp.per_chunk[c];
+      const int64_t L = ch.layers.end - ch.layers.begin;
+      const int64_t extra = chunk_extra_activation_bytes(cfg.model, B, T, r.activation_dtype, ch.pre_process, ch.post_process);
+      ch.act_none = L * layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, false) + extra;
+      ch.act_full = L * layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, true) + extra;
+      ch.logits = ch.post_process ? logits_bytes(d, r.tp, B, T, r.activation_dtype) : 0;
+      st.chunks.push_back(ch);
+    }
+    st.weight_bytes = st.params * (fp32 ? 4 : 2);
+    st.grad_bytes = st.params * 4;
+    st.optimizer_bytes = (st.params + opt_shards - 1) / opt_shards * (fp32 ? 8 : 12);
+    schedule_peaks(r, st);
+    r.stages.push_back(st);
+    for (const PlanParam& p : rp.params) {
+      global_numel[p.name] = shape_numel(p.global_shape);
+      const std::string pattern = layer_pattern(p.name);
+      if (table_row.count(pattern)) continue;
+      table_row[pattern] = r.param_table.size();
+      r.param_table.push_back(p);
+      r.param_table.back().name = pattern;
+    }
+  }
+  for (const auto& [name, n] : global_numel) {
+    r.total_params += n;
+    if (name != "embedding.position_embeddings.weight") r.flop_params += n;
+  }
+  r.layer_act_none = layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, false);
+  r.layer_act_full = layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, true);
+  r.logits_per_microbatch = logits_bytes(d, r.tp, B, T, r.activation_dtype);
+  r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model);
+  r.flops_per_iteration = static_cast<double>(r.flops_per_token) * static_cast<double>(r.tokens_per_iteration);
+  r.flops_per_rank = r.flops_per_iteration / world_size;
+  if (r.pp > 1) {
+    r.schedule = pp::format_schedule(r.pp, r.num_microbatches, r.vp);
+    r.bubble_fraction = pp::bubble_fraction(r.pp, r.num_microbatches, r.vp);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------- formatting
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+std::string gib(int64_t bytes) { return fmt("%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0)); }
+std::string mib(int64_t bytes) { return fmt("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0)); }
+std::string count(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (n >= 1000000000) return fmt("%.2f B", x / 1e9);
+  if (n >= 1000000) return fmt("%.1f M", x / 1e6);
+  if (n >= 1000) return fmt("%.1f K", x / 1e3);
+  return std::to_string(n);
+}
+std::string onoff(bool b) { return b ? "on" : "off"; }
+
+// Columns padded to their widest cell: the first left-aligned, the others right-aligned.
+std::string table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w;
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], row[i].size());
+    }
+  std::ostringstream os;
+  for (const auto& row : rows) {
+    os << " ";
+    for (size_t i = 0; i < row.size(); ++i) {
+      const std::string pad(w[i] - row[i].size(), ' ');
+      os << "  " << (i == 0 ? row[i] + pad : pad + row[i]);
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string layers_str(const LayerRange& l) {
+  if (l.end == l.begin) return "none";
+  return l.end - l.begin == 1 ? std::to_string(l.begin) : str_cat(l.begin, "-", l.end - 1);
+}
+
+}  // namespace
+
+std::string format_plan(const PlanReport& r) {
+  std::ostringstream os;
+  os << "megatrain plan: " << (r.config_file.empty() ? "config" : r.config_file) << " on " << r.world_size
+     << " rank(s)\n\n";
+
+  os << "Layout\n"
+     << "  tensor " << r.tp << " x pipeline " << r.pp << " (virtual " << r.vp << ") x context " << r.cp << " x data "
+     << r.dp << " = " << r.world_size << " ranks; expert " << r.ep << "\n"
+     << "  global batch " << r.global_batch_size << " = micro-batch " << r.micro_batch_size << " x " << r.num_microbatches
+     << " micro-batches per iteration x data " << r.dp << "; sequence " << r.seq_length << " tokens ("
+     << r.tokens_per_iteration << " tokens per iteration)\n"
+     << "  sequence parallel " << onoff(r.sequence_parallel) << ", distributed optimizer "
+     << onoff(r.distributed_optimizer) << ", precision " << r.precision << ", recompute " << r.recompute << "\n\n";
+
+  os << "Parameters: " << count(r.total_params) << " (" << r.total_params << ") in the model; per rank of each stage "
+     << "(every tensor-parallel rank holds the same count; replicated parameters count on each rank)\n";
+  std::vector<std::vector<std::string>> rows{{"stage", "chunk", "layers", "embedding", "head", "params/rank", "of which replicated"}};
+  for (const PlanStage& st : r.stages)
+    for (const PlanChunk& ch : st.chunks)
+      rows.push_back({std::to_string(st.stage), std::to_string(ch.chunk), layers_str(ch.layers), ch.pre_process ? "yes" : "",
+                      ch.post_process ? "yes" : "", str_cat(count(ch.params), " (", ch.params, ")"),
+                      ch.chunk == 0 ? count(st.replicated_params) : ""});
+  os << table(rows) << "\n";
+
+  os << "Tensor-parallel slices (tensor " << r.tp << "; decoder layers merged as *)\n";
+  rows = {{"parameter", "global shape", "split dim", "shape per rank", "params per rank"}};
+  for (const PlanParam& p : r.param_table)
+    rows.push_back({p.name, shape_str(p.global_shape), p.partition_dim < 0 ? "replicated" : std::to_string(p.partition_dim),
+                    shape_str(p.local_shape), std::to_string(shape_numel(p.local_shape))});
+  os << table(rows) << "\n";
+
+  const bool fp32 = r.activation_dtype == DType::F32;
+  os << "Memory per rank, GiB (weights " << (fp32 ? "4" : "2") << " B/param, fp32 gradients 4 B/param, optimizer "
+     << (fp32 ? "Adam m+v 8" : "Adam m+v + fp32 master 12") << " B/param"
+     << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context)") : "")
+     << "; activations in " << dtype_name(r.activation_dtype) << " for the micro-batches in flight)\n";
+  rows = {{"stage", "in flight", "weights", "grads", "optimizer", "act none", "act full", "logits", "total none",
+           "total full"}};
+  for (const PlanStage& st : r.stages) {
+    std::string flight;
+    for (const PlanChunk& ch : st.chunks) flight += (flight.empty() ? "" : "+") + std::to_string(ch.max_in_flight);
+    rows.push_back({std::to_string(st.stage), flight, gib(st.weight_bytes), gib(st.grad_bytes), gib(st.optimizer_bytes),
+                    gib(st.activation_none), gib(st.activation_full), gib(st.logits_bytes), gib(st.total_none()),
+                    gib(st.total_full())});
+  }
+  os << table(rows);
+  os << "  activations per micro-batch of " << r.micro_batch_size << " x " << r.seq_length / r.cp
+     << " tokens, one decoder layer: " << mib(r.layer_act_none) << " (recompute none), " << mib(r.layer_act_full)
+     << " (full); logits " << mib(r.logits_per_microbatch) << "\n";
+  os << "  (in flight: micro-batches whose activations each chunk keeps at the peak of the schedule; act none / full:\n"
+     << "   recompute none / full; not counted: transient buffers of one forward/backward, communication buffers)\n\n";
+
+  os << "FLOPs (6 N + 12 L h s per token, N = " << count(r.flop_params) << " parameters without learned position "
+     << "embeddings)\n"
+     << "  per token " << fmt("%.4g", static_cast<double>(r.flops_per_token)) << ", per iteration "
+     << fmt("%.4g", r.flops_per_iteration) << " (" << fmt("%.1f", r.flops_per_iteration / 1e15) << " PFLOP), per rank "
+     << fmt("%.1f", r.flops_per_rank / 1e12) << " TFLOP\n"
+     << "  time per iteration at " << fmt("%.1f", kPeakFlopsPerGpu / 1e12) << " TFLOP/s per GPU: "
+     << fmt("%.3f", r.flops_per_rank / kPeakFlopsPerGpu) << " s at 100% MFU, "
+     << fmt("%.3f", r.flops_per_rank / (0.4 * kPeakFlopsPerGpu)) << " s at 40% MFU\n";
+
+  if (r.pp > 1) {
+    os << "\nPipeline schedule (" << (r.vp > 1 ? "interleaved 1F1B" : "1F1B") << ", " << r.pp << " stages, "
+       << r.num_microbatches << " micro-batches" << (r.vp > 1 ? str_cat(", ", r.vp, " chunks per stage") : "")
+       << "; F/B micro-batch.chunk): bubble fraction " << fmt("%.1f", 100.0 * r.bubble_fraction) << "%\n"
+       << r.schedule;
+  }
+  return os.str();
+}
+
+}  // namespace mt

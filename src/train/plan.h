@@ -1,0 +1,109 @@
+// `megatrain plan`: checks a layout and estimates per-rank memory, FLOPs and the pipeline schedule
+// before anything is allocated. Parameters are counted from the model's own parameter table: the
+// GPTModel of each pipeline stage's chunks is built on Device::Meta (shapes only, no data).
+//
+// Memory per rank (one rank of each pipeline stage; every tensor-parallel rank holds equal slices):
+//   weights     fp32: 4 B/param; bf16/fp16: 2 B compute copy
+//   gradients   4 B/param (fp32 main gradients)
+//   optimizer   Adam m and v (8 B/param) + fp32 master weights with bf16/fp16 (4 B/param); with
+//               parallel.distributed_optimizer divided over data x context parallel ranks (the
+//               ranks holding the same parameters), as Megatron's distributed optimizer
+//   activations what TransformerLayer / SelfAttention / MLP / Norm / GPTModel keep per micro-batch
+//               (their Saved structs: activation dtype, fp32 statistics), times the micro-batches in
+//               flight: the peak over the stage's pipeline_schedule() of sum over chunks of
+//               (forwards done - backwards done) x that chunk's bytes; for recompute none and full
+//               (full keeps only each layer's input)
+//   logits      the last stage keeps (tokens, vocab / tp) logits per micro-batch in flight
+// Not counted: transient buffers inside one forward/backward (gradients of activations, the layer
+// being recomputed), communication buffers, the allocator's fragmentation, the CUDA context.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "parallel/layer_split.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+
+// One row of the parameter table: the tensor-parallel slice one rank holds.
+struct PlanParam {
+  std::string name;  // decoder layers as "decoder.layers.*." (one row for all layers)
+  Shape global_shape, local_shape;
+  int partition_dim = -1;  // -1: replicated on every tensor-parallel rank
+};
+
+// Parameters one rank of (stage, tp_rank) holds, counted from the model built on Device::Meta.
+struct RankParams {
+  int64_t total = 0;                // local elements (what the rank stores)
+  int64_t replicated = 0;           // of which replicated over tensor-parallel ranks (norms, row-parallel biases, ...)
+  std::vector<int64_t> per_chunk;   // local elements per model chunk
+  std::vector<PlanParam> params;    // every parameter (layer names kept)
+};
+RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stage, int tp_rank);
+
+// Bytes one decoder layer keeps per micro-batch of B sequences of T tokens on one tensor-parallel
+// rank of `tp` (TransformerLayer::Saved; statistics in fp32, fp64 for fp64 activations).
+int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act,
+                               bool full_recompute);
+// Bytes GPTModel::MicroState keeps besides the layers: token ids (pre_process); labels, final norm
+// input, output and statistics, and the logits' log-sum-exp (post_process). Logits themselves apart.
+int64_t chunk_extra_activation_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, bool pre_process,
+                                     bool post_process);
+// Bytes of the logits (B*T, padded_vocab / tp) the output layer keeps per micro-batch.
+int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act);
+
+struct PlanChunk {
+  int chunk = 0;
+  LayerRange layers;
+  bool pre_process = false, post_process = false;
+  int64_t params = 0;                        // on one rank
+  int max_in_flight = 0;                     // micro-batches whose activations it holds at once
+  int64_t act_none = 0, act_full = 0;        // bytes per micro-batch (layers + extras, without logits)
+  int64_t logits = 0;                        // logits bytes per micro-batch (last chunk of the last stage)
+};
+
+struct PlanStage {
+  int stage = 0;
+  std::vector<PlanChunk> chunks;
+  int64_t params = 0, replicated_params = 0;  // per rank
+  int64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  int64_t activation_none = 0, activation_full = 0;  // peak over the schedule, without logits
+  int64_t logits_bytes = 0;                          // peak logits kept
+  int64_t total_none() const { return weight_bytes + grad_bytes + optimizer_bytes + activation_none + logits_bytes; }
+  int64_t total_full() const { return weight_bytes + grad_bytes + optimizer_bytes + activation_full + logits_bytes; }
+};
+
+struct PlanReport {
+  std::string config_file;
+  // layout
+  int world_size = 1, tp = 1, pp = 1, vp = 1, cp = 1, dp = 1, ep = 1;
+  int micro_batch_size = 1, global_batch_size = 1, num_microbatches = 1;
+  int seq_length = 0, padded_vocab_size = 0;
+  bool sequence_parallel = false, distributed_optimizer = false;
+  std::string precision, recompute;
+  DType activation_dtype = DType::F32;
+  // model
+  int64_t total_params = 0;   // the whole model once (a tied table once)
+  int64_t flop_params = 0;    // N of the FLOPs formula: total without learned position embeddings
+  int64_t flops_per_token = 0;
+  int64_t tokens_per_iteration = 0;
+  double flops_per_iteration = 0, flops_per_rank = 0;
+  std::vector<PlanParam> param_table;  // one row per distinct parameter (layers merged), rank 0's slices
+  std::vector<PlanStage> stages;
+  int64_t layer_act_none = 0, layer_act_full = 0;  // one decoder layer, one micro-batch, bytes
+  int64_t logits_per_microbatch = 0;
+  // pipeline
+  std::string schedule;  // format_schedule, pp > 1 only
+  double bubble_fraction = 0;
+};
+
+// Validates the layout for `world_size` ranks (derive_config: throws mt::Error naming the fix) and
+// estimates; allocates no parameter or activation memory.
+PlanReport make_plan(const Config& cfg, int world_size);
+// Readable tables for stdout.
+std::string format_plan(const PlanReport& r);
+
+}  // namespace mt

@@ -1,0 +1,129 @@
+// CUDA causal grouped-query attention against the CPU reference (fp64 on the same rounded inputs):
+// MHA, GQA and MQA, T not a multiple of the 64-row tiles, D = 64 and 128, fp32 (CUDA-core path) and
+// bf16 (tensor cores); forward out and lse, backward dq, dk, dv; the backward is deterministic.
+// A hidden benchmark ("[.bench]") times the bf16 kernels at a training size.
+#include "catch.h"
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/cuda_context.h"
+#include "test_cuda_util.h"
+
+using namespace mt;
+using namespace mt::gpu_test;
+
+namespace {
+struct AttnDims {
+  int64_t B, T, H, G, D;
+};
+}  // namespace
+
+TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") {
+  init();
+  const AttnDims dims[] = {
+      {2, 77, 4, 4, 64},    // MHA, T < 2 tiles, odd
+      {1, 200, 8, 2, 128},  // GQA R = 4
+      {2, 64, 4, 1, 64},    // MQA, exactly one tile
+      {1, 130, 2, 2, 128},  // MHA, one row past two tiles
+      {1, 333, 6, 3, 64},   // GQA R = 2, several tiles
+      {1, 1, 2, 1, 128},    // a single token
+  };
+  uint64_t seed = 900;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const AttnDims& d : dims) {
+      INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
+      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+      const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
+      const Tensor v64 = rounded(randn64(ks, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
+      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
+      Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
+      ops::attention_forward(out, lse, q, k, v);
+      Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
+      ops::attention_forward(out_r, lse_r, q64, k64, v64);
+      check_close("attention_forward out", out, out_r, dt);
+      check_close("attention_forward lse", lse, lse_r, dt, dt == DType::BF16 ? 1e-3 : kTolF32);
+      // Backward from the GPU's own out and lse (what training does); the reference from its own.
+      Tensor dq[2], dk[2], dv[2];
+      for (int run = 0; run < 2; ++run) {
+        dq[run] = poisoned(qs, dt);
+        dk[run] = poisoned(ks, dt);
+        dv[run] = poisoned(ks, dt);
+        ops::attention_backward(dq[run], dk[run], dv[run], dout, q, k, v, out, lse);
+      }
+      Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
+             dv_r = Tensor::empty(ks, DType::F64);
+      ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r, lse_r);
+      check_close("attention_backward dq", dq[0], dq_r, dt);
+      check_close("attention_backward dk", dk[0], dk_r, dt);
+      check_close("attention_backward dv", dv[0], dv_r, dt);
+      CHECK(bitwise_equal(dq[0], dq[1]));
+      CHECK(bitwise_equal(dk[0], dk[1]));
+      CHECK(bitwise_equal(dv[0], dv[1]));
+    }
+}
+
+TEST_CASE("cuda attention rejects unsupported head dims by name", "[cuda][attention]") {
+  init();
+  const Tensor q = Tensor::zeros({1, 4, 2, 96}, DType::BF16, Device::CUDA);
+  Tensor out = Tensor::zeros({1, 4, 2, 96}, DType::BF16, Device::CUDA);
+  Tensor lse = Tensor::zeros({1, 2, 4}, DType::F32, Device::CUDA);
+  try {
+    ops::attention_forward(out, lse, q, q, q);
+    FAIL("D = 96 accepted");
+  } catch (const mt::Error& e) {
+    CHECK(std::string(e.what()).find("head dims 64 and 128") != std::string::npos);
+  }
+}
+
+// Median time of fn over `reps` runs (device events, after a warm-up run).
+template <typename F>
+double median_ms(F&& fn, int reps) {
+  cudaStream_t s = mt::cuda::current_stream();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, s);
+    fn();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+TEST_CASE("cuda attention bf16 timing", "[.bench][cuda][attention]") {
+  init();
+  const AttnDims dims[] = {
+      {4, 2048, 16, 16, 128}, {4, 2048, 32, 8, 128}, {8, 1024, 12, 12, 64}, {1, 8192, 16, 16, 128}};
+  for (const AttnDims& d : dims) {
+    const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+    const DType dt = DType::BF16;
+    const Tensor q = to_device(randn64(qs, 1), dt), k = to_device(randn64(ks, 2), dt);
+    const Tensor v = to_device(randn64(ks, 3), dt), dout = to_device(randn64(qs, 4), dt);
+    Tensor out = Tensor::empty(qs, dt, Device::CUDA);
+    Tensor lse = Tensor::empty({d.B, d.H, d.T}, DType::F32, Device::CUDA);
+    Tensor dq = Tensor::empty(qs, dt, Device::CUDA), dk = Tensor::empty(ks, dt, Device::CUDA),
+           dv = Tensor::empty(ks, dt, Device::CUDA);
+    const double fwd = median_ms([&] { ops::attention_forward(out, lse, q, k, v); }, 20);
+    const double bwd = median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse); }, 20);
+    // Causal FLOPs: forward 2 GEMMs of B H T^2 D / 2 multiply-adds each; backward 2.5x that.
+    const double flops = 4.0 * d.B * d.H * double(d.T) * d.T * d.D / 2;
+    std::printf("BENCH attention bf16 B=%lld T=%lld H=%lld G=%lld D=%lld: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms "
+                "(%.0f TFLOP/s)\n",
+                (long long)d.B, (long long)d.T, (long long)d.H, (long long)d.G, (long long)d.D, fwd,
+                flops / fwd * 1e-9, bwd, 2.5 * flops / bwd * 1e-9);
+  }
+}
+#endif

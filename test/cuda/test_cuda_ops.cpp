@@ -1,0 +1,372 @@
+// CUDA ops against the CPU reference: elementwise, sum_squares, linear, embedding, norms, activations,
+// rope, qkv split, cross-entropy, dropout, AdamW, in fp32 and bf16, on fresh random inputs, with odd
+// sizes and shifted views that take the scalar (non-vector) paths. test_cuda_util.h explains the
+// tolerances. Attention is in test_cuda_attention.cpp.
+#include "catch.h"
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "test_cuda_util.h"
+
+using namespace mt;
+using namespace mt::gpu_test;
+
+namespace {
+const DType kDTypes[] = {DType::F32, DType::BF16};
+}
+
+TEST_CASE("cuda elementwise ops match the CPU", "[cuda][ops]") {
+  init();
+  uint64_t seed = 100;
+  for (DType dt : kDTypes)
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(4096), int64_t(1000003)})
+      for (int64_t shift : {int64_t(0), int64_t(1)}) {
+        const Tensor a64 = rounded(randn64({n}, ++seed), dt), b64 = rounded(randn64({n}, ++seed), dt);
+        const Tensor a = to_device_shifted(a64, dt, shift), b = to_device_shifted(b64, dt, shift);
+        Tensor ref = Tensor::empty({n}, DType::F64);
+        // add (out = a + b), into a poisoned output
+        Tensor out = poisoned({n}, dt);
+        ops::add(out, a, b);
+        ops::add(ref, a64, b64);
+        check_close("add", out, rounded(ref, dt), dt);
+        // add_ (a += b), in place
+        Tensor c = to_device_shifted(a64, dt, shift);
+        ops::add_(c, b);
+        check_close("add_", c, rounded(ref, dt), dt);
+        // scale_
+        Tensor sc = to_device_shifted(a64, dt, shift);
+        ops::scale_(sc, -1.7);
+        Tensor ref_s = a64.clone();
+        ops::scale_(ref_s, -1.7);
+        check_close("scale_", sc, ref_s, dt);
+        // fill_
+        Tensor f = poisoned({n}, dt);
+        ops::fill_(f, 0.3125);  // exact in bf16
+        Tensor ref_f = Tensor::empty({n}, DType::F64);
+        ops::fill_(ref_f, 0.3125);
+        CHECK(rel_err(to_host64(f), ref_f) == 0.0);
+      }
+}
+
+TEST_CASE("cuda cast and copy are exact", "[cuda][ops]") {
+  init();
+  for (int64_t n : {int64_t(5), int64_t(100001)})
+    for (int64_t shift : {int64_t(0), int64_t(3)}) {
+      const Tensor x32 = cast_host(randn64({n}, 7 + n, 3.0), DType::F32);
+      Tensor d32 = to_device_shifted(x32, DType::F32, shift);
+      Tensor d16 = poisoned({n}, DType::BF16);
+      ops::cast(d16, d32);  // fp32 -> bf16: round to nearest even, like the CPU
+      CHECK(bitwise_equal(d16, to_device(cast_host(x32, DType::BF16), DType::BF16)));
+      Tensor back = poisoned({n}, DType::F32);
+      ops::cast(back, d16);  // bf16 -> fp32: exact
+      CHECK(bitwise_equal(back, to_device(cast_host(cast_host(x32, DType::BF16), DType::F32), DType::F32)));
+      Tensor copy = poisoned({n}, DType::F32);
+      ops::cast(copy, d32);
+      CHECK(bitwise_equal(copy, d32));
+    }
+  Tensor i = to_device(randint32({10}, 3, -5, 5), DType::I32);
+  Tensor i2 = Tensor::empty({10}, DType::I32, Device::CUDA);
+  ops::cast(i2, i);
+  CHECK(bitwise_equal(i2, i));
+}
+
+TEST_CASE("cuda sum_squares matches the CPU and is deterministic", "[cuda][ops]") {
+  init();
+  for (DType dt : kDTypes)
+    for (int64_t n : {int64_t(1), int64_t(1000), int64_t(3000001)}) {
+      const Tensor x64 = rounded(randn64({n}, 11 + n), dt);
+      const Tensor x = to_device_shifted(x64, dt, 1);
+      const double got = ops::sum_squares(x), again = ops::sum_squares(x), ref = ops::sum_squares(x64);
+      ErrorTable::get().record("sum_squares", dt, std::fabs(got - ref) / ref);
+      CHECK(std::fabs(got - ref) <= 1e-12 * ref);
+      CHECK(std::memcmp(&got, &again, sizeof got) == 0);
+    }
+}
+
+TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "[cuda][linear]") {
+  init();
+  struct Dims { int64_t N, IC, OC; };
+  uint64_t seed = 200;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{64, 128, 256}, Dims{37, 45, 19}, Dims{256, 1024, 768}})
+      for (bool with_bias : {true, false}) {
+        const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt);
+        const Tensor w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+        const Tensor b64 = rounded(randn64({d.OC}, ++seed), dt);
+        const Tensor g64 = rounded(randn64({d.N, d.OC}, ++seed), dt);
+        const Tensor x = to_device(x64, dt), w = to_device(w64, dt), b = to_device(b64, dt), g = to_device(g64, dt);
+        // forward
+        Tensor y = poisoned({d.N, d.OC}, dt), y_ref = Tensor::empty({d.N, d.OC}, DType::F64);
+        ops::linear_forward(y, x, w, with_bias ? &b : nullptr);
+        ops::linear_forward(y_ref, x64, w64, with_bias ? &b64 : nullptr);
+        check_close("linear_forward", y, y_ref, dt);
+        // backward: dinp overwritten; dweight, dbias (fp32) accumulate onto their initial values
+        const Tensor dw0 = randn64({d.OC, d.IC}, ++seed), db0 = randn64({d.OC}, ++seed);
+        Tensor dx = poisoned({d.N, d.IC}, dt), dw = to_device(dw0, DType::F32), db = to_device(db0, DType::F32);
+        Tensor dx_ref = Tensor::empty({d.N, d.IC}, DType::F64), dw_ref = rounded(dw0, DType::F32),
+               db_ref = rounded(db0, DType::F32);
+        ops::linear_backward(&dx, &dw, with_bias ? &db : nullptr, g, x, w);
+        ops::linear_backward(&dx_ref, &dw_ref, with_bias ? &db_ref : nullptr, g64, x64, w64);
+        check_close("linear_backward dinp", dx, dx_ref, dt);
+        check_close("linear_backward dweight(fp32 +=)", dw, dw_ref, dt, kTolF32);
+        if (with_bias) check_close("linear_backward dbias(fp32 +=)", db, db_ref, dt, kTolF32);
+        // GradMode::Accumulate on dinp
+        const Tensor dx0 = rounded(randn64({d.N, d.IC}, ++seed), dt);
+        Tensor dx_acc = to_device(dx0, dt), dx_acc_ref = dx0.clone();
+        ops::linear_backward(&dx_acc, nullptr, nullptr, g, x, w, ops::GradMode::Accumulate);
+        ops::linear_backward(&dx_acc_ref, nullptr, nullptr, g64, x64, w64, ops::GradMode::Accumulate);
+        check_close("linear_backward dinp +=", dx_acc, dx_acc_ref, dt);
+      }
+}
+
+TEST_CASE("cuda parameter gradients must be fp32 main grads", "[cuda][linear]") {
+  init();
+  const Tensor x = to_device(randn64({4, 8}, 1), DType::BF16), w = to_device(randn64({3, 8}, 2), DType::BF16);
+  const Tensor g = to_device(randn64({4, 3}, 3), DType::BF16);
+  Tensor dw16 = Tensor::zeros({3, 8}, DType::BF16, Device::CUDA);
+  CHECK_THROWS_AS(ops::linear_backward(nullptr, &dw16, nullptr, g, x, w), mt::Error);
+  Tensor p = Tensor::zeros({8}, DType::BF16, Device::CUDA);
+  CHECK_THROWS_AS(ops::adamw_step(p, p, p, p, ops::AdamWArgs{}), mt::Error);
+  Tensor x64 = Tensor::zeros({8}, DType::F64, Device::CUDA);
+  CHECK_THROWS_AS(ops::gelu_forward(x64, x64), mt::Error);
+}
+
+TEST_CASE("cuda embedding forward/backward match the CPU; backward is deterministic", "[cuda][embedding]") {
+  init();
+  uint64_t seed = 300;
+  for (DType dt : kDTypes)
+    for (int64_t C : {int64_t(96), int64_t(13)}) {
+      const int64_t N = 333, Vl = 50, vocab_start = 100;
+      const Tensor tok = randint32({N}, ++seed, 80, 170);  // some tokens outside [100, 150)
+      const Tensor table64 = rounded(randn64({Vl, C}, ++seed), dt);
+      const Tensor t = to_device(tok, DType::I32), table = to_device(table64, dt);
+      Tensor out = poisoned({N, C}, dt), out_ref = Tensor::empty({N, C}, DType::F64);
+      ops::embedding_forward(out, t, table, vocab_start);
+      ops::embedding_forward(out_ref, tok, table64, vocab_start);
+      check_close("embedding_forward", out, out_ref, dt, 0.0);
+      const Tensor g64 = rounded(randn64({N, C}, ++seed), dt), dt0 = rounded(randn64({Vl, C}, ++seed), DType::F32);
+      const Tensor g = to_device(g64, dt);
+      Tensor dtab = to_device(dt0, DType::F32), dtab2 = to_device(dt0, DType::F32), ref = dt0.clone();
+      ops::embedding_backward(dtab, g, t, vocab_start);
+      ops::embedding_backward(dtab2, g, t, vocab_start);
+      ops::embedding_backward(ref, g64, tok, vocab_start);
+      check_close("embedding_backward dtable(fp32 +=)", dtab, ref, dt, kTolF32);
+      CHECK(bitwise_equal(dtab, dtab2));
+    }
+}
+
+TEST_CASE("cuda layernorm and rmsnorm match the CPU; weight grads are deterministic", "[cuda][norm]") {
+  init();
+  struct Dims { int64_t N, C; };
+  uint64_t seed = 400;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{67, 96}, Dims{16, 4096}, Dims{33, 13}, Dims{5, 1000}})
+      for (bool layer : {true, false}) {
+        const std::string name = layer ? "layernorm" : "rmsnorm";
+        const Tensor x64 = rounded(randn64({d.N, d.C}, ++seed, 2.0), dt);
+        const Tensor w64 = rounded(randn64({d.C}, ++seed), dt), b64 = rounded(randn64({d.C}, ++seed), dt);
+        const Tensor g64 = rounded(randn64({d.N, d.C}, ++seed), dt);
+        const Tensor x = to_device(x64, dt), w = to_device(w64, dt), b = to_device(b64, dt), g = to_device(g64, dt);
+        Tensor y = poisoned({d.N, d.C}, dt), mean = poisoned({d.N}, DType::F32), rstd = poisoned({d.N}, DType::F32);
+        Tensor y_ref = Tensor::empty({d.N, d.C}, DType::F64), mean_ref = Tensor::empty({d.N}, DType::F64),
+               rstd_ref = Tensor::empty({d.N}, DType::F64);
+        if (layer) {
+          ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5);
+          ops::layernorm_forward(y_ref, mean_ref, rstd_ref, x64, w64, b64, 1e-5);
+          check_close(name + "_forward mean", mean, mean_ref, dt, kTolF32);
+        } else {
+          ops::rmsnorm_forward(y, rstd, x, w, 1e-5);
+          ops::rmsnorm_forward(y_ref, rstd_ref, x64, w64, 1e-5);
+        }
+        check_close(name + "_forward out", y, y_ref, dt);
+        check_close(name + "_forward rstd", rstd, rstd_ref, dt, kTolF32);
+        // backward, twice from the same start: bitwise equal
+        const Tensor dw0 = randn64({d.C}, ++seed), db0 = randn64({d.C}, ++seed);
+        Tensor dw_ref = rounded(dw0, DType::F32), db_ref = rounded(db0, DType::F32);
+        Tensor dx_ref = Tensor::empty({d.N, d.C}, DType::F64);
+        Tensor dx[2], dw[2], db[2];
+        for (int run = 0; run < 2; ++run) {
+          dx[run] = poisoned({d.N, d.C}, dt);
+          dw[run] = to_device(dw0, DType::F32);
+          db[run] = to_device(db0, DType::F32);
+          if (layer) ops::layernorm_backward(dx[run], dw[run], db[run], g, x, w, mean, rstd);
+          else ops::rmsnorm_backward(dx[run], dw[run], g, x, w, rstd);
+        }
+        if (layer) ops::layernorm_backward(dx_ref, dw_ref, db_ref, g64, x64, w64, mean_ref, rstd_ref);
+        else ops::rmsnorm_backward(dx_ref, dw_ref, g64, x64, w64, rstd_ref);
+        check_close(name + "_backward dinp", dx[0], dx_ref, dt);
+        check_close(name + "_backward dweight(fp32 +=)", dw[0], dw_ref, dt, kTolF32);
+        if (layer) check_close(name + "_backward dbias(fp32 +=)", db[0], db_ref, dt, kTolF32);
+        CHECK(bitwise_equal(dx[0], dx[1]));
+        CHECK(bitwise_equal(dw[0], dw[1]));
+        CHECK(bitwise_equal(db[0], db[1]));
+        // GradMode::Accumulate on dinp (the residual stream)
+        const Tensor r0 = rounded(randn64({d.N, d.C}, ++seed), dt);
+        Tensor dxa = to_device(r0, dt), dxa_ref = r0.clone();
+        Tensor dwa = to_device(dw0, DType::F32), dba = to_device(db0, DType::F32);
+        Tensor dwa_ref = rounded(dw0, DType::F32), dba_ref = rounded(db0, DType::F32);
+        if (layer) {
+          ops::layernorm_backward(dxa, dwa, dba, g, x, w, mean, rstd, ops::GradMode::Accumulate);
+          ops::layernorm_backward(dxa_ref, dwa_ref, dba_ref, g64, x64, w64, mean_ref, rstd_ref,
+                                  ops::GradMode::Accumulate);
+        } else {
+          ops::rmsnorm_backward(dxa, dwa, g, x, w, rstd, ops::GradMode::Accumulate);
+          ops::rmsnorm_backward(dxa_ref, dwa_ref, g64, x64, w64, rstd_ref, ops::GradMode::Accumulate);
+        }
+        check_close(name + "_backward dinp +=", dxa, dxa_ref, dt);
+      }
+}
+
+TEST_CASE("cuda gelu and swiglu match the CPU", "[cuda][activation]") {
+  init();
+  uint64_t seed = 500;
+  for (DType dt : kDTypes) {
+    for (int64_t n : {int64_t(9), int64_t(100003)}) {
+      const Tensor x64 = rounded(randn64({n}, ++seed, 3.0), dt), g64 = rounded(randn64({n}, ++seed), dt);
+      Tensor y = poisoned({n}, dt), y_ref = Tensor::empty({n}, DType::F64);
+      ops::gelu_forward(y, to_device(x64, dt));
+      ops::gelu_forward(y_ref, x64);
+      check_close("gelu_forward", y, y_ref, dt);
+      Tensor dx = poisoned({n}, dt), dx_ref = Tensor::empty({n}, DType::F64);
+      ops::gelu_backward(dx, to_device(g64, dt), to_device(x64, dt));
+      ops::gelu_backward(dx_ref, g64, x64);
+      check_close("gelu_backward", dx, dx_ref, dt);
+    }
+    for (int64_t F : {int64_t(37), int64_t(256)}) {
+      const int64_t N = 29;
+      const Tensor x64 = rounded(randn64({N, 2 * F}, ++seed, 3.0), dt), g64 = rounded(randn64({N, F}, ++seed), dt);
+      Tensor y = poisoned({N, F}, dt), y_ref = Tensor::empty({N, F}, DType::F64);
+      ops::swiglu_forward(y, to_device(x64, dt));
+      ops::swiglu_forward(y_ref, x64);
+      check_close("swiglu_forward", y, y_ref, dt);
+      Tensor dx = poisoned({N, 2 * F}, dt), dx_ref = Tensor::empty({N, 2 * F}, DType::F64);
+      ops::swiglu_backward(dx, to_device(g64, dt), to_device(x64, dt));
+      ops::swiglu_backward(dx_ref, g64, x64);
+      check_close("swiglu_backward", dx, dx_ref, dt);
+    }
+  }
+}
+
+TEST_CASE("cuda rope and qkv split match the CPU", "[cuda][attention]") {
+  init();
+  struct Dims { int64_t B, T, heads, D; };
+  uint64_t seed = 600;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{2, 37, 3, 64}, Dims{1, 300, 4, 128}, Dims{2, 5, 2, 6}})
+      for (double theta : {10000.0, 500000.0}) {
+        const Tensor x64 = rounded(randn64({d.B, d.T, d.heads, d.D}, ++seed), dt);
+        Tensor x = to_device(x64, dt), ref = x64.clone();
+        ops::rope_forward(x, theta, 17);
+        ops::rope_forward(ref, theta, 17);
+        check_close("rope_forward", x, ref, dt);
+        Tensor g = to_device(x64, dt), gref = x64.clone();
+        ops::rope_backward(g, theta, 2000);
+        ops::rope_backward(gref, theta, 2000);
+        check_close("rope_backward", g, gref, dt);
+      }
+  struct QDims { int64_t B, T, H, G, D; };
+  for (DType dt : kDTypes)
+    for (QDims d : {QDims{2, 5, 8, 2, 64}, QDims{1, 3, 4, 4, 12}, QDims{3, 7, 6, 1, 128}}) {
+      const int64_t W = d.G * (d.H / d.G + 2) * d.D;
+      const Tensor qkv64 = rounded(randn64({d.B, d.T, W}, ++seed), dt);
+      Tensor q = poisoned({d.B, d.T, d.H, d.D}, dt), k = poisoned({d.B, d.T, d.G, d.D}, dt),
+             v = poisoned({d.B, d.T, d.G, d.D}, dt);
+      Tensor qr = Tensor::empty(q.shape(), DType::F64), kr = Tensor::empty(k.shape(), DType::F64),
+             vr = Tensor::empty(v.shape(), DType::F64);
+      ops::qkv_split_forward(q, k, v, to_device(qkv64, dt));
+      ops::qkv_split_forward(qr, kr, vr, qkv64);
+      check_close("qkv_split_forward q", q, qr, dt, 0.0);
+      check_close("qkv_split_forward k", k, kr, dt, 0.0);
+      check_close("qkv_split_forward v", v, vr, dt, 0.0);
+      Tensor dqkv = poisoned({d.B, d.T, W}, dt);
+      ops::qkv_split_backward(dqkv, q, k, v);
+      check_close("qkv_split_backward", dqkv, qkv64, dt, 0.0);
+    }
+}
+
+TEST_CASE("cuda cross-entropy matches the CPU", "[cuda][cross_entropy]") {
+  init();
+  struct Dims { int64_t N, Vl, n_valid, vocab_start; };
+  uint64_t seed = 700;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{37, 1000, 990, 500}, Dims{20, 333, 333, 0}, Dims{8, 4096, 4000, 4096}})
+      for (bool in_place : {false, true}) {
+        const Tensor z64 = rounded(randn64({d.N, d.Vl}, ++seed, 4.0), dt);
+        const Tensor tok = randint32({d.N}, ++seed, static_cast<int32_t>(d.vocab_start - 50),
+                                     static_cast<int32_t>(d.vocab_start + d.n_valid + 50));
+        const Tensor z = to_device(z64, dt), t = to_device(tok, DType::I32);
+        Tensor mx = poisoned({d.N}, DType::F32), se = poisoned({d.N}, DType::F32), tl = poisoned({d.N}, DType::F32);
+        Tensor mx_r = Tensor::empty({d.N}, DType::F64), se_r = Tensor::empty({d.N}, DType::F64),
+               tl_r = Tensor::empty({d.N}, DType::F64);
+        ops::cross_entropy_stats(mx, se, tl, z, t, d.vocab_start, d.n_valid);
+        ops::cross_entropy_stats(mx_r, se_r, tl_r, z64, tok, d.vocab_start, d.n_valid);
+        check_close("cross_entropy_stats max", mx, mx_r, dt, kTolF32);
+        check_close("cross_entropy_stats sumexp", se, se_r, dt, kTolF32);
+        check_close("cross_entropy_stats target_logit", tl, tl_r, dt, kTolF32);
+        // lse from the reference stats; dloss = 1/N
+        Tensor lse64 = Tensor::empty({d.N}, DType::F64), dl64 = Tensor::empty({d.N}, DType::F64);
+        for (int64_t n = 0; n < d.N; ++n) {
+          lse64.data<double>()[n] = mx_r.data<double>()[n] + std::log(se_r.data<double>()[n]);
+          dl64.data<double>()[n] = 1.0 / static_cast<double>(d.N) * (1 + n % 3);
+        }
+        const Tensor lse32 = rounded(lse64, DType::F32), dl32 = rounded(dl64, DType::F32);
+        Tensor dz = in_place ? to_device(z64, dt) : poisoned({d.N, d.Vl}, dt);
+        ops::cross_entropy_backward(dz, in_place ? dz : z, t, to_device(lse32, DType::F32),
+                                    to_device(dl32, DType::F32), d.vocab_start, d.n_valid);
+        Tensor dz_ref = Tensor::empty({d.N, d.Vl}, DType::F64);
+        ops::cross_entropy_backward(dz_ref, z64, tok, lse32, dl32, d.vocab_start, d.n_valid);
+        check_close("cross_entropy_backward", dz, dz_ref, dt);
+      }
+}
+
+TEST_CASE("cuda dropout masks are bit-identical to the CPU", "[cuda][dropout]") {
+  init();
+  for (DType dt : kDTypes)
+    for (int64_t n : {int64_t(17), int64_t(1000003)})
+      for (double p : {0.1, 0.5}) {
+        const uint64_t seed = 1234 + n, offset = 987654321;
+        const Tensor x32 = cast_host(rounded(randn64({n}, n + 5), dt), DType::F32);
+        Tensor y = poisoned({n}, dt), dx = poisoned({n}, dt);
+        ops::dropout_forward(y, to_device(x32, dt), p, seed, offset);
+        ops::dropout_backward(dx, to_device(x32, dt), p, seed, offset);
+        Tensor y_ref = Tensor::empty({n}, DType::F32);
+        ops::dropout_forward(y_ref, x32, p, seed, offset);
+        const Tensor yh = to_host64(y), dxh = to_host64(dx), yr = cast_host(y_ref, DType::F64);
+        int64_t mask_diff = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          mask_diff += (yh.data<double>()[i] == 0.0) != (yr.data<double>()[i] == 0.0);
+          mask_diff += (dxh.data<double>()[i] == 0.0) != (yr.data<double>()[i] == 0.0);
+        }
+        CHECK(mask_diff == 0);
+        if (dt == DType::F32) {
+          CHECK(bitwise_equal(y, to_device(y_ref, DType::F32)));  // the scale multiply is fp64 on both
+        }
+        check_close("dropout_forward", y, yr, dt);
+        check_close("dropout_backward", dx, yr, dt);
+      }
+}
+
+TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
+  init();
+  for (int64_t n : {int64_t(3), int64_t(100003)})
+    for (int64_t shift : {int64_t(0), int64_t(1)}) {
+      const Tensor p0 = rounded(randn64({n}, 1 + n, 0.02), DType::F32);
+      const Tensor zero = Tensor::zeros({n}, DType::F64);
+      Tensor p = to_device_shifted(p0, DType::F32, shift), m = to_device_shifted(zero, DType::F32, shift);
+      Tensor v = to_device_shifted(zero, DType::F32, shift);
+      Tensor pr = p0.clone(), mr = Tensor::zeros({n}, DType::F64), vr = Tensor::zeros({n}, DType::F64);
+      ops::AdamWArgs a;
+      a.lr = 1e-3;
+      a.weight_decay = 0.1;
+      a.grad_scale = 0.5;
+      for (int64_t step = 1; step <= 3; ++step) {
+        a.step = step;
+        const Tensor g64 = rounded(randn64({n}, 1000 * step + n), DType::F32);
+        ops::adamw_step(p, m, v, to_device_shifted(g64, DType::F32, shift), a);
+        ops::adamw_step(pr, mr, vr, g64, a);
+      }
+      check_close("adamw_step param", p, pr, DType::F32);
+      check_close("adamw_step m", m, mr, DType::F32);
+      check_close("adamw_step v", v, vr, DType::F32);
+    }
+}
+#endif
