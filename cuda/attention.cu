@@ -2,10 +2,12 @@
 // Shapes: q, out (B, T, H, D); k, v (B, T, G, D); lse (B, H, T) fp32; query head h reads kv head
 // h / (H / G); scale c = 1/sqrt(D) (tensor/cpu/attention.cpp has the math and the backward).
 //   s_ij = c q_i . k_j (j <= i),  lse_i = log sum_j exp(s_ij),  o_i = sum_j exp(s_ij - lse_i) v_j.
-// The T x T matrix is never materialized: one block owns (b, h, a tile of kBr = 64 queries); its 4
-// warps own 16 query rows each. Key/value tiles of kBc = 64 rows stream through shared memory with
-// cp.async, double-buffered (the next tile loads while the current one is used). Per key tile:
-//   S = Q K^T on tensor cores (mma.sync bf16 -> fp32), the causal mask on the diagonal tile,
+// The T x T matrix is never materialized: one block owns (b, h, a tile of kBr = 4 * 16 * MT queries);
+// each of its 4 warps owns MT m-tiles of 16 query rows, so every K/V fragment read from shared memory
+// feeds MT tensor-core products (shared-memory bandwidth, not the tensor cores, bounds MT = 1).
+// Key/value tiles of kBc rows stream through shared memory with cp.async, double-buffered (the next
+// tile loads while the current one is used). Per key tile:
+//   S = Q K^T on tensor cores (mma.sync bf16 -> fp32), the causal mask on the diagonal tiles,
 //   online softmax in base 2 (m = running max, l = running sum, O rescaled by exp2(m_old - m_new)),
 //   O += P V with P rounded to bf16 straight from the S registers.
 // At the end O /= l and lse = c m + ln l. Query tiles are scheduled heaviest (last) first.
@@ -21,22 +23,31 @@ using namespace ::mt::cuda;
 namespace attn {
 namespace {
 
-constexpr int kBr = 64, kBc = 64, kWarps = 4, kThreads = kWarps * 32;
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+
+// Tiling per head dim: MT m-tiles (of 16 rows) per warp, kBc keys per K/V tile.
+template <int D> struct FwdTiles;
+template <> struct FwdTiles<64> { static constexpr int MT = 2, kBc = 64; };
+// D = 128 at kBc = 64 needs all 255 registers and spills 72 bytes, yet ran 11% faster on an H200 than
+// kBc = 32 (no spill): 0.313 vs 0.351 ms at B 4, T 2048, H 16 (benchmarks/kernels/cuda_kernels.md).
+template <> struct FwdTiles<128> { static constexpr int MT = 2, kBc = 64; };
+template <int D> constexpr int fwd_rows() { return kWarps * 16 * FwdTiles<D>::MT; }
 
 template <int D>
-constexpr size_t forward_smem() {
-  return sizeof(bf16_t) * (D + 8) * (kBr + 4 * kBc);  // Q, then K and V double-buffered
+constexpr size_t forward_smem() {  // Q, then K and V double-buffered
+  return sizeof(bf16_t) * (D + 8) * (fwd_rows<D>() + 4 * FwdTiles<D>::kBc);
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel_mma(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, int T,
                                  int H, int G, float scale, float scale_log2) {
+  constexpr int MT = FwdTiles<D>::MT, kBc = FwdTiles<D>::kBc, kBr = fwd_rows<D>();
   constexpr int LD = D + 8, kDT = D / 8, kNT = kBc / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
-  bf16_t* sK = sQ + kBr * LD;        // 2 buffers of kBc * LD
-  bf16_t* sV = sK + 2 * kBc * LD;    // 2 buffers of kBc * LD
+  bf16_t* sK = sQ + kBr * LD;      // 2 buffers of kBc * LD
+  bf16_t* sV = sK + 2 * kBc * LD;  // 2 buffers of kBc * LD
   const int tile = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / H, h = blockIdx.y % H, g = h / (H / G);
   const int i0 = tile * kBr, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -51,10 +62,17 @@ __global__ void __launch_bounds__(kThreads)
   load_tile_async<kBc, D, kThreads>(sV, vh, kv_stride, 0, T);
   cp_async_commit();
 
-  float o[kDT][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  uint32_t qf[D / 16][4];
-  const int row0 = i0 + warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  float o[MT][kDT][4] = {};
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      m[mt][rr] = -INFINITY;
+      l[mt][rr] = 0.f;
+    }
+  const int wrow = warp * 16 * MT;             // the warp's first row in the tile
+  const int row0 = i0 + wrow + lane / 4;       // m-tile mt: rows row0 + 16 mt and row0 + 16 mt + 8
 
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j % 2;
@@ -67,102 +85,114 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (j == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) load_a_frag<LD>(qf[kk], sQ, warp * 16, kk * 16);
-    }
     const bf16_t* tK = sK + buf * kBc * LD;
     const bf16_t* tV = sV + buf * kBc * LD;
 
-    // S = Q K^T (16 x kBc per warp).
-    float s[kNT][4] = {};
+    // S = Q K^T (16 MT x kBc per warp).
+    float s[MT][kNT][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) load_a_frag<LD>(qa[mt], sQ, wrow + mt * 16, kk * 16);
 #pragma unroll
       for (int nt = 0; nt < kNT; nt += 2) {
         uint32_t bfr[4];
         load_b_frags_nk<LD>(bfr, tK, nt * 8, kk * 16);
-        mma_16816(s[nt], qf[kk], bfr[0], bfr[1]);
-        mma_16816(s[nt + 1], qf[kk], bfr[2], bfr[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(s[mt][nt], qa[mt], bfr[0], bfr[1]);
+          mma_16816(s[mt][nt + 1], qa[mt], bfr[2], bfr[3]);
+        }
       }
     }
     // Causal mask where this tile reaches past the warp's first row.
     const int j0 = j * kBc;
-    if (j0 + kBc - 1 > i0 + warp * 16) {
+    if (j0 + kBc - 1 > i0 + wrow) {
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = j0 + nt * 8 + (lane % 4) * 2 + (e % 2), row = row0 + (e / 2) * 8;
-          if (key > row) s[nt][e] = -INFINITY;
-        }
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = j0 + nt * 8 + (lane % 4) * 2 + (e % 2), row = row0 + mt * 16 + (e / 2) * 8;
+            if (key > row) s[mt][nt][e] = -INFINITY;
+          }
     }
-    // Online softmax, rows row0 (e = 0, 1) and row0 + 8 (e = 2, 3); a row is spread over a lane quad.
+    // Online softmax; rows row0 + 16 mt (e = 0, 1) and + 8 (e = 2, 3), each spread over a lane quad.
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = -INFINITY;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[rr], mx);  // finite: key 0 <= row is in tile 0
-      const float alpha = exp2f((m[rr] - m_new) * scale_log2), base = m_new * scale_log2;
-      float sum = 0.f;
+      for (int rr = 0; rr < 2; ++rr) {
+        float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * rr], s[mt][nt][2 * rr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][rr], mx);  // finite: key 0 <= row is in tile 0
+        const float alpha = exp2f((m[mt][rr] - m_new) * scale_log2), base = m_new * scale_log2;
+        float sum = 0.f;
 #pragma unroll
-        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-          s[nt][e] = exp2f(fmaf(s[nt][e], scale_log2, -base));
-          sum += s[nt][e];
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+            s[mt][nt][e] = exp2f(fmaf(s[mt][nt][e], scale_log2, -base));
+            sum += s[mt][nt][e];
+          }
+        l[mt][rr] = l[mt][rr] * alpha + sum;  // per-lane partial; the quad is summed at the end
+        m[mt][rr] = m_new;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * rr] *= alpha;
+          o[mt][dt][2 * rr + 1] *= alpha;
         }
-      l[rr] = l[rr] * alpha + sum;  // per-lane partial; the quad is summed at the end
-      m[rr] = m_new;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        o[dt][2 * rr] *= alpha;
-        o[dt][2 * rr + 1] *= alpha;
       }
-    }
     // O += P V.
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      uint32_t pa[4];
-      c_to_a_frag(pa, s[2 * kk], s[2 * kk + 1]);
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a_frag(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
       for (int dt = 0; dt < kDT; dt += 2) {
         uint32_t bfr[4];
         load_b_frags_kn<LD>(bfr, tV, kk * 16, dt * 8);
-        mma_16816(o[dt], pa, bfr[0], bfr[1]);
-        mma_16816(o[dt + 1], pa, bfr[2], bfr[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(o[mt][dt], pa[mt], bfr[0], bfr[1]);
+          mma_16816(o[mt][dt + 1], pa[mt], bfr[2], bfr[3]);
+        }
       }
     }
     __syncthreads();  // the next iteration's loads overwrite this buffer
   }
 
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float sum = l[rr];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = row0 + rr * 8;
-    if (row >= T) continue;
-    const float inv = 1.f / sum;
-    bf16_t* orow = out + (int64_t(b) * T + row) * q_stride + int64_t(h) * D;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(o[dt][2 * rr] * inv, o[dt][2 * rr + 1] * inv);
-      *reinterpret_cast<__nv_bfloat162*>(orow + dt * 8 + (lane % 4) * 2) = pair;
+    for (int rr = 0; rr < 2; ++rr) {
+      float sum = l[mt][rr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row0 + mt * 16 + rr * 8;
+      if (row >= T) continue;
+      const float inv = 1.f / sum;
+      bf16_t* orow = out + (int64_t(b) * T + row) * q_stride + int64_t(h) * D;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(o[mt][dt][2 * rr] * inv, o[mt][dt][2 * rr + 1] * inv);
+        *reinterpret_cast<__nv_bfloat162*>(orow + dt * 8 + (lane % 4) * 2) = pair;
+      }
+      if (lane % 4 == 0) lse[(int64_t(b) * H + h) * T + row] = m[mt][rr] * scale + logf(sum);
     }
-    if (lane % 4 == 0) lse[(int64_t(b) * H + h) * T + row] = m[rr] * scale + logf(sum);
-  }
 }
 
 template <int D>
 void forward_launch(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, const AttnShape& s) {
   constexpr size_t smem = forward_smem<D>();
   auto kernel = attention_forward_kernel_mma<D>;
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(ceil_div(s.T, kBr)), static_cast<unsigned>(s.B * s.H));
+  ensure_dynamic_smem(kernel, smem);
+  const dim3 grid(static_cast<unsigned>(ceil_div(s.T, fwd_rows<D>())), static_cast<unsigned>(s.B * s.H));
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   kernel<<<grid, kThreads, smem, current_stream()>>>(out, lse, q, k, v, static_cast<int>(s.T), static_cast<int>(s.H),
                                                      static_cast<int>(s.G), scale, scale * kLog2e);

@@ -4,16 +4,19 @@
 //   delta_i = do_i . o_i,  dv_j = sum_i p_ij do_i,  dk_j = c sum_i ds_ij q_i,  dq_i = c sum_j ds_ij k_j.
 // Three kernels:
 //   1. delta (B, H, T) fp32: one warp per (token, head) row.
-//   2. dK/dV: one block per (b, kv head g, tile of kBcKV = 64 keys); its 4 warps own 16 keys each and
-//      keep dK, dV in fp32 registers while the block streams every query tile of every query head of
-//      the group (double-buffered cp.async). Per query tile, in transposed form (keys are the rows):
+//   2. dK/dV: one block per (b, kv head g, tile of 4 * 16 * MT keys); each of its 4 warps owns MT
+//      m-tiles of 16 keys and keeps their dK, dV in fp32 registers while the block streams every query
+//      tile (BR rows) of every query head of the group (double-buffered cp.async). Per query tile, in
+//      transposed form (keys are the rows):
 //        S^T = K Q^T, P^T = exp2(S^T c log2e - lse log2e) (masked), dV += P^T dO,
 //        dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 //      Each dK/dV row has one owner, which sums heads and query tiles in a fixed order.
-//   3. dQ: one block per (b, h, tile of 64 queries), streaming key tiles (double-buffered):
+//   3. dQ: one block per (b, h, tile of 4 * 16 * MT queries), streaming key tiles (kBc rows,
+//      double-buffered):
 //        S = Q K^T, P, dP = dO V^T, dS = P (dP - delta), dQ += dS K.
 //      Recomputing S and dP here costs 2 extra GEMMs of the 7 but keeps dQ free of atomics.
-// Query tiles for dK/dV: 64 rows for D = 64, 32 for D = 128 (register budget).
+// MT > 1 lets every fragment read from shared memory feed MT tensor-core products (shared-memory
+// bandwidth bounds MT = 1); the tiles per head dim below keep the fp32 accumulators in registers.
 #include <cmath>
 
 #include "cuda/attention_common.cuh"
@@ -25,12 +28,19 @@ using namespace ::mt::cuda;
 namespace {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32;
-constexpr int kBcKV = 64;  // keys per dK/dV block
-constexpr int kBrQ = 64;   // queries per dQ block
-constexpr int kBcQ = 64;   // keys per dQ iteration
 
-template <int D>
-constexpr int kv_query_tile() { return D == 64 ? 64 : 32; }
+// dK/dV: MT key m-tiles per warp, BR queries per streamed tile.
+// dQ: MT query m-tiles per warp, kBc keys per streamed tile.
+template <int D> struct DkvTiles;
+template <int D> struct DqTiles;
+// Measured on an H200 against the alternatives (benchmarks/kernels/cuda_kernels.md): D = 64 with MT = 2
+// (dK/dV BR 32, dQ kBc 32) ran 6% slower; dQ at D = 128 with MT = 1, kBc = 64 ran 3% slower.
+template <> struct DkvTiles<64> { static constexpr int MT = 1, BR = 64; };
+template <> struct DkvTiles<128> { static constexpr int MT = 1, BR = 32; };
+template <> struct DqTiles<64> { static constexpr int MT = 1, kBc = 64; };
+template <> struct DqTiles<128> { static constexpr int MT = 2, kBc = 32; };  // 255 registers, 20 B spilled
+template <int D> constexpr int dkv_keys() { return kWarps * 16 * DkvTiles<D>::MT; }
+template <int D> constexpr int dq_rows() { return kWarps * 16 * DqTiles<D>::MT; }
 
 // ---------------------------------------------------------------- delta
 template <typename DT>
@@ -48,11 +58,33 @@ __global__ void attention_delta_kernel(float* delta, const DT* dout, const DT* o
   }
 }
 
+// acc[mt][nt] += A[row0 + 16 mt.., :] B[8 nt.., :]^T over the D columns: A (rows) and B (columns)
+// are both padded tiles stored row by row (the Q K^T pattern); MT x kNT C fragments per warp.
+template <int MT, int kNT, int D, int LD>
+__device__ __forceinline__ void mma_rows_x_cols(float (&acc)[MT][kNT][4], const bf16_t* A, int row0, const bf16_t* B) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a_frag<LD>(a[mt], A, row0 + mt * 16, kk * 16);
+#pragma unroll
+    for (int nt = 0; nt < kNT; nt += 2) {
+      uint32_t b[4];
+      load_b_frags_nk<LD>(b, B, nt * 8, kk * 16);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][nt], a[mt], b[0], b[1]);
+        mma_16816(acc[mt][nt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dK, dV
 template <int D>
 constexpr size_t dkv_smem() {
-  constexpr int BR = kv_query_tile<D>();
-  return sizeof(bf16_t) * (D + 8) * (2 * kBcKV + 4 * BR) + sizeof(float) * 4 * BR;
+  constexpr int BR = DkvTiles<D>::BR;
+  return sizeof(bf16_t) * (D + 8) * (2 * dkv_keys<D>() + 4 * BR) + sizeof(float) * 4 * BR;
 }
 
 template <int D>
@@ -60,16 +92,17 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel_dkv(bf16_t* dk, bf16_t* dv, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                   const bf16_t* dout, const float* lse, const float* delta, int T, int H, int G,
                                   float scale, float scale_log2) {
-  constexpr int BR = kv_query_tile<D>(), LD = D + 8, kDT = D / 8, kNT = BR / 8;
+  constexpr int MT = DkvTiles<D>::MT, BR = DkvTiles<D>::BR, kKeys = dkv_keys<D>();
+  constexpr int LD = D + 8, kDT = D / 8, kNT = BR / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
-  bf16_t* sV = sK + kBcKV * LD;
-  bf16_t* sQ = sV + kBcKV * LD;   // 2 buffers of BR * LD
+  bf16_t* sV = sK + kKeys * LD;
+  bf16_t* sQ = sV + kKeys * LD;    // 2 buffers of BR * LD
   bf16_t* sdO = sQ + 2 * BR * LD;  // 2 buffers of BR * LD
   float* sL = reinterpret_cast<float*>(sdO + 2 * BR * LD);  // 2 x BR lse * log2e (+inf past T)
   float* sDelta = sL + 2 * BR;                               // 2 x BR
   const int R = H / G, b = blockIdx.y / G, g = blockIdx.y % G;
-  const int j0 = blockIdx.x * kBcKV, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int j0 = blockIdx.x * kKeys, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(G) * D;
   const int64_t kv_off = (int64_t(b) * T * G + g) * D;
   const int first_tile = j0 / BR, n_qt = (T + BR - 1) / BR, per_head = n_qt - first_tile, n_it = R * per_head;
@@ -88,13 +121,14 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  load_tile_async<kBcKV, D, kThreads>(sK, k + kv_off, kv_stride, j0, T);
-  load_tile_async<kBcKV, D, kThreads>(sV, v + kv_off, kv_stride, j0, T);
+  load_tile_async<kKeys, D, kThreads>(sK, k + kv_off, kv_stride, j0, T);
+  load_tile_async<kKeys, D, kThreads>(sV, v + kv_off, kv_stride, j0, T);
   issue(0, 0);
   cp_async_commit();
 
-  float dkacc[kDT][4] = {}, dvacc[kDT][4] = {};
-  const int key0 = j0 + warp * 16 + lane / 4;  // this thread's keys: key0 and key0 + 8
+  float dkacc[MT][kDT][4] = {}, dvacc[MT][kDT][4] = {};
+  const int wkey = warp * 16 * MT;         // the warp's first key in the tile
+  const int key0 = j0 + wkey + lane / 4;   // m-tile mt: keys key0 + 16 mt and key0 + 16 mt + 8
   for (int it = 0; it < n_it; ++it) {
     const int buf = it % 2;
     if (it + 1 < n_it) {
@@ -111,74 +145,71 @@ __global__ void __launch_bounds__(kThreads)
     const float* tL = sL + buf * BR;
     const float* tDelta = sDelta + buf * BR;
 
-    // S^T = K Q^T and dP^T = V dO^T (16 keys x BR queries per warp).
-    float s[kNT][4] = {}, dp[kNT][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[4], va[4];
-      load_a_frag<LD>(ka, sK, warp * 16, kk * 16);
-      load_a_frag<LD>(va, sV, warp * 16, kk * 16);
-#pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        uint32_t bq[4], bo[4];
-        load_b_frags_nk<LD>(bq, tQ, nt * 8, kk * 16);
-        load_b_frags_nk<LD>(bo, tdO, nt * 8, kk * 16);
-        mma_16816(s[nt], ka, bq[0], bq[1]);
-        mma_16816(s[nt + 1], ka, bq[2], bq[3]);
-        mma_16816(dp[nt], va, bo[0], bo[1]);
-        mma_16816(dp[nt + 1], va, bo[2], bo[3]);
-      }
-    }
+    // S^T = K Q^T and dP^T = V dO^T (16 MT keys x BR queries per warp).
+    float s[MT][kNT][4] = {}, dp[MT][kNT][4] = {};
+    mma_rows_x_cols<MT, kNT, D, LD>(s, sK, wkey, tQ);   // S^T = K Q^T
+    mma_rows_x_cols<MT, kNT, D, LD>(dp, sV, wkey, tdO);  // dP^T = V dO^T
     // P^T and dS^T (columns are queries).
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + (lane % 4) * 2 + (e % 2), key = key0 + (e / 2) * 8;
-        const float p = (key <= i0 + col) ? exp2f(fmaf(s[nt][e], scale_log2, -tL[col])) : 0.f;
-        s[nt][e] = p;
-        dp[nt][e] = p * (dp[nt][e] - tDelta[col]);
-      }
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * 8 + (lane % 4) * 2 + (e % 2), key = key0 + mt * 16 + (e / 2) * 8;
+          const float p = (key <= i0 + col) ? exp2f(fmaf(s[mt][nt][e], scale_log2, -tL[col])) : 0.f;
+          s[mt][nt][e] = p;
+          dp[mt][nt][e] = p * (dp[mt][nt][e] - tDelta[col]);
+        }
     // dV += P^T dO, dK += dS^T Q.
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
-      uint32_t pa[4], dsa[4];
-      c_to_a_frag(pa, s[2 * kk], s[2 * kk + 1]);
-      c_to_a_frag(dsa, dp[2 * kk], dp[2 * kk + 1]);
+      uint32_t pa[MT][4], dsa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        c_to_a_frag(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+        c_to_a_frag(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+      }
 #pragma unroll
       for (int dt = 0; dt < kDT; dt += 2) {
         uint32_t bo[4], bq[4];
         load_b_frags_kn<LD>(bo, tdO, kk * 16, dt * 8);
         load_b_frags_kn<LD>(bq, tQ, kk * 16, dt * 8);
-        mma_16816(dvacc[dt], pa, bo[0], bo[1]);
-        mma_16816(dvacc[dt + 1], pa, bo[2], bo[3]);
-        mma_16816(dkacc[dt], dsa, bq[0], bq[1]);
-        mma_16816(dkacc[dt + 1], dsa, bq[2], bq[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(dvacc[mt][dt], pa[mt], bo[0], bo[1]);
+          mma_16816(dvacc[mt][dt + 1], pa[mt], bo[2], bo[3]);
+          mma_16816(dkacc[mt][dt], dsa[mt], bq[0], bq[1]);
+          mma_16816(dkacc[mt][dt + 1], dsa[mt], bq[2], bq[3]);
+        }
       }
     }
     __syncthreads();
   }
 
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int key = key0 + rr * 8;
-    if (key >= T) continue;
-    bf16_t* dkrow = dk + kv_off + int64_t(key) * kv_stride;
-    bf16_t* dvrow = dv + kv_off + int64_t(key) * kv_stride;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      const int d = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(dkrow + d) =
-          __floats2bfloat162_rn(dkacc[dt][2 * rr] * scale, dkacc[dt][2 * rr + 1] * scale);
-      *reinterpret_cast<__nv_bfloat162*>(dvrow + d) = __floats2bfloat162_rn(dvacc[dt][2 * rr], dvacc[dt][2 * rr + 1]);
+    for (int rr = 0; rr < 2; ++rr) {
+      const int key = key0 + mt * 16 + rr * 8;
+      if (key >= T) continue;
+      bf16_t* dkrow = dk + kv_off + int64_t(key) * kv_stride;
+      bf16_t* dvrow = dv + kv_off + int64_t(key) * kv_stride;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        const int d = dt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(dkrow + d) =
+            __floats2bfloat162_rn(dkacc[mt][dt][2 * rr] * scale, dkacc[mt][dt][2 * rr + 1] * scale);
+        *reinterpret_cast<__nv_bfloat162*>(dvrow + d) =
+            __floats2bfloat162_rn(dvacc[mt][dt][2 * rr], dvacc[mt][dt][2 * rr + 1]);
+      }
     }
-  }
 }
 
 // ---------------------------------------------------------------- dQ
 template <int D>
 constexpr size_t dq_smem() {
-  return sizeof(bf16_t) * (D + 8) * (2 * kBrQ + 4 * kBcQ);
+  return sizeof(bf16_t) * (D + 8) * (2 * dq_rows<D>() + 4 * DqTiles<D>::kBc);
 }
 
 template <int D>
@@ -186,100 +217,99 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel_dq(bf16_t* dq, const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout,
                                  const float* lse, const float* delta, int T, int H, int G, float scale,
                                  float scale_log2) {
-  constexpr int LD = D + 8, kDT = D / 8, kNT = kBcQ / 8;
+  constexpr int MT = DqTiles<D>::MT, kBc = DqTiles<D>::kBc, kBr = dq_rows<D>();
+  constexpr int LD = D + 8, kDT = D / 8, kNT = kBc / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
-  bf16_t* sdO = sQ + kBrQ * LD;
-  bf16_t* sK = sdO + kBrQ * LD;    // 2 buffers of kBcQ * LD
-  bf16_t* sV = sK + 2 * kBcQ * LD;  // 2 buffers of kBcQ * LD
+  bf16_t* sdO = sQ + kBr * LD;
+  bf16_t* sK = sdO + kBr * LD;     // 2 buffers of kBc * LD
+  bf16_t* sV = sK + 2 * kBc * LD;  // 2 buffers of kBc * LD
   const int tile = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / H, h = blockIdx.y % H, g = h / (H / G);
-  const int i0 = tile * kBrQ, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int i0 = tile * kBr, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(G) * D;
   const int64_t q_off = (int64_t(b) * T * H + h) * D, kv_off = (int64_t(b) * T * G + g) * D;
-  const int n_tiles = (min(T, i0 + kBrQ) + kBcQ - 1) / kBcQ;
+  const int n_tiles = (min(T, i0 + kBr) + kBc - 1) / kBc;
 
-  load_tile_async<kBrQ, D, kThreads>(sQ, q + q_off, q_stride, i0, T);
-  load_tile_async<kBrQ, D, kThreads>(sdO, dout + q_off, q_stride, i0, T);
-  load_tile_async<kBcQ, D, kThreads>(sK, k + kv_off, kv_stride, 0, T);
-  load_tile_async<kBcQ, D, kThreads>(sV, v + kv_off, kv_stride, 0, T);
+  load_tile_async<kBr, D, kThreads>(sQ, q + q_off, q_stride, i0, T);
+  load_tile_async<kBr, D, kThreads>(sdO, dout + q_off, q_stride, i0, T);
+  load_tile_async<kBc, D, kThreads>(sK, k + kv_off, kv_stride, 0, T);
+  load_tile_async<kBc, D, kThreads>(sV, v + kv_off, kv_stride, 0, T);
   cp_async_commit();
 
-  const int row0 = i0 + warp * 16 + lane / 4;
-  float rl[2], rd[2];  // lse * log2e and delta of rows row0, row0 + 8
+  const int wrow = warp * 16 * MT;
+  const int row0 = i0 + wrow + lane / 4;  // m-tile mt: rows row0 + 16 mt and row0 + 16 mt + 8
+  float rl[MT][2], rd[MT][2];             // lse * log2e and delta of those rows
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = row0 + rr * 8;
-    const int64_t idx = (int64_t(b) * H + h) * T + row;
-    rl[rr] = row < T ? lse[idx] * kLog2e : INFINITY;
-    rd[rr] = row < T ? delta[idx] : 0.f;
-  }
-  float dqacc[kDT][4] = {};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = row0 + mt * 16 + rr * 8;
+      const int64_t idx = (int64_t(b) * H + h) * T + row;
+      rl[mt][rr] = row < T ? lse[idx] * kLog2e : INFINITY;
+      rd[mt][rr] = row < T ? delta[idx] : 0.f;
+    }
+  float dqacc[MT][kDT][4] = {};
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j % 2;
     if (j + 1 < n_tiles) {
-      load_tile_async<kBcQ, D, kThreads>(sK + (1 - buf) * kBcQ * LD, k + kv_off, kv_stride, (j + 1) * kBcQ, T);
-      load_tile_async<kBcQ, D, kThreads>(sV + (1 - buf) * kBcQ * LD, v + kv_off, kv_stride, (j + 1) * kBcQ, T);
+      load_tile_async<kBc, D, kThreads>(sK + (1 - buf) * kBc * LD, k + kv_off, kv_stride, (j + 1) * kBc, T);
+      load_tile_async<kBc, D, kThreads>(sV + (1 - buf) * kBc * LD, v + kv_off, kv_stride, (j + 1) * kBc, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const bf16_t* tK = sK + buf * kBcQ * LD;
-    const bf16_t* tV = sV + buf * kBcQ * LD;
-    float s[kNT][4] = {}, dp[kNT][4] = {};
+    const bf16_t* tK = sK + buf * kBc * LD;
+    const bf16_t* tV = sV + buf * kBc * LD;
+    float s[MT][kNT][4] = {}, dp[MT][kNT][4] = {};
+    mma_rows_x_cols<MT, kNT, D, LD>(s, sQ, wrow, tK);   // S = Q K^T
+    mma_rows_x_cols<MT, kNT, D, LD>(dp, sdO, wrow, tV);  // dP = dO V^T
+    const int j0 = j * kBc;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4], oa[4];
-      load_a_frag<LD>(qa, sQ, warp * 16, kk * 16);
-      load_a_frag<LD>(oa, sdO, warp * 16, kk * 16);
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        uint32_t bk[4], bv[4];
-        load_b_frags_nk<LD>(bk, tK, nt * 8, kk * 16);
-        load_b_frags_nk<LD>(bv, tV, nt * 8, kk * 16);
-        mma_16816(s[nt], qa, bk[0], bk[1]);
-        mma_16816(s[nt + 1], qa, bk[2], bk[3]);
-        mma_16816(dp[nt], oa, bv[0], bv[1]);
-        mma_16816(dp[nt + 1], oa, bv[2], bv[3]);
-      }
-    }
-    const int j0 = j * kBcQ;
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = j0 + nt * 8 + (lane % 4) * 2 + (e % 2), rr = e / 2;
-        const float p = (key <= row0 + rr * 8) ? exp2f(fmaf(s[nt][e], scale_log2, -rl[rr])) : 0.f;
-        dp[nt][e] = p * (dp[nt][e] - rd[rr]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = j0 + nt * 8 + (lane % 4) * 2 + (e % 2), rr = e / 2;
+          const float p =
+              (key <= row0 + mt * 16 + rr * 8) ? exp2f(fmaf(s[mt][nt][e], scale_log2, -rl[mt][rr])) : 0.f;
+          dp[mt][nt][e] = p * (dp[mt][nt][e] - rd[mt][rr]);
+        }
     // dQ += dS K.
 #pragma unroll
-    for (int kk = 0; kk < kBcQ / 16; ++kk) {
-      uint32_t dsa[4];
-      c_to_a_frag(dsa, dp[2 * kk], dp[2 * kk + 1]);
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t dsa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a_frag(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
 #pragma unroll
       for (int dt = 0; dt < kDT; dt += 2) {
         uint32_t bk[4];
         load_b_frags_kn<LD>(bk, tK, kk * 16, dt * 8);
-        mma_16816(dqacc[dt], dsa, bk[0], bk[1]);
-        mma_16816(dqacc[dt + 1], dsa, bk[2], bk[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(dqacc[mt][dt], dsa[mt], bk[0], bk[1]);
+          mma_16816(dqacc[mt][dt + 1], dsa[mt], bk[2], bk[3]);
+        }
       }
     }
     __syncthreads();
   }
 
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = row0 + rr * 8;
-    if (row >= T) continue;
-    bf16_t* dqrow = dq + q_off + int64_t(row) * q_stride;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<__nv_bfloat162*>(dqrow + dt * 8 + (lane % 4) * 2) =
-          __floats2bfloat162_rn(dqacc[dt][2 * rr] * scale, dqacc[dt][2 * rr + 1] * scale);
-  }
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = row0 + mt * 16 + rr * 8;
+      if (row >= T) continue;
+      bf16_t* dqrow = dq + q_off + int64_t(row) * q_stride;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<__nv_bfloat162*>(dqrow + dt * 8 + (lane % 4) * 2) =
+            __floats2bfloat162_rn(dqacc[mt][dt][2 * rr] * scale, dqacc[mt][dt][2 * rr + 1] * scale);
+    }
 }
 
 template <int D>
@@ -291,16 +321,16 @@ void backward_launch(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, con
   {
     constexpr size_t smem = dkv_smem<D>();
     auto kernel = attention_backward_kernel_dkv<D>;
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>(ceil_div(s.T, kBcKV)), static_cast<unsigned>(s.B * s.G));
+    ensure_dynamic_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(ceil_div(s.T, dkv_keys<D>())), static_cast<unsigned>(s.B * s.G));
     kernel<<<grid, kThreads, smem, st>>>(dk, dv, q, k, v, dout, lse, delta, T, H, G, scale, scale_log2);
     MT_CUDA_CHECK_LAUNCH("attention_backward_kernel_dkv");
   }
   {
     constexpr size_t smem = dq_smem<D>();
     auto kernel = attention_backward_kernel_dq<D>;
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>(ceil_div(s.T, kBrQ)), static_cast<unsigned>(s.B * s.H));
+    ensure_dynamic_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(ceil_div(s.T, dq_rows<D>())), static_cast<unsigned>(s.B * s.H));
     kernel<<<grid, kThreads, smem, st>>>(dq, q, k, v, dout, lse, delta, T, H, G, scale, scale_log2);
     MT_CUDA_CHECK_LAUNCH("attention_backward_kernel_dq");
   }

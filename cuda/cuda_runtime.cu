@@ -128,7 +128,7 @@ std::string device_description() {
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp p{};
   MT_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf, "%s, sm_%d%d, %.1f GiB, %d SMs", p.name, p.major, p.minor,
                 p.totalGlobalMem / 1073741824.0, p.multiProcessorCount);
   return buf;

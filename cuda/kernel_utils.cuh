@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_context.h"
@@ -128,6 +130,20 @@ class Scratch {
  private:
   Tensor t_;
 };
+
+// ---------------------------------------------------------------- launch attributes
+// Raises a kernel's dynamic shared memory limit to `bytes` (needed above 48 KiB), once per kernel.
+template <typename Kernel>
+void ensure_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::unordered_map<const void*, size_t> done;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = done[reinterpret_cast<const void*>(kernel)];
+  if (have >= bytes) return;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  have = bytes;
+}
 
 // ---------------------------------------------------------------- grids
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -83,6 +83,11 @@ struct DataConfig {
   std::vector<double> split = {98, 1, 1};  // train, valid, test weights
   std::string cache_dir;               // sample-index cache; "" = next to the data
   int prefetch = 2;                    // batches prepared ahead by the loader thread
+  // The tokenizer the data was made with (read by `megatrain generate` to encode/decode text).
+  std::string tokenizer_type = "none"; // none | gpt2-bpe | hf-json
+  std::string vocab_file;              // gpt2-bpe: encoder.json
+  std::string merge_file;              // gpt2-bpe: vocab.bpe
+  std::string tokenizer_file;          // hf-json: tokenizer.json
 };
 
 struct CheckpointConfig {

@@ -157,6 +157,11 @@ std::vector<ConfigField> build_schema() {
           .doc("train, valid, test proportions of each dataset: a list or Megatron's string \"98,1,1\""),
       MT_CONFIG_KEY(data, cache_dir).doc("sample-index cache directory; \"\" = next to the data").megatron({"data_cache_path"}),
       MT_CONFIG_KEY(data, prefetch).min(1).doc("batches the loader thread prepares ahead"),
+      MT_CONFIG_KEY(data, tokenizer_type).one_of({"none", "gpt2-bpe", "hf-json"})
+          .doc("tokenizer of the data (megatrain generate encodes prompts with it)").megatron({"tokenizer_type"}),
+      MT_CONFIG_KEY(data, vocab_file).doc("gpt2-bpe: encoder.json").megatron({"vocab_file"}),
+      MT_CONFIG_KEY(data, merge_file).doc("gpt2-bpe: vocab.bpe").megatron({"merge_file"}),
+      MT_CONFIG_KEY(data, tokenizer_file).doc("hf-json: tokenizer.json").megatron({"tokenizer_model"}),
       // ------------------------------------------------------------------ checkpoint
       MT_CONFIG_KEY(checkpoint, dir).doc("checkpoint directory (DIR/iter_NNNNNNN/); \"\" = no checkpoints").megatron({"save"}),
       MT_CONFIG_KEY(checkpoint, save_interval).min(0).doc("save every this many steps; 0 = only at the end"),

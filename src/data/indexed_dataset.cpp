@@ -12,6 +12,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 
 #include "core/check.h"
@@ -249,6 +250,9 @@ IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, DType toke
            dtype_name(token_dtype), " is not an integer type (use uint16 or int32)");
   impl_->bin_tmp = prefix + ".bin.tmp";
   impl_->idx_tmp = prefix + ".idx.tmp";
+  const std::filesystem::path parent = std::filesystem::path(prefix).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);  // a failure shows in fopen below
   impl_->bin = std::fopen(impl_->bin_tmp.c_str(), "wb");
   MT_CHECK(impl_->bin, "data file '", impl_->bin_tmp, "': cannot create (", errno_text(), ")");
   std::setvbuf(impl_->bin, nullptr, _IOFBF, 1 << 20);

@@ -40,11 +40,19 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) c
   s.out = c.empty({B, T, heads_local_, head_dim_});
   s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
   ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
-  return linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}));
+  Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}));
+  if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
+  return y;
 }
 
-Tensor SelfAttention::backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const {
+Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tensor& x, int64_t B, int64_t T) const {
   const ModelContext& c = *ctx_;
+  Saved s = saved;
+  if (!s.out.defined()) {  // selective recompute of the attention core
+    s.out = c.empty({B, T, heads_local_, head_dim_});
+    s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
+    ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
+  }
   Tensor dout = linear_proj_.backward(dy, s.out.view({B * T, heads_local_ * head_dim_}));
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
   ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);

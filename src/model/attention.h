@@ -13,7 +13,7 @@ class SelfAttention {
  public:
   SelfAttention(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
   struct Saved {
-    Tensor q, k, v, out, lse;
+    Tensor q, k, v, out, lse;  // out/lse dropped under selective recompute
   };
   // x (rows_local, C) -> y (rows_local, C); rows_local = B*T, or B*T/tp under sequence parallelism.
   Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const;

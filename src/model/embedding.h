@@ -44,8 +44,8 @@ class OutputLayer {
   double forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor* losses = nullptr) const;
   // Returns dL/dh (rows_local, C) given dL/dloss_n = dloss_per_token for every token.
   Tensor backward(Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const;
-  // Logits of this rank's vocab slice for the last forward (generation reads them).
-  int64_t vocab_start() const { return vocab_start_; }
+  // Logits (rows_full, Vl) of this rank's vocab slice, without the loss (generation).
+  Tensor logits(const Tensor& h) const { return linear_.forward(h); }
 
  private:
   const ModelContext* ctx_;

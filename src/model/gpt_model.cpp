@@ -4,11 +4,25 @@
 
 namespace mt {
 
-GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec, bool full_recompute)
+GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec)
     : ctx_(&ctx), spec_(spec) {
   if (spec.pre_process) embedding_ = std::make_unique<Embedding>(ctx, store);
   for (int l = spec.layer_begin; l < spec.layer_end; ++l)
-    layers_.push_back(std::make_unique<TransformerLayer>(l, ctx, store, full_recompute));
+    layers_.push_back(std::make_unique<TransformerLayer>(l, ctx, store));
+  const int n = static_cast<int>(layers_.size());
+  group_begin_.assign(n, -1);
+  group_end_.assign(n, -1);
+  const RecomputePolicy& rp = ctx.recompute;
+  if (rp.mode == RecomputePolicy::Mode::Full) {
+    for (int i = 0; i < n; ++i) {
+      if (rp.block) {
+        if (i < rp.num_layers) group_begin_[i] = i, group_end_[i] = i + 1;
+      } else {
+        group_begin_[i] = i / rp.num_layers * rp.num_layers;
+        group_end_[i] = std::min(n, group_begin_[i] + rp.num_layers);
+      }
+    }
+  }
   if (spec.post_process) {
     final_norm_ = std::make_unique<Norm>("decoder.final_layernorm", ctx.model->hidden_size, ctx, store);
     // gpt2 ties the output layer to the word embeddings: the same parameter when this rank holds
@@ -47,7 +61,17 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
     x = hidden_in;
   }
   st.layers.assign(layers_.size(), TransformerLayer::Saved{});
-  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(st.layers[i], x, B, T, step);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    x = layers_[i]->forward(st.layers[i], x, B, T, step);
+    // Full recompute: once a group is done, keep only its first layer's input.
+    if (group_end_[i] == static_cast<int>(i) + 1)
+      for (int j = group_begin_[i]; j <= static_cast<int>(i); ++j) {
+        if (j == group_begin_[i])
+          TransformerLayer::drop(st.layers[j]);
+        else
+          st.layers[j] = TransformerLayer::Saved{};
+      }
+  }
   if (!spec_.post_process) return x;
   st.labels = to_device_ids(labels, B * T, ctx_->device);
   st.final_in = x;
@@ -55,6 +79,21 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
   final_norm_->forward(st.final_out, st.final_norm, x);
   *loss_sum = output_->forward(st.head, st.final_out, st.labels);
   return Tensor();
+}
+
+Tensor GPTModel::logits(const int32_t* tokens, int64_t B, int64_t T) const {
+  MT_INTERNAL_ASSERT(spec_.pre_process && spec_.post_process, "logits() needs the whole model on one rank");
+  StepContext step;
+  step.training = false;
+  Tensor x = embedding_->forward(to_device_ids(tokens, B * T, ctx_->device), B, T, step);
+  for (const auto& layer : layers_) {
+    TransformerLayer::Saved s;
+    x = layer->forward(s, x, B, T, step);
+  }
+  Tensor h = ctx_->empty(x.shape());
+  Norm::Saved ns;
+  final_norm_->forward(h, ns, x);
+  return output_->logits(h);
 }
 
 Tensor GPTModel::backward(MicroState& st, const Tensor& d_out, double dloss_per_token,
@@ -68,7 +107,16 @@ Tensor GPTModel::backward(MicroState& st, const Tensor& d_out, double dloss_per_
   } else {
     dx = d_out.clone();
   }
-  for (size_t i = layers_.size(); i-- > 0;) layers_[i]->backward(dx, st.layers[i], B, T, step);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    if (!st.layers[i].complete) {
+      // Recompute the whole group from its first layer's input, then go on backwards through it.
+      const int g = group_begin_[i];
+      MT_INTERNAL_ASSERT(g >= 0 && group_end_[i] == static_cast<int>(i) + 1, "layer ", i, " dropped outside a group");
+      Tensor x = layers_[g]->recompute(st.layers[g], B, T, step);
+      for (int j = g + 1; j <= static_cast<int>(i); ++j) x = layers_[j]->forward(st.layers[j], x, B, T, step);
+    }
+    layers_[i]->backward(dx, st.layers[i], B, T, step);
+  }
   if (spec_.pre_process) {
     embedding_->backward(dx, st.tokens, B, T, step);
     st = MicroState{};

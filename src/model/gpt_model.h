@@ -20,7 +20,8 @@ struct ModelChunkSpec {
 
 class GPTModel {
  public:
-  GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec, bool full_recompute);
+  // Recompute follows ctx.recompute.
+  GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec);
 
   struct MicroState {
     int64_t B = 0, T = 0;
@@ -40,6 +41,10 @@ class GPTModel {
   // Returns dL/d(hidden_in) unless pre_process (then undefined). Frees st.
   Tensor backward(MicroState& st, const Tensor& d_out, double dloss_per_token, const StepContext& step) const;
 
+  // Inference on a whole model (pre_process and post_process on this rank): logits (B*T, Vl) for
+  // every position of tokens (B*T int32 on the host). No dropout, nothing kept.
+  Tensor logits(const int32_t* tokens, int64_t B, int64_t T) const;
+
   const ModelChunkSpec& spec() const { return spec_; }
 
  private:
@@ -47,6 +52,9 @@ class GPTModel {
   ModelChunkSpec spec_;
   std::unique_ptr<Embedding> embedding_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  // Full recompute: layers [group_begin_[i], group_end_[i]) are recomputed together (keeping only
+  // the first one's input); group_begin_[i] == -1 for layers kept in full.
+  std::vector<int> group_begin_, group_end_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<OutputLayer> output_;
 };

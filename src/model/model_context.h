@@ -10,12 +10,23 @@
 
 namespace mt {
 
+// Activation recompute (training.recompute*): what forward drops and backward recomputes.
+//   selective: each layer's attention core output (recomputed from q, k, v);
+//   full/uniform: the layers in groups of `num_layers`, keeping only each group's input;
+//   full/block: the first `num_layers` layers of each model chunk, each keeping only its input.
+struct RecomputePolicy {
+  enum class Mode { None, Selective, Full } mode = Mode::None;
+  bool block = false;  // full: block (else uniform)
+  int num_layers = 1;
+};
+
 struct ModelContext {
   const ModelConfig* model = nullptr;
   const DerivedConfig* derived = nullptr;
   const ParallelState* ps = nullptr;
   DType dtype = DType::F32;  // activations and compute parameters
   Device device = Device::CPU;
+  RecomputePolicy recompute;
   bool llama() const { return model->arch == "llama"; }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
   Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }

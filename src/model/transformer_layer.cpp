@@ -9,10 +9,9 @@ namespace {
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer); }
 }  // namespace
 
-TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store, bool recompute)
+TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store)
     : ctx_(&ctx),
       layer_(layer_number),
-      recompute_(recompute),
       input_layernorm_(layer_prefix(layer_number) + ".input_layernorm", ctx.model->hidden_size, ctx, store),
       self_attention_(layer_prefix(layer_number) + ".self_attention", ctx, store),
       pre_mlp_layernorm_(layer_prefix(layer_number) + ".pre_mlp_layernorm", ctx.model->hidden_size, ctx, store),
@@ -31,8 +30,8 @@ uint64_t TransformerLayer::dropout_offset(const StepContext& step, int64_t T, in
   return static_cast<uint64_t>(step.first_sample * T * C + row0 * C);
 }
 
-Tensor TransformerLayer::forward_full(Saved& s, const Tensor& x, int64_t B, int64_t T,
-                                      const StepContext& step) const {
+Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T,
+                                 const StepContext& step) const {
   const ModelContext& c = *ctx_;
   const int64_t rows = x.size(0), C = c.model->hidden_size;
   const double p = step.training ? c.model->dropout : 0.0;
@@ -54,18 +53,19 @@ Tensor TransformerLayer::forward_full(Saved& s, const Tensor& x, int64_t B, int6
   return out;
 }
 
-Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const StepContext& step) const {
-  Tensor out = forward_full(s, x, B, T, step);
-  if (recompute_) {
-    Tensor keep = s.x_in;
-    s = Saved{};
-    s.x_in = keep;
-  }
-  return out;
+void TransformerLayer::drop(Saved& s) {
+  Tensor keep = s.x_in;
+  s = Saved{};
+  s.x_in = keep;
+}
+
+Tensor TransformerLayer::recompute(Saved& s, int64_t B, int64_t T, const StepContext& step) const {
+  Tensor x = s.x_in;
+  return forward(s, x, B, T, step);
 }
 
 void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, const StepContext& step) const {
-  if (!s.complete) forward_full(s, s.x_in, B, T, step);  // full recompute
+  MT_INTERNAL_ASSERT(s.complete, "layer ", layer_, ": backward before its activations were recomputed");
   const double p = step.training ? ctx_->model->dropout : 0.0;
   const uint64_t offset = dropout_offset(step, T, dx.size(0));
 

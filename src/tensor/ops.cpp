@@ -108,12 +108,12 @@ void cuda_float(const char* op, const Tensor& t, F&& f) {
     default: unsupported(op, t);
   }
 }
-#define MT_CUDA_CASE(op, t, cuda_call) \
-  case Device::CUDA:                   \
-    cuda_float(op, t, [&](auto zero_) { \
-      using T = decltype(zero_);       \
-      MT_UNPAREN cuda_call;            \
-    });                                \
+#define MT_CUDA_CASE(op, t, cuda_call)             \
+  case Device::CUDA:                               \
+    cuda_float(op, t, [&](auto zero_) {            \
+      using T [[maybe_unused]] = decltype(zero_);  \
+      MT_UNPAREN cuda_call;                        \
+    });                                            \
     return;
 #else
 #define MT_CUDA_CASE(op, t, cuda_call)

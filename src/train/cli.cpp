@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "runtime/mpi_communicator.h"
 #include "train/plan.h"
+#include "train/generate.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -42,6 +43,19 @@ int run_cli(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   plan->add_option("--set", overrides, "Override a config key: --set parallel.tensor=2 (repeatable)");
 
+  CLI::App* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
+  GenerateOptions g;
+  gen->add_option("--checkpoint", g.checkpoint, "Checkpoint directory, or a checkpoint.dir holding 'latest'")->required();
+  gen->add_option("--prompt", g.prompt, "Text to continue")->required();
+  gen->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate (default 100)");
+  gen->add_option("--temperature", g.temperature, "Softmax temperature; 0 = greedy (default 0.8)");
+  gen->add_option("--top-k", g.top_k, "Sample among the k most likely tokens; 0 = all (default 40)");
+  gen->add_option("--seed", g.seed, "Sampling seed (default 1234)");
+  gen->add_option("--tokenizer-type", g.tokenizer_type, "Override the config's data.tokenizer_type (gpt2-bpe | hf-json)");
+  gen->add_option("--vocab-file", g.vocab_file, "gpt2-bpe: encoder.json");
+  gen->add_option("--merge-file", g.merge_file, "gpt2-bpe: vocab.bpe");
+  gen->add_option("--tokenizer-file", g.tokenizer_file, "hf-json: tokenizer.json");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,6 +72,11 @@ int run_cli(int argc, char** argv) {
   if (*plan) {
     Config cfg = load_config(config_path, overrides);
     std::cout << format_plan(make_plan(cfg, plan_world_size));
+    return 0;
+  }
+  if (*gen) {
+    log::init(mpi_world_rank(), mpi_world_size(), "warn");
+    run_generate(g);
     return 0;
   }
   if (*config) {

@@ -7,12 +7,14 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "config/config_loader.h"
 #include "core/check.h"
 #include "model/gpt_model.h"
 #include "parallel/pipeline_schedule.h"
+#include "runtime/rank_generator.h"
 #include "train/metrics.h"
 
 namespace mt {
@@ -62,44 +64,73 @@ RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stag
     const LayerRange lr = stage_layers(cfg.model, par, stage, c);
     const ModelChunkSpec spec{lr.begin, lr.end, stage == 0 && c == 0, stage == p - 1 && c == v - 1};
     const int64_t before = store.local_numel();
-    chunks.push_back(std::make_unique<GPTModel>(ctx, store, spec, false));
+    chunks.push_back(std::make_unique<GPTModel>(ctx, store, spec));
     out.per_chunk.push_back(store.local_numel() - before);
   }
   store.allocate(ctx.dtype, Device::Meta);  // shapes only: no memory
   out.total = store.local_numel();
   for (const Param* prm : store.params()) {
-    if (prm->spec.partition_dim < 0 || par.tensor == 1) out.replicated += shape_numel(prm->local_shape);
+    if (prm->spec.partition_dim < 0) out.replicated += shape_numel(prm->local_shape);
+    if (prm->spec.tied_copy) out.tied_copies += shape_numel(prm->local_shape);
     out.params.push_back({prm->spec.name, prm->spec.global_shape, prm->local_shape, prm->spec.partition_dim});
   }
-  if (par.tensor == 1) out.replicated = 0;  // nothing is split or replicated over a single rank
   return out;
 }
 
-int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act,
-                               bool full_recompute) {
+const char* recompute_mode_name(RecomputePolicy::Mode m) {
+  switch (m) {
+    case RecomputePolicy::Mode::None: return "none";
+    case RecomputePolicy::Mode::Selective: return "selective";
+    case RecomputePolicy::Mode::Full: return "full";
+  }
+  return "?";
+}
+
+int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
+                               int64_t T, DType act, RecomputePolicy::Mode mode) {
   const int64_t N = B * T, C = m.hidden_size, e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
-  if (full_recompute) return N * C * e;  // x_in only
+  const int64_t rows = sequence_parallel ? N / tp : N;  // residual-stream rows this rank holds
+  if (mode == RecomputePolicy::Mode::Full) return rows * C * e;  // x_in only
   const int64_t heads = m.num_attention_heads / tp;
   const int64_t groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
   const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (m.arch == "llama" ? 2 : 1);
-  int64_t bytes = 4 * N * C * e;             // x_in, x_mid, ln1_out, ln2_out
-  bytes += 2 * norm_stats(m) * N * s;        // n1, n2
-  bytes += (2 * heads + 2 * groups) * D * N * e;  // attention q, out, k, v
-  bytes += B * heads * T * s;                // attention lse
-  bytes += N * (fc1 + ffn) * e;              // mlp h (fc1 output), a (activation output)
+  int64_t bytes = 4 * rows * C * e;               // x_in, x_mid, ln1_out, ln2_out
+  bytes += 2 * norm_stats(m) * rows * s;          // n1, n2
+  bytes += (heads + 2 * groups) * D * N * e;      // attention q, k, v (all rows: gathered under SP)
+  if (mode == RecomputePolicy::Mode::None) {      // the attention core, dropped by selective recompute:
+    bytes += heads * D * N * e;                   //   out
+    bytes += B * heads * T * s;                   //   lse
+  }
+  bytes += N * (fc1 + ffn) * e;                   // mlp h (fc1 output), a (activation output)
   return bytes;
 }
 
-int64_t chunk_extra_activation_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, bool pre_process,
-                                     bool post_process) {
+int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
+                                      int64_t B, int64_t T, DType act, const RecomputePolicy& policy, int num_layers) {
+  auto layer = [&](RecomputePolicy::Mode mode) {
+    return layer_activation_bytes(m, d, tp, sequence_parallel, B, T, act, mode);
+  };
+  if (policy.mode != RecomputePolicy::Mode::Full) return num_layers * layer(policy.mode);
+  const int k = std::max(1, policy.num_layers);
+  if (policy.block) {  // the first k layers keep their input only, the others everything
+    const int dropped = std::min(k, num_layers);
+    return dropped * layer(RecomputePolicy::Mode::Full) + (num_layers - dropped) * layer(RecomputePolicy::Mode::None);
+  }
+  const int groups = (num_layers + k - 1) / k;  // uniform: each group of k keeps its first layer's input
+  return groups * layer(RecomputePolicy::Mode::Full);
+}
+
+int64_t chunk_extra_activation_bytes(const ModelConfig& m, int tp, bool sequence_parallel, int64_t B, int64_t T,
+                                     DType act, bool pre_process, bool post_process) {
   const int64_t N = B * T, C = m.hidden_size, e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
+  const int64_t rows = sequence_parallel ? N / tp : N;
   int64_t bytes = 0;
   if (pre_process) bytes += N * 4;  // token ids (int32)
   if (post_process) {
-    bytes += N * 4;                  // labels (int32)
-    bytes += 2 * N * C * e;          // final norm input and output
-    bytes += norm_stats(m) * N * s;  // final norm statistics
-    bytes += N * s;                  // loss log-sum-exp
+    bytes += N * 4;                     // labels (int32)
+    bytes += 2 * rows * C * e;          // final norm input and output
+    bytes += norm_stats(m) * rows * s;  // final norm statistics
+    bytes += N * s;                     // loss log-sum-exp
   }
   return bytes;
 }
@@ -122,18 +153,50 @@ void schedule_peaks(const PlanReport& r, PlanStage& st) {
     else if (a.kind == pp::ActionKind::Backward) --live[a.chunk];
     else continue;
     MT_INTERNAL_ASSERT(live[a.chunk] >= 0, "schedule runs a backward before its forward on stage ", st.stage);
-    int64_t none = 0, full = 0, logits = 0;
+    int64_t act[kNumRecomputeModes] = {}, logits = 0;
     for (int c = 0; c < v; ++c) {
       PlanChunk& ch = st.chunks[c];
       ch.max_in_flight = std::max(ch.max_in_flight, live[c]);
-      none += live[c] * ch.act_none;
-      full += live[c] * ch.act_full;
+      for (int i = 0; i < kNumRecomputeModes; ++i) act[i] += live[c] * ch.act[i];
       logits += live[c] * ch.logits;
     }
-    st.activation_none = std::max(st.activation_none, none);
-    st.activation_full = std::max(st.activation_full, full);
+    for (int i = 0; i < kNumRecomputeModes; ++i) st.activation[i] = std::max(st.activation[i], act[i]);
     st.logits_bytes = std::max(st.logits_bytes, logits);
   }
+}
+
+// One stage's chunks, memory and schedule peaks (one rank; rp: its parameters).
+PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport& r, int s, const RankParams& rp) {
+  const bool fp32 = r.activation_dtype == DType::F32, sp = r.sequence_parallel;
+  const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
+  const int64_t opt_shards = r.distributed_optimizer ? int64_t{r.dp} * r.cp : 1;
+  PlanStage st;
+  st.stage = s;
+  st.params = rp.total;
+  st.replicated_params = rp.replicated;
+  for (int c = 0; c < r.vp; ++c) {
+    PlanChunk ch;
+    ch.chunk = c;
+    ch.layers = stage_layers(cfg.model, cfg.parallel, s, c);
+    ch.pre_process = s == 0 && c == 0;
+    ch.post_process = s == r.pp - 1 && c == r.vp - 1;
+    ch.params = rp.per_chunk[c];
+    const int L = ch.layers.end - ch.layers.begin;
+    const int64_t extra =
+        chunk_extra_activation_bytes(cfg.model, r.tp, sp, B, T, r.activation_dtype, ch.pre_process, ch.post_process);
+    for (int i = 0; i < kNumRecomputeModes; ++i) {
+      RecomputePolicy policy = r.full_policy;
+      policy.mode = kRecomputeModes[i];
+      ch.act[i] = chunk_layers_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, policy, L) + extra;
+    }
+    ch.logits = ch.post_process ? logits_bytes(d, r.tp, B, T, r.activation_dtype) : 0;
+    st.chunks.push_back(ch);
+  }
+  st.weight_bytes = st.params * (fp32 ? 4 : 2);
+  st.grad_bytes = st.params * 4;
+  st.optimizer_bytes = (st.params + opt_shards - 1) / opt_shards * (fp32 ? 8 : 12);
+  schedule_peaks(r, st);
+  return st;
 }
 
 }  // namespace
@@ -159,44 +222,23 @@ PlanReport make_plan(const Config& cfg, int world_size) {
   r.distributed_optimizer = par.distributed_optimizer;
   r.precision = cfg.training.precision;
   r.recompute = cfg.training.recompute;
+  r.full_policy.mode = RecomputePolicy::Mode::Full;
+  r.full_policy.block = cfg.training.recompute_method == "block";
+  r.full_policy.num_layers = cfg.training.recompute_num_layers;
   r.activation_dtype = activation_dtype(cfg.training.precision);
   r.tokens_per_iteration = d.tokens_per_iteration;
 
-  const bool fp32 = r.activation_dtype == DType::F32;
+  const bool sp = r.sequence_parallel;
   const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
-  const int64_t opt_shards = r.distributed_optimizer ? int64_t{r.dp} * r.cp : 1;
   std::map<std::string, int64_t> global_numel;  // every distinct parameter of the model, once
-  std::map<std::string, size_t> table_row;
+  std::set<std::string> table_rows;
   for (int s = 0; s < r.pp; ++s) {
     const RankParams rp = count_rank_params(cfg, d, s, 0);
-    PlanStage st;
-    st.stage = s;
-    st.params = rp.total;
-    st.replicated_params = rp.replicated;
-    for (int c = 0; c < r.vp; ++c) {
-      PlanChunk ch;
-      ch.chunk = c;
-      ch.layers = stage_layers(cfg.model, par, s, c);
-      ch.pre_process = s == 0 && c == 0;
-      ch.post_process = s == r.pp - 1 && c == r.vp - 1;
-      ch.params = rp.per_chunk[c];
-      const int64_t L = ch.layers.end - ch.layers.begin;
-      const int64_t extra = chunk_extra_activation_bytes(cfg.model, B, T, r.activation_dtype, ch.pre_process, ch.post_process);
-      ch.act_none = L * layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, false) + extra;
-      ch.act_full = L * layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, true) + extra;
-      ch.logits = ch.post_process ? logits_bytes(d, r.tp, B, T, r.activation_dtype) : 0;
-      st.chunks.push_back(ch);
-    }
-    st.weight_bytes = st.params * (fp32 ? 4 : 2);
-    st.grad_bytes = st.params * 4;
-    st.optimizer_bytes = (st.params + opt_shards - 1) / opt_shards * (fp32 ? 8 : 12);
-    schedule_peaks(r, st);
-    r.stages.push_back(st);
+    r.stages.push_back(plan_stage(cfg, d, r, s, rp));
     for (const PlanParam& p : rp.params) {
       global_numel[p.name] = shape_numel(p.global_shape);
       const std::string pattern = layer_pattern(p.name);
-      if (table_row.count(pattern)) continue;
-      table_row[pattern] = r.param_table.size();
+      if (!table_rows.insert(pattern).second) continue;
       r.param_table.push_back(p);
       r.param_table.back().name = pattern;
     }
@@ -205,8 +247,8 @@ PlanReport make_plan(const Config& cfg, int world_size) {
     r.total_params += n;
     if (name != "embedding.position_embeddings.weight") r.flop_params += n;
   }
-  r.layer_act_none = layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, false);
-  r.layer_act_full = layer_activation_bytes(cfg.model, d, r.tp, B, T, r.activation_dtype, true);
+  for (int i = 0; i < kNumRecomputeModes; ++i)
+    r.layer_act[i] = layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i]);
   r.logits_per_microbatch = logits_bytes(d, r.tp, B, T, r.activation_dtype);
   r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model);
   r.flops_per_iteration = static_cast<double>(r.flops_per_token) * static_cast<double>(r.tokens_per_iteration);
@@ -279,6 +321,18 @@ std::string format_plan(const PlanReport& r) {
      << "  sequence parallel " << onoff(r.sequence_parallel) << ", distributed optimizer "
      << onoff(r.distributed_optimizer) << ", precision " << r.precision << ", recompute " << r.recompute << "\n\n";
 
+  if (r.world_size <= 64) {
+    MeshSizes ms;
+    ms.tp = r.tp;
+    ms.cp = r.cp;
+    ms.dp = r.dp;
+    ms.pp = r.pp;
+    ms.ep = r.ep;
+    os << "Ranks (order tp-cp-ep-dp-pp: global rank = tp + " << r.tp << " x (cp + " << r.cp << " x (dp + " << r.dp
+       << " x pp)))\n"
+       << format_rank_table(ms) << "\n";
+  }
+
   os << "Parameters: " << count(r.total_params) << " (" << r.total_params << ") in the model; per rank of each stage "
      << "(every tensor-parallel rank holds the same count; replicated parameters count on each rank)\n";
   std::vector<std::vector<std::string>> rows{{"stage", "chunk", "layers", "embedding", "head", "params/rank", "of which replicated"}};
@@ -301,21 +355,33 @@ std::string format_plan(const PlanReport& r) {
      << (fp32 ? "Adam m+v 8" : "Adam m+v + fp32 master 12") << " B/param"
      << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context)") : "")
      << "; activations in " << dtype_name(r.activation_dtype) << " for the micro-batches in flight)\n";
-  rows = {{"stage", "in flight", "weights", "grads", "optimizer", "act none", "act full", "logits", "total none",
-           "total full"}};
+  rows = {{"stage", "in flight", "weights", "grads", "optimizer", "logits"}};
+  for (const char* what : {"act ", "total "})
+    for (RecomputePolicy::Mode m : kRecomputeModes)
+      rows[0].push_back(str_cat(what, recompute_mode_name(m), r.recompute == recompute_mode_name(m) ? "*" : ""));
   for (const PlanStage& st : r.stages) {
     std::string flight;
-    for (const PlanChunk& ch : st.chunks) flight += (flight.empty() ? "" : "+") + std::to_string(ch.max_in_flight);
+    for (const PlanChunk& ch : st.chunks) {
+      if (!flight.empty()) flight += '+';
+      flight += std::to_string(ch.max_in_flight);
+    }
     rows.push_back({std::to_string(st.stage), flight, gib(st.weight_bytes), gib(st.grad_bytes), gib(st.optimizer_bytes),
-                    gib(st.activation_none), gib(st.activation_full), gib(st.logits_bytes), gib(st.total_none()),
-                    gib(st.total_full())});
+                    gib(st.logits_bytes)});
+    for (int i = 0; i < kNumRecomputeModes; ++i) rows.back().push_back(gib(st.activation[i]));
+    for (int i = 0; i < kNumRecomputeModes; ++i) rows.back().push_back(gib(st.total(i)));
   }
   os << table(rows);
-  os << "  activations per micro-batch of " << r.micro_batch_size << " x " << r.seq_length / r.cp
-     << " tokens, one decoder layer: " << mib(r.layer_act_none) << " (recompute none), " << mib(r.layer_act_full)
-     << " (full); logits " << mib(r.logits_per_microbatch) << "\n";
-  os << "  (in flight: micro-batches whose activations each chunk keeps at the peak of the schedule; act none / full:\n"
-     << "   recompute none / full; not counted: transient buffers of one forward/backward, communication buffers)\n\n";
+  const RecomputePolicy& fp = r.full_policy;
+  os << "  * training.recompute (" << r.recompute << "); full = "
+     << (fp.block ? str_cat("the first ", fp.num_layers, " layer(s) of each chunk keep only their input")
+                  : str_cat("each group of ", fp.num_layers, " layer(s) keeps only its input"))
+     << " (training.recompute_method / recompute_num_layers)\n"
+     << "  one decoder layer, one micro-batch of " << r.micro_batch_size << " x " << r.seq_length / r.cp
+     << " tokens: " << mib(r.layer_act[0]) << " (none), " << mib(r.layer_act[1]) << " (selective), "
+     << mib(r.layer_act[2]) << " (input only); logits " << mib(r.logits_per_microbatch) << "\n"
+     << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"
+     << "  not counted: transient buffers inside one forward/backward (and the layers being recomputed),\n"
+     << "  communication buffers, allocator fragmentation, the CUDA context\n\n";
 
   os << "FLOPs (6 N + 12 L h s per token, N = " << count(r.flop_params) << " parameters without learned position "
      << "embeddings)\n"

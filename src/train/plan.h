@@ -10,11 +10,13 @@
 //               ranks holding the same parameters), as Megatron's distributed optimizer
 //   activations what TransformerLayer / SelfAttention / MLP / Norm / GPTModel keep per micro-batch
 //               (their Saved structs: activation dtype, fp32 statistics), times the micro-batches in
-//               flight: the peak over the stage's pipeline_schedule() of sum over chunks of
-//               (forwards done - backwards done) x that chunk's bytes; for recompute none and full
-//               (full keeps only each layer's input)
+//               flight: the peak over the stage's pipeline_schedule() of the sum over chunks of
+//               (forwards done - backwards done) x that chunk's bytes. For each recompute mode:
+//               none; selective (drops the attention core output); full (keeps only the input of
+//               each group of training.recompute_num_layers layers, or with recompute_method block
+//               only the input of each of the first recompute_num_layers layers of a chunk)
 //   logits      the last stage keeps (tokens, vocab / tp) logits per micro-batch in flight
-// Not counted: transient buffers inside one forward/backward (gradients of activations, the layer
+// Not counted: transient buffers inside one forward/backward (gradients of activations, the layers
 // being recomputed), communication buffers, the allocator's fragmentation, the CUDA context.
 #pragma once
 
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "model/model_context.h"
 #include "parallel/layer_split.h"
 #include "tensor/tensor.h"
 
@@ -39,19 +42,32 @@ struct PlanParam {
 struct RankParams {
   int64_t total = 0;                // local elements (what the rank stores)
   int64_t replicated = 0;           // of which replicated over tensor-parallel ranks (norms, row-parallel biases, ...)
+  int64_t tied_copies = 0;          // of which copies of another stage's parameter (gpt2's word embeddings on the last stage)
   std::vector<int64_t> per_chunk;   // local elements per model chunk
   std::vector<PlanParam> params;    // every parameter (layer names kept)
 };
 RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stage, int tp_rank);
 
+// Recompute modes the plan reports, in column order.
+inline constexpr int kNumRecomputeModes = 3;
+inline constexpr RecomputePolicy::Mode kRecomputeModes[kNumRecomputeModes] = {
+    RecomputePolicy::Mode::None, RecomputePolicy::Mode::Selective, RecomputePolicy::Mode::Full};
+const char* recompute_mode_name(RecomputePolicy::Mode m);  // "none", "selective", "full"
+
 // Bytes one decoder layer keeps per micro-batch of B sequences of T tokens on one tensor-parallel
-// rank of `tp` (TransformerLayer::Saved; statistics in fp32, fp64 for fp64 activations).
-int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act,
-                               bool full_recompute);
+// rank of `tp` (TransformerLayer::Saved; statistics in fp32, fp64 for fp64 activations): all of it
+// (None), without the attention core output (Selective), or only its input (Full). Under sequence
+// parallelism the residual stream (layer input, norms) holds B*T/tp rows; attention and MLP
+// tensors hold all B*T rows of the rank's heads / ffn slice.
+int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
+                               int64_t T, DType act, RecomputePolicy::Mode mode);
+// Bytes the `num_layers` decoder layers of one model chunk keep per micro-batch under `policy`.
+int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
+                                      int64_t B, int64_t T, DType act, const RecomputePolicy& policy, int num_layers);
 // Bytes GPTModel::MicroState keeps besides the layers: token ids (pre_process); labels, final norm
 // input, output and statistics, and the logits' log-sum-exp (post_process). Logits themselves apart.
-int64_t chunk_extra_activation_bytes(const ModelConfig& m, int64_t B, int64_t T, DType act, bool pre_process,
-                                     bool post_process);
+int64_t chunk_extra_activation_bytes(const ModelConfig& m, int tp, bool sequence_parallel, int64_t B, int64_t T,
+                                     DType act, bool pre_process, bool post_process);
 // Bytes of the logits (B*T, padded_vocab / tp) the output layer keeps per micro-batch.
 int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act);
 
@@ -61,7 +77,7 @@ struct PlanChunk {
   bool pre_process = false, post_process = false;
   int64_t params = 0;                        // on one rank
   int max_in_flight = 0;                     // micro-batches whose activations it holds at once
-  int64_t act_none = 0, act_full = 0;        // bytes per micro-batch (layers + extras, without logits)
+  int64_t act[kNumRecomputeModes] = {};     // bytes per micro-batch per recompute mode (without logits)
   int64_t logits = 0;                        // logits bytes per micro-batch (last chunk of the last stage)
 };
 
@@ -70,10 +86,9 @@ struct PlanStage {
   std::vector<PlanChunk> chunks;
   int64_t params = 0, replicated_params = 0;  // per rank
   int64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-  int64_t activation_none = 0, activation_full = 0;  // peak over the schedule, without logits
-  int64_t logits_bytes = 0;                          // peak logits kept
-  int64_t total_none() const { return weight_bytes + grad_bytes + optimizer_bytes + activation_none + logits_bytes; }
-  int64_t total_full() const { return weight_bytes + grad_bytes + optimizer_bytes + activation_full + logits_bytes; }
+  int64_t activation[kNumRecomputeModes] = {};  // peak over the schedule per recompute mode, without logits
+  int64_t logits_bytes = 0;                      // peak logits kept
+  int64_t total(int mode) const { return weight_bytes + grad_bytes + optimizer_bytes + activation[mode] + logits_bytes; }
 };
 
 struct PlanReport {
@@ -84,6 +99,7 @@ struct PlanReport {
   int seq_length = 0, padded_vocab_size = 0;
   bool sequence_parallel = false, distributed_optimizer = false;
   std::string precision, recompute;
+  RecomputePolicy full_policy;  // what the "full" column assumes (training.recompute_method / _num_layers)
   DType activation_dtype = DType::F32;
   // model
   int64_t total_params = 0;   // the whole model once (a tied table once)
@@ -93,7 +109,7 @@ struct PlanReport {
   double flops_per_iteration = 0, flops_per_rank = 0;
   std::vector<PlanParam> param_table;  // one row per distinct parameter (layers merged), rank 0's slices
   std::vector<PlanStage> stages;
-  int64_t layer_act_none = 0, layer_act_full = 0;  // one decoder layer, one micro-batch, bytes
+  int64_t layer_act[kNumRecomputeModes] = {};  // one decoder layer, one micro-batch, bytes
   int64_t logits_per_microbatch = 0;
   // pipeline
   std::string schedule;  // format_schedule, pp > 1 only

@@ -51,6 +51,16 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
   return ckpt::save_checkpoint(req, *ps.world);
 }
 
+void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store) {
+  for (Param* p : store.params())
+    for (const ParamBox& b : p->boxes) {
+      Tensor dst = p->value.slice(b.local_row_begin, b.shape[0]).view(b.shape);
+      Tensor h = dst.device() == Device::CPU ? dst : Tensor::empty(b.shape, dst.dtype());
+      ckpt::load_tensor(ck, p->spec.name, p->spec.global_shape, b.global_offset, h);
+      if (dst.device() != Device::CPU) dst.copy_from(h);
+    }
+}
+
 void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt) {
   const Tensor& flat = store.flat_values();
   Tensor m = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());

@@ -17,6 +17,9 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                      const std::string& config_yaml);
 
+// Restores only the parameter values (inference, conversion).
+void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store);
+
 // Restores values and moments of every local parameter from `ck` (any layout that saved it).
 void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt);
 

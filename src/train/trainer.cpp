@@ -17,6 +17,7 @@
 #include "runtime/mesh.h"
 #include "runtime/mpi_communicator.h"
 #include "tensor/cpu/counter_rng.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "train/metrics.h"
 #include "train/pipeline_executor.h"
 #include "train/train_checkpoint.h"
@@ -38,6 +39,16 @@ Device resolve_device(const TrainingConfig& t) {
   MT_CHECK(t.device != "cuda", "training.device: cuda: this build has no CUDA implementation of the model's ops yet; "
                                "set training.device: cpu (or auto)");
   return Device::CPU;
+}
+
+RecomputePolicy recompute_policy(const TrainingConfig& t) {
+  RecomputePolicy p;
+  p.mode = t.recompute == "full"        ? RecomputePolicy::Mode::Full
+           : t.recompute == "selective" ? RecomputePolicy::Mode::Selective
+                                        : RecomputePolicy::Mode::None;
+  p.block = t.recompute_method == "block";
+  p.num_layers = t.recompute_num_layers;
+  return p;
 }
 
 // Everything one training run holds.
@@ -100,6 +111,7 @@ void install_stop_signal_handlers() {
 }
 
 TrainResult run_training(const Config& cfg) {
+  ops::cpu::init_cpu_threads();
   Run run(cfg);
   run.world = make_world_communicator();
   run.d = derive_config(cfg, run.world->size());
@@ -117,13 +129,14 @@ TrainResult run_training(const Config& cfg) {
   run.ctx.ps = &ps;
   run.ctx.device = resolve_device(cfg.training);
   run.ctx.dtype = DType::F32;
+  run.ctx.recompute = recompute_policy(cfg.training);
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
   std::vector<const GPTModel*> chunk_ptrs;
   for (int c = 0; c < cfg.parallel.virtual_pipeline; ++c) {
     const LayerRange lr = stage_layers(cfg.model, cfg.parallel, ps.pp_rank, c);
     ModelChunkSpec spec{lr.begin, lr.end, ps.pp_rank == 0 && c == 0,
                         ps.pp_rank == ps.pp_size - 1 && c == cfg.parallel.virtual_pipeline - 1};
-    run.chunks.push_back(std::make_unique<GPTModel>(run.ctx, *run.store, spec, cfg.training.recompute == "full"));
+    run.chunks.push_back(std::make_unique<GPTModel>(run.ctx, *run.store, spec));
     chunk_ptrs.push_back(run.chunks.back().get());
   }
   const bool distributed = cfg.parallel.distributed_optimizer && ps.dp_size > 1;

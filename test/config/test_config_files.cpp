@@ -80,13 +80,22 @@ TEST_CASE("configs: shipped model shapes", "[config]") {
   CHECK(d.head_dim == 128);
   CHECK(c.training.micro_batch_size == 4);
 
-  c = mt::load_config(shipped("quickstart.yaml"));
+  c = mt::load_config(shipped("quickstart-mock.yaml"));
   d = mt::derive_config(c, 1);
   CHECK(c.training.device == "cpu");
   CHECK(c.training.precision == "fp32");
   CHECK(d.num_microbatches == 4);
   CHECK(d.padded_vocab_size == 512);
-  CHECK(c.logging.metrics_file == "runs/quickstart/metrics.jsonl");
+  CHECK(c.logging.metrics_file == "runs/quickstart-mock/metrics.jsonl");
+
+  // The real-text quickstart: GPT-2's tokenizer, the data the quickstart script writes.
+  c = mt::load_config(shipped("quickstart.yaml"));
+  d = mt::derive_config(c, 1);
+  CHECK(c.model.arch == "gpt2");
+  CHECK(d.padded_vocab_size == 50304);
+  CHECK(c.data.tokenizer_type == "gpt2-bpe");
+  REQUIRE(c.data.paths.size() == 1);
+  CHECK(c.data.paths[0].second == "data/quickstart/bible_text_document");
 
   // The CI configs also fit the usual multi-rank test layouts.
   for (const char* name : {"ci/tiny-gpt2.yaml", "ci/tiny-llama.yaml"}) {

@@ -101,6 +101,10 @@ data:
   split: [90, 5, 5]
   cache_dir: /tmp/cache dir
   prefetch: 4
+  tokenizer_type: hf-json
+  vocab_file: tok/encoder.json
+  merge_file: tok/vocab.bpe
+  tokenizer_file: tok/tokenizer.json
 checkpoint:
   dir: runs/x y
   save_interval: 25

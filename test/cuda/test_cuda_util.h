@@ -11,6 +11,9 @@
 // kernel forgot to write stays NaN and fails the check.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -18,8 +21,10 @@
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "catch.h"
+#include "cuda/cuda_context.h"
 #include "cuda/cuda_runtime.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -151,6 +156,31 @@ inline void check_close(const std::string& op, const Tensor& gpu, const Tensor& 
 }
 inline void check_close(const std::string& op, const Tensor& gpu, const Tensor& ref64, DType dt) {
   check_close(op, gpu, ref64, dt, tol(dt));
+}
+
+// ---------------------------------------------------------------- timing
+// Median time of fn over `reps` runs (device events on the ops' stream, after a warm-up run).
+template <typename F>
+double median_ms(F&& fn, int reps) {
+  cudaStream_t s = mt::cuda::current_stream();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, s);
+    fn();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 }  // namespace mt::gpu_test

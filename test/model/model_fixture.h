@@ -35,14 +35,15 @@ struct TinyModel {
   std::unique_ptr<ParamStore> store;
   std::unique_ptr<GPTModel> model;
 
-  TinyModel(const Config& c, bool recompute = false, uint64_t seed = 7) : cfg(c) {
+  TinyModel(const Config& c, RecomputePolicy recompute = {}, uint64_t seed = 7) : cfg(c) {
     d = derive_config(cfg, 1);
     ctx.model = &cfg.model;
     ctx.derived = &d;
     ctx.ps = &ps;
     ctx.dtype = DType::F64;
+    ctx.recompute = recompute;
     store = std::make_unique<ParamStore>(0, 1);
-    model = std::make_unique<GPTModel>(ctx, *store, ModelChunkSpec{0, cfg.model.num_layers, true, true}, recompute);
+    model = std::make_unique<GPTModel>(ctx, *store, ModelChunkSpec{0, cfg.model.num_layers, true, true});
     store->allocate(DType::F64, Device::CPU);
     store->initialize(seed, cfg.model.init_method_std, cfg.model.num_layers);
   }

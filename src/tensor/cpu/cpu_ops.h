@@ -27,6 +27,11 @@ void gemm_cpu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alp
 // notice that it runs inside an OpenMP region, and every OpenMP thread handing its small GEMMs to the
 // one BLAS thread pool at once was measured 15-30x slower (attention on 2 cores). An OpenMP build of
 // OpenBLAS already runs single-threaded inside parallel regions and is left alone.
+// Called once at start-up: all CPU parallelism is OpenMP (GEMMs are split into row blocks), so a
+// pthreads OpenBLAS is pinned to one thread for good; its idle pool otherwise spins against the
+// OpenMP threads (measured: ~60% of a 2-core training step spent spinning).
+void init_cpu_threads();
+
 class SerialBlasScope {
  public:
   explicit SerialBlasScope(bool active);

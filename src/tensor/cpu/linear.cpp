@@ -35,6 +35,10 @@ void gemm_dispatch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint M, blasint N,
 }
 }  // namespace
 
+void init_cpu_threads() {
+  if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+}
+
 SerialBlasScope::SerialBlasScope(bool active) {
   if (!active || openblas_get_parallel() != 1) return;  // 1: the pthreads build
   const int n = openblas_get_num_threads();

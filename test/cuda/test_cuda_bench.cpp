@@ -1,0 +1,111 @@
+// Hidden timings ("[.bench]", run with: mt_test_cuda "[.bench]") of the CUDA ops at training sizes:
+// GEMMs in TFLOP/s, memory-bound kernels in GB/s counting the fewest bytes they must move (each
+// input read once, each output written once). Random inputs (never zeros); medians of 20 runs.
+#include "catch.h"
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include <algorithm>
+#include <cstdio>
+
+#include "test_cuda_util.h"
+
+using namespace mt;
+using namespace mt::gpu_test;
+
+namespace {
+void report(const char* what, double ms, double bytes, double flops = 0) {
+  if (flops > 0)
+    std::printf("BENCH %-52s %8.3f ms  %7.1f TFLOP/s\n", what, ms, flops / ms * 1e-9);
+  else
+    std::printf("BENCH %-52s %8.3f ms  %7.1f GB/s\n", what, ms, bytes / ms * 1e-6);
+}
+// Random device tensor, built from 2^20 random values repeated (fast to make at any size).
+Tensor dev_randn(const Shape& s, DType dt, uint64_t seed, double scale = 1.0) {
+  const int64_t n = shape_numel(s), chunk = std::min<int64_t>(n, int64_t(1) << 20);
+  const Tensor src = to_device(randn64({chunk}, seed, scale), DType::F32);
+  Tensor t = Tensor::empty({n}, dt, Device::CUDA);
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t len = std::min(chunk, n - i);
+    Tensor dst = t.slice(i, len);
+    ops::cast(dst, src.slice(0, len));
+  }
+  return t.view(s);
+}
+}  // namespace
+
+TEST_CASE("cuda op timings", "[.bench][cuda]") {
+  init();
+  const DType bf = DType::BF16, f32 = DType::F32;
+  {  // linear, bf16 operands, fp32 main grads
+    const int64_t N = 8192, IC = 4096, OC = 4096;
+    const Tensor x = dev_randn({N, IC}, bf, 1), w = dev_randn({OC, IC}, bf, 2, 0.02), b = dev_randn({OC}, bf, 3);
+    const Tensor g = dev_randn({N, OC}, bf, 4);
+    Tensor y = Tensor::empty({N, OC}, bf, Device::CUDA), dx = Tensor::empty({N, IC}, bf, Device::CUDA);
+    Tensor dw = dev_randn({OC, IC}, f32, 5), db = dev_randn({OC}, f32, 6);
+    const double fl = 2.0 * N * IC * OC;
+    report("linear_forward bf16 8192x4096x4096 +bias", median_ms([&] { ops::linear_forward(y, x, w, &b); }, 20), 0, fl);
+    report("linear_backward dinp", median_ms([&] { ops::linear_backward(&dx, nullptr, nullptr, g, x, w); }, 20), 0, fl);
+    report("linear_backward dweight(fp32 +=)",
+           median_ms([&] { ops::linear_backward(nullptr, &dw, nullptr, g, x, w); }, 20), 0, fl);
+    report("linear_backward dbias(fp32 +=)",
+           median_ms([&] { ops::linear_backward(nullptr, nullptr, &db, g, x, w); }, 20), 2.0 * N * OC);
+  }
+  {  // norms
+    const int64_t N = 16384, C = 4096;
+    const Tensor x = dev_randn({N, C}, bf, 7), w = dev_randn({C}, bf, 8), b = dev_randn({C}, bf, 9);
+    const Tensor g = dev_randn({N, C}, bf, 10);
+    Tensor y = Tensor::empty({N, C}, bf, Device::CUDA), dx = Tensor::empty({N, C}, bf, Device::CUDA);
+    Tensor mean = Tensor::empty({N}, f32, Device::CUDA), rstd = Tensor::empty({N}, f32, Device::CUDA);
+    Tensor dw = dev_randn({C}, f32, 11), db = dev_randn({C}, f32, 12);
+    const double io = 2.0 * N * C;  // one bf16 (N, C) tensor
+    report("rmsnorm_forward bf16 16384x4096", median_ms([&] { ops::rmsnorm_forward(y, rstd, x, w, 1e-5); }, 20),
+           2 * io);
+    report("rmsnorm_backward", median_ms([&] { ops::rmsnorm_backward(dx, dw, g, x, w, rstd); }, 20), 3 * io);
+    report("layernorm_forward", median_ms([&] { ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5); }, 20), 2 * io);
+    report("layernorm_backward", median_ms([&] { ops::layernorm_backward(dx, dw, db, g, x, w, mean, rstd); }, 20),
+           3 * io);
+    report("add_ bf16", median_ms([&] { ops::add_(y, g); }, 20), 3 * io);
+    report("gelu_forward bf16", median_ms([&] { ops::gelu_forward(y, x); }, 20), 2 * io);
+    const Tensor h = dev_randn({N, C}, bf, 13), gh = dev_randn({N, C / 2}, bf, 14);
+    Tensor sw = Tensor::empty({N, C / 2}, bf, Device::CUDA);
+    report("swiglu_forward bf16 16384x(2x2048)", median_ms([&] { ops::swiglu_forward(sw, h); }, 20), 1.5 * io);
+    report("swiglu_backward", median_ms([&] { ops::swiglu_backward(dx, gh, h); }, 20), 2.5 * io);
+  }
+  {  // cross-entropy over a GPT-2 sized vocabulary
+    const int64_t N = 8192, V = 50304;
+    const Tensor z = dev_randn({N, V}, bf, 14, 3.0), t = to_device(randint32({N}, 15, 0, 50256), DType::I32);
+    Tensor mx = Tensor::empty({N}, f32, Device::CUDA), se = Tensor::empty({N}, f32, Device::CUDA),
+           tl = Tensor::empty({N}, f32, Device::CUDA), dz = Tensor::empty({N, V}, bf, Device::CUDA);
+    const Tensor lse = dev_randn({N}, f32, 16), dl = dev_randn({N}, f32, 17);
+    report("cross_entropy_stats bf16 8192x50304",
+           median_ms([&] { ops::cross_entropy_stats(mx, se, tl, z, t, 0, 50257); }, 20), 2.0 * N * V);
+    report("cross_entropy_backward", median_ms([&] { ops::cross_entropy_backward(dz, z, t, lse, dl, 0, 50257); }, 20),
+           4.0 * N * V);
+  }
+  {  // embedding
+    const int64_t N = 16384, V = 50304, C = 4096;
+    const Tensor t = to_device(randint32({N}, 18, 0, 50256), DType::I32), table = dev_randn({V, C}, bf, 19);
+    const Tensor g = dev_randn({N, C}, bf, 20);
+    Tensor out = Tensor::empty({N, C}, bf, Device::CUDA), dtab = dev_randn({V, C}, f32, 21);
+    report("embedding_forward bf16 16384x4096", median_ms([&] { ops::embedding_forward(out, t, table, 0); }, 20),
+           4.0 * N * C);
+    report("embedding_backward (fp32 +=)", median_ms([&] { ops::embedding_backward(dtab, g, t, 0); }, 20),
+           2.0 * N * C + 8.0 * N * C);
+  }
+  {  // rope, qkv split, dropout, adamw, sum_squares
+    const int64_t B = 4, T = 2048, H = 32, D = 128, n = B * T * H * D;
+    Tensor x = dev_randn({B, T, H, D}, bf, 22);
+    report("rope_forward bf16 4x2048x32x128", median_ms([&] { ops::rope_forward(x, 10000.0, 0); }, 20), 4.0 * n);
+    Tensor y = Tensor::empty({B, T, H, D}, bf, Device::CUDA);
+    report("dropout_forward bf16", median_ms([&] { ops::dropout_forward(y, x, 0.1, 1, 0); }, 20), 4.0 * n);
+    const int64_t P = 100000000;
+    Tensor p = dev_randn({P}, f32, 23, 0.02), m = dev_randn({P}, f32, 24, 1e-3), v = dev_randn({P}, f32, 25, 1e-3);
+    ops::AdamWArgs a;
+    a.lr = 1e-4;
+    ops::fill_(v, 1e-6);  // second moments must be nonnegative
+    const Tensor grad = dev_randn({P}, f32, 26);
+    report("adamw_step fp32 1e8", median_ms([&] { ops::adamw_step(p, m, v, grad, a); }, 20), 28.0 * P);
+    report("sum_squares fp32 1e8 (incl. sync)", median_ms([&] { (void)ops::sum_squares(grad); }, 20), 4.0 * P);
+  }
+}
+#endif

@@ -1,0 +1,265 @@
+// `megatrain plan` estimates: parameter counts per rank add up to the single-rank model, the
+// activation bytes per layer equal what a real forward keeps, the distributed optimizer divides
+// optimizer state over data-parallel ranks, the schedule gives the micro-batches in flight, and
+// the plan of configs/llama-3b.yaml on 8 ranks (TP2 PP2 DP2) is printed.
+#include <memory>
+#include <random>
+
+#include "config/config_loader.h"
+#include "core/check.h"
+#include "model/gpt_model.h"
+#include "test/catch.h"
+#include "train/plan.h"
+
+using namespace mt;
+
+namespace {
+
+// If one of these fails, a layer keeps a new tensor per micro-batch: count it in plan.cpp's
+// layer_activation_bytes / chunk_extra_activation_bytes and in saved_bytes() below.
+static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
+static_assert(sizeof(SelfAttention::Saved) == 5 * sizeof(Tensor));
+static_assert(sizeof(MLP::Saved) == 2 * sizeof(Tensor));
+static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
+static_assert(sizeof(TransformerLayer::Saved) == 15 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
+
+Config tiny(const std::string& arch, int layers = 4) {
+  Config c;
+  c.model.arch = arch;
+  c.model.num_layers = layers;
+  c.model.hidden_size = 32;
+  c.model.num_attention_heads = 4;
+  c.model.num_query_groups = arch == "llama" ? 2 : 0;
+  c.model.ffn_hidden_size = arch == "llama" ? 48 : 0;
+  c.model.vocab_size = 61;
+  c.model.make_vocab_size_divisible_by = 8;
+  c.model.seq_length = 8;
+  c.training.micro_batch_size = 2;
+  c.training.global_batch_size = 8;
+  c.training.train_iters = 1;
+  return c;
+}
+
+int64_t nb(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+int64_t saved_bytes(const Norm::Saved& s) { return nb(s.mean) + nb(s.rstd); }
+int64_t saved_bytes(const TransformerLayer::Saved& s) {
+  return nb(s.x_in) + nb(s.x_mid) + nb(s.ln1_out) + nb(s.ln2_out) + saved_bytes(s.n1) + saved_bytes(s.n2) +
+         nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.mlp.h) + nb(s.mlp.a);
+}
+
+// A whole model on one rank, CPU, in `dtype`, initialized: the real thing the estimate models.
+struct RealModel {
+  Config cfg;
+  DerivedConfig d;
+  ParallelState ps;
+  ModelContext ctx;
+  std::unique_ptr<ParamStore> store;
+  std::unique_ptr<GPTModel> model;
+  RealModel(const Config& c, DType dtype, const RecomputePolicy& recompute) : cfg(c) {
+    d = derive_config(cfg, 1);
+    ctx.model = &cfg.model;
+    ctx.derived = &d;
+    ctx.ps = &ps;
+    ctx.dtype = dtype;
+    ctx.recompute = recompute;
+    store = std::make_unique<ParamStore>(0, 1);
+    model = std::make_unique<GPTModel>(ctx, *store, ModelChunkSpec{0, cfg.model.num_layers, true, true});
+    store->allocate(dtype, Device::CPU);
+    store->initialize(5, 0.02, cfg.model.num_layers);
+  }
+  void forward(GPTModel::MicroState& st, int64_t B, int64_t T) {
+    std::mt19937 g(3);
+    std::vector<int32_t> tokens(B * T), labels(B * T);
+    for (auto& t : tokens) t = static_cast<int32_t>(g() % cfg.model.vocab_size);
+    for (auto& t : labels) t = static_cast<int32_t>(g() % cfg.model.vocab_size);
+    double loss = 0;
+    model->forward(st, tokens.data(), labels.data(), B, T, Tensor(), StepContext{}, &loss);
+  }
+};
+
+}  // namespace
+
+RecomputePolicy policy(RecomputePolicy::Mode mode, bool block = false, int num_layers = 1) {
+  RecomputePolicy p;
+  p.mode = mode;
+  p.block = block;
+  p.num_layers = num_layers;
+  return p;
+}
+
+TEST_CASE("plan: activation bytes per layer equal what a real forward keeps", "[plan]") {
+  using Mode = RecomputePolicy::Mode;
+  const RecomputePolicy policies[] = {policy(Mode::None),          policy(Mode::Selective),
+                                      policy(Mode::Full),          policy(Mode::Full, false, 3),
+                                      policy(Mode::Full, true, 1), policy(Mode::Full, true, 6)};
+  for (const std::string arch : {"llama", "gpt2"})
+    for (DType dtype : {DType::F32, DType::F64})
+      for (const RecomputePolicy& rp : policies) {
+        INFO(arch << " " << dtype_name(dtype) << " recompute " << recompute_mode_name(rp.mode)
+                  << (rp.block ? " block " : " uniform ") << rp.num_layers);
+        RealModel m(tiny(arch), dtype, rp);
+        const int64_t B = 3, T = 8;
+        GPTModel::MicroState st;
+        m.forward(st, B, T);
+        REQUIRE(st.layers.size() == 4);
+        int64_t layers = 0;
+        for (const auto& layer : st.layers) {
+          layers += saved_bytes(layer);
+          if (rp.mode != Mode::Full)  // every layer keeps the same
+            CHECK(saved_bytes(layer) == layer_activation_bytes(m.cfg.model, m.d, 1, false, B, T, dtype, rp.mode));
+        }
+        CHECK(layers == chunk_layers_activation_bytes(m.cfg.model, m.d, 1, false, B, T, dtype, rp, 4));
+        // Outside the layers: tokens, labels, final norm in/out/statistics, loss lse; then the logits.
+        const int64_t extra = nb(st.tokens) + nb(st.labels) + nb(st.final_in) + nb(st.final_out) +
+                              saved_bytes(st.final_norm) + nb(st.head.lse);
+        CHECK(extra == chunk_extra_activation_bytes(m.cfg.model, 1, false, B, T, dtype, true, true));
+        CHECK(nb(st.head.logits) == logits_bytes(m.d, 1, B, T, dtype));
+      }
+  // full recompute keeps exactly the layer inputs: one (B*T, C) tensor per kept input
+  const Config c = tiny("llama");
+  const DerivedConfig d = derive_config(c, 1);
+  const int64_t input = 3 * 8 * 32 * 4;
+  CHECK(layer_activation_bytes(c.model, d, 1, false, 3, 8, DType::F32, Mode::Full) == input);
+  CHECK(chunk_layers_activation_bytes(c.model, d, 1, false, 3, 8, DType::F32, policy(Mode::Full, false, 3), 4) == 2 * input);
+  CHECK(chunk_extra_activation_bytes(c.model, 1, false, 3, 8, DType::F32, false, false) == 0);
+}
+
+TEST_CASE("plan: parameters per rank sum over the model-parallel group to the single-rank count", "[plan]") {
+  // Split parameters add up exactly over tensor ranks and stages; replicated ones (norms,
+  // row-parallel biases, position embeddings) are held, and counted, once on every tensor rank;
+  // gpt2's last stage holds a copy of the tied word embeddings (counted on that rank too).
+  struct Layout {
+    std::string arch;
+    int tp, pp, vp;
+  };
+  for (const Layout& l : {Layout{"llama", 2, 2, 1}, Layout{"llama", 2, 2, 2}, Layout{"llama", 1, 4, 1},
+                          Layout{"gpt2", 2, 2, 1}, Layout{"gpt2", 4, 1, 1}, Layout{"gpt2", 1, 2, 2}}) {
+    INFO(l.arch << " tp " << l.tp << " pp " << l.pp << " vp " << l.vp);
+    const Config one = tiny(l.arch);
+    const DerivedConfig d1 = derive_config(one, 1);
+    const int64_t single = count_rank_params(one, d1, 0, 0).total;
+    Config cfg = tiny(l.arch);
+    cfg.parallel.tensor = l.tp;
+    cfg.parallel.pipeline = l.pp;
+    cfg.parallel.virtual_pipeline = l.vp;
+    cfg.model.make_vocab_size_divisible_by = 8 / l.tp;  // same padded vocabulary as the single rank
+    const DerivedConfig d = derive_config(cfg, l.tp * l.pp);
+    REQUIRE(d.padded_vocab_size == d1.padded_vocab_size);
+    int64_t split = 0, replicated = 0, copies = 0;
+    for (int s = 0; s < l.pp; ++s) {
+      const RankParams r0 = count_rank_params(cfg, d, s, 0);
+      for (int r = 0; r < l.tp; ++r) {
+        const RankParams rp = count_rank_params(cfg, d, s, r);
+        CHECK(rp.total == r0.total);  // every tensor rank holds the same count
+        CHECK(rp.replicated == r0.replicated);
+        split += rp.total - rp.replicated - rp.tied_copies;
+      }
+      replicated += r0.replicated;
+      copies += r0.tied_copies;
+      int64_t chunks = 0;
+      for (int64_t n : r0.per_chunk) chunks += n;
+      CHECK(chunks == r0.total);
+    }
+    CHECK(split + replicated == single);
+    CHECK(copies == (l.arch == "gpt2" && l.pp > 1 ? d.padded_vocab_size / l.tp * one.model.hidden_size : 0));
+    // make_plan counts the same per stage, and the whole model once
+    const PlanReport plan = make_plan(cfg, l.tp * l.pp);
+    CHECK(plan.total_params == single);
+    for (int s = 0; s < l.pp; ++s) CHECK(plan.stages[s].params == count_rank_params(cfg, d, s, 0).total);
+  }
+}
+
+TEST_CASE("plan: memory per rank, distributed optimizer divides optimizer state over data parallel", "[plan]") {
+  Config cfg = tiny("llama");
+  cfg.training.precision = "bf16";
+  const PlanReport plain = make_plan(cfg, 4);  // data parallel 4
+  cfg.parallel.distributed_optimizer = true;
+  const PlanReport dist = make_plan(cfg, 4);
+  REQUIRE(plain.dp == 4);
+  const PlanStage &a = plain.stages[0], &b = dist.stages[0];
+  CHECK(a.weight_bytes == a.params * 2);  // bf16 compute copy
+  CHECK(a.grad_bytes == a.params * 4);    // fp32 main gradients
+  CHECK(a.optimizer_bytes == a.params * 12);  // Adam m, v and the fp32 master
+  CHECK(b.weight_bytes == a.weight_bytes);
+  CHECK(b.grad_bytes == a.grad_bytes);
+  CHECK(b.optimizer_bytes == (a.params + 3) / 4 * 12);
+  CHECK(b.activation[0] == a.activation[0]);
+
+  cfg.training.precision = "fp32";
+  cfg.parallel.distributed_optimizer = false;
+  const PlanReport f32 = make_plan(cfg, 1);
+  CHECK(f32.stages[0].weight_bytes == f32.stages[0].params * 4);
+  CHECK(f32.stages[0].optimizer_bytes == f32.stages[0].params * 8);
+  // single stage: one micro-batch in flight; full recompute keeps only the layer inputs
+  const PlanStage& s = f32.stages[0];
+  CHECK(s.chunks[0].max_in_flight == 1);
+  const int64_t B = 2, T = 8;
+  const DerivedConfig d = derive_config(cfg, 1);
+  const int64_t extra = chunk_extra_activation_bytes(cfg.model, 1, false, B, T, DType::F32, true, true);
+  for (int i = 0; i < kNumRecomputeModes; ++i) {
+    CHECK(s.activation[i] ==
+          4 * layer_activation_bytes(cfg.model, d, 1, false, B, T, DType::F32, kRecomputeModes[i]) + extra);
+    CHECK(s.total(i) == s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.activation[i] + s.logits_bytes);
+  }
+  CHECK(s.activation[2] == 4 * B * T * 32 * 4 + extra);  // full: the 4 layer inputs
+  CHECK(s.logits_bytes == logits_bytes(d, 1, B, T, DType::F32));
+}
+
+TEST_CASE("plan: micro-batches in flight follow the pipeline schedule", "[plan]") {
+  Config cfg = tiny("llama", 8);
+  cfg.parallel.pipeline = 4;
+  cfg.training.global_batch_size = 16;  // 8 micro-batches of 2
+  const PlanReport r = make_plan(cfg, 4);
+  REQUIRE(r.num_microbatches == 8);
+  for (int s = 0; s < 4; ++s) CHECK(r.stages[s].chunks[0].max_in_flight == 4 - s);  // 1F1B: warm-up + 1
+  CHECK(r.stages[0].activation[0] == 4 * r.stages[0].chunks[0].act[0]);
+  CHECK(r.stages[3].logits_bytes == r.stages[3].chunks[0].logits);
+  CHECK(r.bubble_fraction == Approx(3.0 / 11.0));
+  CHECK(r.schedule.find("stage 3: F0.0 B0.0 F1.0 B1.0") != std::string::npos);
+  // interleaved: chunk peaks are taken from the list, the stage peak is the largest sum at one time
+  cfg.parallel.virtual_pipeline = 2;
+  const PlanReport v = make_plan(cfg, 4);
+  for (const PlanStage& st : v.stages) {
+    int64_t upper = 0;
+    for (const PlanChunk& ch : st.chunks) {
+      CHECK(ch.max_in_flight >= 1);
+      upper += ch.max_in_flight * ch.act[0];
+    }
+    CHECK(st.activation[0] <= upper);
+    CHECK(st.activation[0] >= st.chunks[0].act[0]);
+  }
+}
+
+TEST_CASE("plan: an impossible layout is refused before anything is built", "[plan]") {
+  Config cfg = tiny("llama");
+  cfg.parallel.tensor = 2;
+  std::string msg;
+  try {
+    make_plan(cfg, 3);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("world size 3 is not divisible by parallel.tensor (2)") != std::string::npos);
+}
+
+TEST_CASE("plan: configs/llama-3b.yaml on 8 ranks, tensor 2 x pipeline 2 x data 2", "[plan]") {
+  const Config cfg = load_config(std::string(MT_SOURCE_DIR) + "/configs/llama-3b.yaml",
+                                 {"parallel.tensor=2", "parallel.pipeline=2"});
+  const PlanReport r = make_plan(cfg, 8);
+  CHECK(r.dp == 2);
+  CHECK(r.num_microbatches == 32);
+  REQUIRE(r.stages.size() == 2);
+  // 3.02 B parameters; each rank holds a quarter of the split ones
+  CHECK(r.total_params == 3015355392);
+  const int64_t per_rank_sum = r.stages[0].params + r.stages[1].params;
+  CHECK(per_rank_sum * 2 - r.stages[0].replicated_params - r.stages[1].replicated_params == r.total_params);
+  CHECK(r.stages[0].chunks[0].max_in_flight == 2);
+  CHECK(r.stages[1].chunks[0].max_in_flight == 1);
+  CHECK(r.stages[1].logits_bytes == int64_t{4} * 2048 * 16000 * 2);
+  CHECK(r.flops_per_token == 6 * r.flop_params + int64_t{12} * 28 * 3072 * 2048);
+  const std::string text = format_plan(r);
+  for (const char* part : {"tensor 2 x pipeline 2 (virtual 1) x context 1 x data 2 = 8 ranks", "Memory per rank",
+                           "Tensor-parallel slices", "[5120, 3072]", "[2560, 3072]", "FLOPs", "bubble fraction 3.0%",
+                           "stage 1: F0.0 B0.0"})
+    CHECK(text.find(part) != std::string::npos);
+}
