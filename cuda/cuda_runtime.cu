@@ -109,6 +109,8 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
   MT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
 }
 
+void zero(void* dst, size_t bytes) { MT_CUDA_CHECK(cudaMemset(dst, 0, bytes)); }
+
 }  // namespace
 
 int device_count(std::string* why) {
@@ -150,6 +152,7 @@ void initialize(int device) {
   if (!g_allocator) g_allocator = new CachingAllocator();  // lives for the process
   set_allocator(Device::CUDA, g_allocator);
   set_device_copy(copy);
+  set_device_zero(zero);
 }
 
 AllocatorStats allocator_stats() { return g_allocator ? g_allocator->stats() : AllocatorStats{}; }

@@ -80,8 +80,10 @@ Param* ParamStore::add(const ParamSpec& spec) {
 
 void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple) {
   const int64_t padded = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+  const bool low_precision = dtype == DType::BF16 || dtype == DType::F16;
   flat_values_ = Tensor::zeros({padded}, dtype, device);
-  flat_grads_ = Tensor::zeros({padded}, dtype, device);
+  flat_grads_ = Tensor::zeros({padded}, low_precision ? DType::F32 : dtype, device);
+  if (low_precision) flat_master_ = Tensor::zeros({padded}, DType::F32, device);
   for (auto& p : params_) {
     int64_t n = shape_numel(p->local_shape);
     p->value = flat_values_.slice(static_cast<int64_t>(p->flat_offset), n).view(p->local_shape);
@@ -112,16 +114,28 @@ void ParamStore::initialize(uint64_t seed, double std, int num_layers) {
         }
       }
     }
-    if (p->value.dtype() == DType::F64 && p->value.device() == Device::CPU) {
-      p->value.copy_from(host);
-    } else if (p->value.device() == Device::CPU) {
-      ops::cast(p->value, host);
+    Tensor dst = master(*p);
+    if (dst.dtype() == DType::F64 && dst.device() == Device::CPU) {
+      dst.copy_from(host);
+    } else if (dst.device() == Device::CPU) {
+      ops::cast(dst, host);
     } else {
-      Tensor tmp = Tensor::empty(p->local_shape, p->value.dtype());
+      Tensor tmp = Tensor::empty(p->local_shape, dst.dtype());
       ops::cast(tmp, host);
-      p->value.copy_from(tmp);
+      dst.copy_from(tmp);
     }
   }
+  if (has_separate_master()) sync_values_from_master(0, flat_values_.numel());
+}
+
+Tensor ParamStore::master(const Param& p) {
+  return flat_master().slice(static_cast<int64_t>(p.flat_offset), shape_numel(p.local_shape)).view(p.local_shape);
+}
+
+void ParamStore::sync_values_from_master(int64_t begin, int64_t n) {
+  if (!has_separate_master() || n == 0) return;
+  Tensor v = flat_values_.slice(begin, n);
+  ops::cast(v, flat_master_.slice(begin, n));
 }
 
 void ParamStore::zero_grads() { flat_grads_.zero_(); }

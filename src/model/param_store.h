@@ -4,8 +4,10 @@
 // the optimizer and checkpoint save/load/reshard: one source of truth.
 //
 // All local parameter values live in one flat allocation and all gradients in another (each
-// Param's value/grad are views), so the optimizer, the gradient norm and (later) the data-parallel
-// gradient buckets work on contiguous memory.
+// Param's value/grad are views), so the optimizer, the gradient norm and the data-parallel gradient
+// buckets work on contiguous memory. Mixed precision (Megatron style): with bf16/fp16 values the
+// gradients are fp32 ("main grads") and a third flat buffer holds the fp32 master weights the
+// optimizer updates; with fp32/fp64 values the values are the master weights.
 #pragma once
 
 #include <cstdint>
@@ -62,10 +64,11 @@ class ParamStore {
   ParamStore(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {}
   // Registers a parameter; the returned pointer stays valid. Names must be unique.
   Param* add(const ParamSpec& spec);
-  // Allocates the flat value/grad buffers and points every Param at its views. The buffers are
-  // padded with zeros to a multiple of pad_multiple (the distributed optimizer's DP shards).
+  // Allocates the flat value/grad(/master) buffers and points every Param at its views. The buffers
+  // are padded with zeros to a multiple of pad_multiple (the distributed optimizer's DP shards).
   void allocate(DType dtype, Device device, int64_t pad_multiple = 1);
-  // Seeded initialization: element e of the GLOBAL tensor gets normal01(seed, hash(name), e) * std,
+  // Seeded initialization (of the master weights, then cast to the values): element e of the
+  // GLOBAL tensor gets normal01(seed, hash(name), e) * std,
   // so every parallel layout starts from identical weights. ScaledNormal uses
   // std / sqrt(2 * num_layers) (output projections, Megatron's scaled init).
   void initialize(uint64_t seed, double std, int num_layers);
@@ -77,6 +80,13 @@ class ParamStore {
   int64_t padded_numel() const { return flat_values_.numel(); }
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
+  // The fp32 master weights (the values themselves unless the values are bf16/fp16).
+  Tensor& flat_master() { return flat_master_.defined() ? flat_master_ : flat_values_; }
+  bool has_separate_master() const { return flat_master_.defined(); }
+  // The master weights of one parameter (a view).
+  Tensor master(const Param& p);
+  // values = master (cast) over the element range [begin, begin + n) of the flat buffers.
+  void sync_values_from_master(int64_t begin, int64_t n);
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
 
@@ -84,7 +94,7 @@ class ParamStore {
   int tp_rank_, tp_size_;
   std::vector<std::unique_ptr<Param>> params_;
   int64_t total_ = 0;
-  Tensor flat_values_, flat_grads_;
+  Tensor flat_values_, flat_grads_, flat_master_;
 };
 
 // The boxes of `spec` held by tensor-parallel rank `tp_rank` of `tp_size`, and its local shape.

@@ -20,13 +20,29 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, ShardR
 double global_grad_norm(const ParamStore& store, const ParallelState& ps, ShardRange shard, bool sharded) {
   double total = 0;
   Tensor flat = const_cast<ParamStore&>(store).flat_grads();
+  // Adjacent segments that all count are summed in one reduction (one device sync, not one per
+  // parameter); the padding past the last parameter holds zeros.
+  int64_t run_begin = -1, run_end = -1;
+  auto flush = [&] {
+    if (run_begin >= 0) total += ops::sum_squares(flat.slice(run_begin, run_end - run_begin));
+    run_begin = run_end = -1;
+  };
   for (const OptimizerSegment& s : optimizer_segments(store, shard)) {
     const ParamSpec& spec = s.param->spec;
-    if (spec.tied_copy) continue;
     const bool split = spec.partition_dim >= 0 && ps.tp_size > 1;
-    if (!split && ps.tp_rank != 0) continue;
-    total += ops::sum_squares(flat.slice(s.flat_begin, s.length));
+    if (spec.tied_copy || (!split && ps.tp_rank != 0)) {
+      flush();
+      continue;
+    }
+    if (run_begin >= 0 && run_end == s.flat_begin) {
+      run_end += s.length;
+    } else {
+      flush();
+      run_begin = s.flat_begin;
+      run_end = s.flat_begin + s.length;
+    }
   }
+  flush();
   if (ps.tp_size > 1) total = ps.tp->all_reduce_scalar(total, ReduceOp::Sum);
   if (ps.pp_size > 1) total = ps.pp->all_reduce_scalar(total, ReduceOp::Sum);
   if (sharded && ps.dp_size > 1) total = ps.dp->all_reduce_scalar(total, ReduceOp::Sum);
@@ -37,7 +53,7 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState&
     : store_(&store), cfg_(cfg), ps_(&ps), distributed_(distributed && ps.dp_size > 1) {
   shard_ = optimizer_shard(store, ps, distributed_);
   segments_ = optimizer_segments(store, shard_);
-  const Tensor& flat = store.flat_values();
+  const Tensor& flat = store.flat_master();
   m_ = Tensor::zeros({shard_.end - shard_.begin}, flat.dtype(), flat.device());
   v_ = Tensor::zeros({shard_.end - shard_.begin}, flat.dtype(), flat.device());
   for (Param* p : store.params()) {
@@ -52,22 +68,32 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState&
 
 void AdamW::step(double lr, double grad_scale) {
   ++step_;
-  Tensor& values = store_->flat_values();
+  Tensor& master = store_->flat_master();
   Tensor& grads = store_->flat_grads();
-  for (const OptimizerSegment& s : segments_) {
+  // One update per run of adjacent segments with the same weight decay (few launches on a GPU).
+  for (size_t i = 0; i < segments_.size();) {
+    const bool decay = segments_[i].param->weight_decay;
+    const int64_t begin = segments_[i].flat_begin;
+    int64_t end = begin + segments_[i].length;
+    size_t j = i + 1;
+    for (; j < segments_.size() && segments_[j].param->weight_decay == decay && segments_[j].flat_begin == end; ++j)
+      end += segments_[j].length;
     ops::AdamWArgs a;
     a.lr = lr;
     a.beta1 = cfg_.adam_beta1;
     a.beta2 = cfg_.adam_beta2;
     a.eps = cfg_.adam_eps;
-    a.weight_decay = s.param->weight_decay ? cfg_.weight_decay : 0.0;
+    a.weight_decay = decay ? cfg_.weight_decay : 0.0;
     a.step = step_;
     a.grad_scale = grad_scale;
-    Tensor p = values.slice(s.flat_begin, s.length);
-    Tensor m = m_.slice(s.flat_begin - shard_.begin, s.length);
-    Tensor v = v_.slice(s.flat_begin - shard_.begin, s.length);
-    ops::adamw_step(p, m, v, grads.slice(s.flat_begin, s.length), a);
+    Tensor p = master.slice(begin, end - begin);
+    Tensor m = m_.slice(begin - shard_.begin, end - begin);
+    Tensor v = v_.slice(begin - shard_.begin, end - begin);
+    ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a);
+    i = j;
   }
+  store_->sync_values_from_master(shard_.begin, shard_.end - shard_.begin);
+  Tensor& values = store_->flat_values();
   if (distributed_) {
     // Every DP rank updated its shard of the parameters: gather them all.
     Tensor mine = values.slice(shard_.begin, shard_.end - shard_.begin).clone();

@@ -74,11 +74,13 @@ void default_copy(void* dst, Device dst_dev, const void* src, Device src_dev, si
   std::memcpy(dst, src, bytes);
 }
 DeviceCopyFn g_copy = default_copy;
+DeviceZeroFn g_zero = nullptr;
 }  // namespace
 
 Allocator* allocator_for(Device d) { return g_allocators[static_cast<int>(d)]; }
 void set_allocator(Device d, Allocator* a) { g_allocators[static_cast<int>(d)] = a; }
 void set_device_copy(DeviceCopyFn fn) { g_copy = fn; }
+void set_device_zero(DeviceZeroFn fn) { g_zero = fn; }
 
 Storage::~Storage() {
   if (owner && data) owner->deallocate(data, bytes);
@@ -166,8 +168,9 @@ Tensor& Tensor::zero_() {
   if (device() == Device::Meta || numel() == 0) return *this;
   if (device() == Device::CPU) {
     std::memset(raw(), 0, nbytes());
+  } else if (g_zero) {
+    g_zero(raw(), nbytes());
   } else {
-    // Other devices: copy from a zeroed host buffer through the backend (rare; ops zero on device).
     std::vector<char> z(nbytes(), 0);
     g_copy(raw(), device(), z.data(), Device::CPU, nbytes());
   }

@@ -85,5 +85,8 @@ class Tensor {
 // Copy between any two devices (CPU <-> CUDA through the backend hook).
 using DeviceCopyFn = void (*)(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void set_device_copy(DeviceCopyFn fn);
+// Zeroes device memory (the CUDA backend installs a memset on its stream).
+using DeviceZeroFn = void (*)(void* dst, size_t bytes);
+void set_device_zero(DeviceZeroFn fn);
 
 }  // namespace mt

@@ -35,7 +35,7 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank.
     const bool owner = ps.dp_rank == 0 && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
-    const Tensor sources[3] = {p->value, param_view(m, *p), param_view(v, *p)};
+    const Tensor sources[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes) {
         ckpt::ShardTensor st;
@@ -54,19 +54,20 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
 void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store) {
   for (Param* p : store.params())
     for (const ParamBox& b : p->boxes) {
-      Tensor dst = p->value.slice(b.local_row_begin, b.shape[0]).view(b.shape);
+      Tensor dst = store.master(*p).slice(b.local_row_begin, b.shape[0]).view(b.shape);
       Tensor h = dst.device() == Device::CPU ? dst : Tensor::empty(b.shape, dst.dtype());
       ckpt::load_tensor(ck, p->spec.name, p->spec.global_shape, b.global_offset, h);
       if (dst.device() != Device::CPU) dst.copy_from(h);
     }
+  store.sync_values_from_master(0, store.padded_numel());
 }
 
 void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt) {
-  const Tensor& flat = store.flat_values();
+  const Tensor& flat = store.flat_master();
   Tensor m = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
   Tensor v = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
   for (Param* p : store.params()) {
-    const Tensor targets[3] = {p->value, param_view(m, *p), param_view(v, *p)};
+    const Tensor targets[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes) {
         Tensor dst = targets[k].slice(b.local_row_begin, b.shape[0]).view(b.shape);
@@ -81,6 +82,7 @@ void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& stor
     }
   }
   opt.set_full_moments(m, v);
+  store.sync_values_from_master(0, store.padded_numel());
 }
 
 }  // namespace mt

@@ -1,11 +1,15 @@
 #include "train/trainer.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 
 #include "checkpoint/checkpoint.h"
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_runtime.h"
+#endif
 #include "config/config_loader.h"
 #include "core/log.h"
 #include "data/dataset.h"
@@ -34,11 +38,48 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-Device resolve_device(const TrainingConfig& t) {
-  // The CUDA backend's ops arrive with the CUDA issue; until then "auto" means the CPU.
-  MT_CHECK(t.device != "cuda", "training.device: cuda: this build has no CUDA implementation of the model's ops yet; "
-                               "set training.device: cpu (or auto)");
+// The GPU of this process: the local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) modulo the
+// visible devices.
+int local_rank(int world_rank) {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return world_rank;
+}
+
+// training.device: auto = a GPU when this build has the CUDA backend and one is visible.
+Device resolve_device(const TrainingConfig& t, int world_rank) {
+  if (t.device == "cpu") return Device::CPU;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  std::string why;
+  const int n = cuda::device_count(&why);
+  if (n > 0) {
+    cuda::initialize(local_rank(world_rank) % n);
+    return Device::CUDA;
+  }
+  MT_CHECK(t.device != "cuda", "training.device: cuda, but ", why, "; set training.device: cpu or auto");
+#else
+  (void)world_rank;
+  MT_CHECK(t.device != "cuda", "training.device: cuda, but this megatrain was built without the CUDA backend "
+                               "(no CUDA toolkit found, or MEGATRAIN_CUDA=OFF); set training.device: cpu or auto");
+#endif
   return Device::CPU;
+}
+
+DType activation_dtype(const TrainingConfig& t, Device device) {
+  if (t.precision == "fp32") return DType::F32;
+  MT_CHECK(device == Device::CUDA, "training.precision: ", t.precision, " needs a GPU and this run is on the CPU ",
+           "(training.device: ", t.device, "); set training.precision: fp32 to train on the CPU");
+  MT_CHECK(t.precision == "bf16", "training.precision: fp16 (dynamic loss scaling) is not implemented yet; "
+                                  "set training.precision: bf16");
+  return DType::BF16;
+}
+
+double peak_memory_gib(Device device) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (device == Device::CUDA) return static_cast<double>(cuda::allocator_stats().peak_allocated) / (1 << 30);
+#endif
+  (void)device;
+  return 0.0;
 }
 
 RecomputePolicy recompute_policy(const TrainingConfig& t) {
@@ -127,8 +168,14 @@ TrainResult run_training(const Config& cfg) {
   run.ctx.model = &cfg.model;
   run.ctx.derived = &run.d;
   run.ctx.ps = &ps;
-  run.ctx.device = resolve_device(cfg.training);
-  run.ctx.dtype = DType::F32;
+  run.ctx.device = resolve_device(cfg.training, ps.world_rank);
+  run.ctx.dtype = activation_dtype(cfg.training, run.ctx.device);
+  MT_CHECK(run.ctx.device == Device::CPU || ps.world_size == 1, "training on ", ps.world_size,
+           " GPUs needs the NCCL communicators, which are not implemented yet: run one rank on one GPU, or the "
+           "layout on the CPU backend (training.device: cpu)");
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (run.ctx.device == Device::CUDA) log::info("device: {} | {}", cuda::device_description(), cuda::library_versions());
+#endif
   run.ctx.recompute = recompute_policy(cfg.training);
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
   std::vector<const GPTModel*> chunk_ptrs;
@@ -233,7 +280,7 @@ TrainResult run_training(const Config& cfg) {
       const int64_t n_iters = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval
                                                                  : it % cfg.logging.log_interval;
       rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
-      metrics.train(rec, 0.0);
+      metrics.train(rec, peak_memory_gib(run.ctx.device));
       rec = IterationRecord{};
       interval_loss = interval_ms = 0;
       interval_iters = 0;

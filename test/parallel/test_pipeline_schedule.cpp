@@ -254,7 +254,7 @@ TEST_CASE("format_schedule shows the compute order per stage", "[pipeline_schedu
 }
 
 TEST_CASE("schedule inputs are validated", "[pipeline_schedule]") {
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   CHECK_THROWS_WITH(pipeline_schedule(4, 0, 6, 2),
                     "the interleaved schedule needs the number of micro-batches (6) to be a multiple of "
                     "parallel.pipeline (4): change training.global_batch_size or micro_batch_size");
