@@ -45,28 +45,6 @@ std::vector<ParamBox> param_boxes(const ParamSpec& spec, int tp_rank, int tp_siz
   return boxes;
 }
 
-int64_t global_flat_index(const Param& p, int64_t local_index) {
-  const Shape& g = p.spec.global_shape;
-  const Shape& l = p.local_shape;
-  // Local multi-index.
-  Shape idx(l.size());
-  int64_t rem = local_index;
-  for (int i = static_cast<int>(l.size()) - 1; i >= 0; --i) {
-    idx[i] = rem % l[i];
-    rem /= l[i];
-  }
-  // Find the box holding this local row (boxes differ only along dim 0, or one box along dim 1+).
-  const ParamBox* box = &p.boxes[0];
-  for (const ParamBox& b : p.boxes)
-    if (idx[0] >= b.local_row_begin && idx[0] < b.local_row_begin + b.shape[0]) box = &b;
-  int64_t flat = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    int64_t gi = box->global_offset[i] + (i == 0 ? idx[0] - box->local_row_begin : idx[i]);
-    flat = flat * g[i] + gi;
-  }
-  return flat;
-}
-
 Param* ParamStore::add(const ParamSpec& spec) {
   MT_INTERNAL_ASSERT(find(spec.name) == nullptr, "duplicate parameter ", spec.name);
   auto p = std::make_unique<Param>();
@@ -94,23 +72,32 @@ void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple) {
 void ParamStore::initialize(uint64_t seed, double std, int num_layers) {
   for (auto& p : params_) {
     const ParamSpec& s = p->spec;
-    int64_t n = shape_numel(p->local_shape);
-    // Generated in fp64 on the host, then cast into the parameter's dtype/device.
+    MT_INTERNAL_ASSERT(s.global_shape.size() == 1 || s.global_shape.size() == 2, s.name, ": parameters are 1-D or 2-D");
+    // Generated in fp64 on the host, box by box (each box is a block of global rows x columns),
+    // then cast into the master weights' dtype/device.
     Tensor host = Tensor::empty(p->local_shape, DType::F64);
     double* h = host.data<double>();
     const uint64_t stream = name_hash(s.name);
     const double sd = s.init == ParamInit::ScaledNormal ? std / std::sqrt(2.0 * num_layers) : std;
-    for (int64_t i = 0; i < n; ++i) {
-      switch (s.init) {
-        case ParamInit::Ones: h[i] = 1.0; break;
-        case ParamInit::Zeros: h[i] = 0.0; break;
-        case ParamInit::Normal:
-        case ParamInit::ScaledNormal: {
-          int64_t gi = global_flat_index(*p, i);
-          const int64_t row_len = shape_numel(s.global_shape) / s.global_shape[0];
-          bool padding = s.valid_rows >= 0 && gi / row_len >= s.valid_rows;
-          h[i] = padding ? 0.0 : sd * rng::normal01(seed, stream, static_cast<uint64_t>(gi));
-          break;
+    const bool two_d = s.global_shape.size() == 2;
+    const int64_t gcols = two_d ? s.global_shape[1] : 1, lcols = two_d ? p->local_shape[1] : 1;
+    for (const ParamBox& b : p->boxes) {
+      const int64_t rows = b.shape[0], cols = two_d ? b.shape[1] : 1;
+      const int64_t col0 = two_d ? b.global_offset[1] : 0;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t grow = b.global_offset[0] + i;
+        double* out = h + (b.local_row_begin + i) * lcols;
+        const bool padding = s.valid_rows >= 0 && grow >= s.valid_rows;
+        for (int64_t j = 0; j < cols; ++j) {
+          switch (s.init) {
+            case ParamInit::Ones: out[j] = 1.0; break;
+            case ParamInit::Zeros: out[j] = 0.0; break;
+            case ParamInit::Normal:
+            case ParamInit::ScaledNormal:
+              out[j] = padding ? 0.0 : sd * rng::normal01(seed, stream, static_cast<uint64_t>(grow * gcols + col0 + j));
+              break;
+          }
         }
       }
     }

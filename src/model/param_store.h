@@ -99,7 +99,5 @@ class ParamStore {
 
 // The boxes of `spec` held by tensor-parallel rank `tp_rank` of `tp_size`, and its local shape.
 std::vector<ParamBox> param_boxes(const ParamSpec& spec, int tp_rank, int tp_size, Shape* local_shape);
-// Global row-major flat index of local element `local_index` (for seeded init of slices).
-int64_t global_flat_index(const Param& p, int64_t local_index);
 
 }  // namespace mt

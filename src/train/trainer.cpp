@@ -38,6 +38,7 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+#if defined(MEGATRAIN_HAVE_CUDA)
 // The GPU of this process: the local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) modulo the
 // visible devices.
 int local_rank(int world_rank) {
@@ -45,6 +46,7 @@ int local_rank(int world_rank) {
     if (const char* v = std::getenv(var)) return std::atoi(v);
   return world_rank;
 }
+#endif
 
 // training.device: auto = a GPU when this build has the CUDA backend and one is visible.
 Device resolve_device(const TrainingConfig& t, int world_rank) {
