@@ -95,6 +95,13 @@ TEST_CASE("a truncated .idx is a one-line error that leaves checkpoints untouche
   CHECK(fingerprint(ck) == before);
 }
 
+TEST_CASE("the README's config reference is what the binary generates", "[e2e][docs]") {
+  RunResult r = run_megatrain("config --reference", "reference");
+  REQUIRE(r.code == 0);
+  REQUIRE(r.out.find("| `model.num_layers` |") != std::string::npos);
+  CHECK(read_file(source_path("README.md")).find(r.out) != std::string::npos);
+}
+
 TEST_CASE("--version and --help", "[e2e][cli]") {
   RunResult v = run_megatrain("--version", "version");
   CHECK(v.code == 0);
