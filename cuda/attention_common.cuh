@@ -115,6 +115,13 @@ void attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16
 void attention_backward_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
                              const AttnShape& s);
+// bf16 through cuDNN's fused flash attention (attention_cudnn.cu): false when cuDNN does not run this
+// shape (T % 128 != 0, a graph cuDNN refuses, MT_ATTENTION=own), and the caller uses the kernels above.
+bool cudnn_attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                             const AttnShape& s);
+bool cudnn_attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
+                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
+                              const AttnShape& s);
 // fp32, CUDA cores (attention_f32.cu); D in {64, 128}.
 void attention_forward_f32(float* out, float* lse, const float* q, const float* k, const float* v, const AttnShape& s);
 void attention_backward_f32(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,

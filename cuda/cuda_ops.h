@@ -101,6 +101,22 @@ void dropout_forward_cuda(T* out, const T* inp, int64_t n, double p, uint64_t se
 template <typename T>
 void dropout_backward_cuda(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t offset);
 
+// ---------------------------------------------------------------- op_profile.cpp (MT_OP_PROFILE)
+// True when MT_OP_PROFILE is set (1: report to stderr at exit; else the file to append the report to).
+bool op_profile_enabled();
+// Times one op: events on the current stream around the object's lifetime, keyed by the op name and
+// up to three sizes (-1: unused). Does nothing unless profiling is on.
+class OpTimer {
+ public:
+  explicit OpTimer(const char* op, int64_t a, int64_t b = -1, int64_t c = -1);
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  int64_t index_ = -1;
+};
+
 // ---------------------------------------------------------------- adamw.cu (fp32 master weights)
 void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
                      double beta2, double eps, double weight_decay, int64_t step, double grad_scale);

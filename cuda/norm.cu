@@ -13,8 +13,13 @@
 // partial row to scratch; a second kernel adds the partials of all blocks in block order into dw/db.
 // dx is computed per row after a block-wide reduction of (sum gh, sum gh xh); each element of dout is
 // read before dinp's same element is written, so dinp may alias dout.
+// Where the dw/db partials of a row fit in registers (C <= 2048 LayerNorm, 4096 RMSNorm, bf16) the
+// backward runs one warp per row instead (norm_backward_kernel_warp_rows): no block barrier per row,
+// and every thread busy at small C (the block kernel used 96 of its 256 threads at C = 768).
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
 
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
@@ -152,6 +157,97 @@ __global__ void norm_backward_kernel_block_rows(D* dinp, float* partial, const D
   }
 }
 
+// Backward with one warp per row (rows whose dw/db partials fit in registers): warp w of the grid
+// takes rows w, w + W, w + 2W, ... (W = warps in the grid: a fixed assignment for a given grid), lane l
+// owns the columns (j * 32 + l) * VEC + e (j < NC), and keeps their dw/db partial sums in registers
+// across its rows. Per row: one pass for the two row sums (warp shuffles only, no block barrier),
+// one pass (re-reading the row from L1/L2) for dx and the partials. At the end the block's warps add
+// their partials into shared memory in warp order and the block writes its partial row, which
+// norm_backward_kernel_sum_partials adds up in block order: deterministic, no atomics.
+template <bool kLayerNorm, int VEC, int NC, typename D>
+__global__ void __launch_bounds__(kBwdThreads)
+    norm_backward_kernel_warp_rows(D* dinp, float* partial, const D* dout, const D* inp, const D* weight,
+                                   const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate) {
+  extern __shared__ float smem[];
+  float* sw = smem;
+  float* sb = smem + C;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t total_warps = int64_t(gridDim.x) * warps;
+  const float inv_c = 1.f / static_cast<float>(C);
+  float pw[NC][VEC], pb[NC][VEC];
+#pragma unroll
+  for (int j = 0; j < NC; ++j)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) pw[j][k] = pb[j][k] = 0.f;
+  for (int64_t n = int64_t(blockIdx.x) * warps + warp; n < N; n += total_warps) {
+    const D* g = dout + n * C;
+    const D* x = inp + n * C;
+    const float mu = kLayerNorm ? mean[n] : 0.f, r = rstd[n];
+    float s_gh = 0.f, s_ghxh = 0.f;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c < C) {
+        D gv[VEC], xv[VEC], wv[VEC];
+        load_vec<VEC>(gv, g + c);
+        load_vec<VEC>(xv, x + c);
+        load_vec<VEC>(wv, weight + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float gh = to_float(gv[k]) * to_float(wv[k]);
+          s_gh += gh;
+          s_ghxh += gh * (to_float(xv[k]) - mu) * r;
+        }
+      }
+    }
+    s_gh = warp_sum(s_gh);
+    s_ghxh = warp_sum(s_ghxh);
+    const float m1 = kLayerNorm ? s_gh * inv_c : 0.f, m2 = s_ghxh * inv_c;
+    D* dx = dinp + n * C;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c < C) {
+        D gv[VEC], xv[VEC], wv[VEC], out[VEC];
+        load_vec<VEC>(gv, g + c);
+        load_vec<VEC>(xv, x + c);
+        load_vec<VEC>(wv, weight + c);
+        if (accumulate) load_vec<VEC>(out, dx + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float gf = to_float(gv[k]), xh = (to_float(xv[k]) - mu) * r, gh = gf * to_float(wv[k]);
+          pw[j][k] += gf * xh;
+          if constexpr (kLayerNorm) pb[j][k] += gf;
+          const float v = r * (gh - m1 - xh * m2);
+          out[k] = from_float<D>(accumulate ? to_float(out[k]) + v : v);
+        }
+        store_vec<VEC>(dx + c, out);
+      }
+    }
+  }
+  // The block's partial: warps add theirs in order (warp 0 stores, the others add after it).
+  for (int w = 0; w < warps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int j = 0; j < NC; ++j) {
+        const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+        if (c < C) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            sw[c + k] = w == 0 ? pw[j][k] : sw[c + k] + pw[j][k];
+            if constexpr (kLayerNorm) sb[c + k] = w == 0 ? pb[j][k] : sb[c + k] + pb[j][k];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    partial[int64_t(blockIdx.x) * C + c] = sw[c];
+    if constexpr (kLayerNorm) partial[(int64_t(gridDim.x) + blockIdx.x) * C + c] = sb[c];
+  }
+}
+
 // dw[c] += sum_b partial[b, c] (b in order); db likewise from the second half when db != null.
 __global__ void norm_backward_kernel_sum_partials(float* dw, float* db, const float* partial, int blocks,
                                                   int64_t C) {
@@ -202,6 +298,52 @@ void launch_norm_backward(unsigned blocks, size_t smem, D* dinp, float* partial,
                                                           acc);
 }
 
+// The warp-per-row kernel with NC column chunks per lane (C <= NC * 32 * VEC); false when NC is not
+// one of the instantiated sizes (the caller uses the block-per-rows kernel).
+template <bool kLayerNorm, int VEC, int NC, typename D>
+void launch_warp_rows(unsigned blocks, size_t smem, D* dinp, float* partial, const D* dout, const D* inp,
+                      const D* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
+  auto kernel = norm_backward_kernel_warp_rows<kLayerNorm, VEC, NC, D>;
+  ensure_dynamic_smem(kernel, smem);
+  kernel<<<blocks, kBwdThreads, smem, current_stream()>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C, acc);
+}
+
+template <bool kLayerNorm, int VEC, typename D>
+bool warp_rows_dispatch(int64_t nc, unsigned blocks, size_t smem, D* dinp, float* partial, const D* dout,
+                        const D* inp, const D* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        bool acc) {
+  // Register budget: NC * VEC fp32 partials for dw (and as many for db) per lane, at most 128.
+  constexpr int kMaxPartials = 128 / (kLayerNorm ? 2 : 1);
+#define MT_NC_CASE(NCV)                                                                                 \
+  if (nc <= NCV) {                                                                                      \
+    if constexpr (NCV * VEC <= kMaxPartials) {                                                          \
+      launch_warp_rows<kLayerNorm, VEC, NCV>(blocks, smem, dinp, partial, dout, inp, weight, mean, rstd, N, C, \
+                                             acc);                                                      \
+      return true;                                                                                      \
+    }                                                                                                   \
+    return false;                                                                                       \
+  }
+  MT_NC_CASE(1)
+  MT_NC_CASE(2)
+  MT_NC_CASE(3)
+  MT_NC_CASE(4)
+  MT_NC_CASE(6)
+  MT_NC_CASE(8)
+  MT_NC_CASE(12)
+  MT_NC_CASE(16)
+#undef MT_NC_CASE
+  return false;
+}
+
+// MT_NORM_BWD=rows selects the block-per-rows kernel everywhere (for comparisons).
+bool warp_rows_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_NORM_BWD");
+    return !(v && std::string(v) == "rows");
+  }();
+  return on;
+}
+
 template <bool kLayerNorm, typename T>
 void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                    const T* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
@@ -211,11 +353,26 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
   const size_t smem = sizeof(float) * static_cast<size_t>(C) * (kLayerNorm ? 2 : 1);
   MT_CHECK(smem + 1024 <= ctx.smem_optin, what, ": C = ", C, " needs ", smem,
            " bytes of shared memory, the device allows ", ctx.smem_optin);
+  constexpr int kVec = 16 / sizeof(D);
+  if (warp_rows_enabled() && norm_vec_ok<D>(C, {dinp, dout, inp, weight})) {
+    const int64_t warps_per_block = kBwdThreads / 32;
+    const unsigned grid = static_cast<unsigned>(
+        std::min<int64_t>(ceil_div(N, warps_per_block), int64_t(ctx.sm_count) * kBwdBlocksPerSM));
+    Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * (kLayerNorm ? 2 : 1));
+    const int64_t nc = ceil_div(C, 32 * kVec);
+    if (warp_rows_dispatch<kLayerNorm, kVec>(nc, grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
+                                             dev(weight), mean, rstd, N, C, acc)) {
+      MT_CUDA_CHECK_LAUNCH(what);
+      norm_backward_kernel_sum_partials<<<static_cast<unsigned>(ceil_div(C, 256)), 256, 0, current_stream()>>>(
+          dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
+      MT_CUDA_CHECK_LAUNCH(what);
+      return;
+    }
+  }
   const int64_t blocks = std::min<int64_t>(N, int64_t(ctx.sm_count) * kBwdBlocksPerSM);
   const int64_t rows = ceil_div(N, blocks);
   const unsigned grid = static_cast<unsigned>(ceil_div(N, rows));
   Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * (kLayerNorm ? 2 : 1));
-  constexpr int kVec = 16 / sizeof(D);
   if (norm_vec_ok<D>(C, {dinp, dout, inp, weight}))
     launch_norm_backward<kLayerNorm, kVec>(grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
                                            dev(weight), mean, rstd, N, C, rows, acc);

@@ -12,7 +12,10 @@
 #include <sstream>
 #include <thread>
 
+#include "config/config_loader.h"
 #include "core/check.h"
+#include "core/log.h"
+#include "data/dataset.h"
 #include "data_tools/inspect.h"
 #include "data_tools/merge.h"
 #include "data_tools/preprocess.h"
@@ -39,7 +42,7 @@ void add_tokenizer_options(CLI::App* app, mt::data::TokenizerOptions& t, bool re
                 "hf-json: do not apply the post-processor template (e.g. Llama-3's <|begin_of_text|>)");
 }
 
-std::string fmt(const char* f, double a, double b = 0) {
+std::string format_number(const char* f, double a, double b = 0) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, a, b);
   return buf;
@@ -89,6 +92,17 @@ int main(int argc, char** argv) {
   t->add_option("text", texts, "texts to encode, or ids to decode")->required();
   t->add_flag("--decode", decode, "decode the given ids");
 
+  std::string index_config;
+  std::vector<std::string> index_overrides;
+  int index_world = 1;
+  auto* bi = app.add_subcommand("build-index",
+                                "Build the GPT sample-index caches a training config will load (run once before a large "
+                                "job, so that ranks do not each build them at start)");
+  bi->add_option("--config,-c", index_config, "the training config")->required()->check(CLI::ExistingFile);
+  bi->add_option("--set", index_overrides, "override a config key, as for `megatrain train` (repeatable)");
+  bi->add_option("--world-size", index_world, "ranks the job will run on (sets the data-parallel size)")
+      ->check(CLI::PositiveNumber);
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -101,9 +115,9 @@ int main(int argc, char** argv) {
       std::printf("%lld documents (%lld sequences, %lld tokens, %s) from %lld lines, %s MB of JSONL in %s s: %s MB/s\n",
                   static_cast<long long>(st.documents), static_cast<long long>(st.sequences),
                   static_cast<long long>(st.tokens), st.dtype.c_str(), static_cast<long long>(st.lines),
-                  fmt("%.1f", st.input_bytes / 1e6).c_str(), fmt("%.2f", st.seconds).c_str(),
-                  fmt("%.2f", st.input_bytes / 1e6 / std::max(st.seconds, 1e-9)).c_str());
-      std::printf("tokenizer loaded in %s s\n", fmt("%.2f", st.load_seconds).c_str());
+                  format_number("%.1f", st.input_bytes / 1e6).c_str(), format_number("%.2f", st.seconds).c_str(),
+                  format_number("%.2f", st.input_bytes / 1e6 / std::max(st.seconds, 1e-9)).c_str());
+      std::printf("tokenizer loaded in %s s\n", format_number("%.2f", st.load_seconds).c_str());
       if (st.bad_lines) std::printf("%lld bad lines skipped (--skip-bad)\n", static_cast<long long>(st.bad_lines));
       if (st.blank_lines) std::printf("%lld blank lines ignored\n", static_cast<long long>(st.blank_lines));
     } else if (i->parsed()) {
@@ -113,6 +127,12 @@ int main(int argc, char** argv) {
       std::printf("merged %lld datasets into %s.bin / .idx: %lld documents, %lld sequences, %lld tokens (%s)\n",
                   static_cast<long long>(st.inputs), merge_output.c_str(), static_cast<long long>(st.documents),
                   static_cast<long long>(st.sequences), static_cast<long long>(st.tokens), st.dtype.c_str());
+    } else if (bi->parsed()) {
+      const mt::Config cfg = mt::load_config(index_config, index_overrides);
+      MT_CHECK(!cfg.data.mock, "build-index: ", index_config, " trains on mock data (data.mock: true): nothing to build");
+      mt::log::init(0, 1, "info");
+      mt::data::build_sample_index_cache(cfg, mt::derive_config(cfg, index_world));
+      std::printf("sample-index caches ready for %s on %d rank(s)\n", index_config.c_str(), index_world);
     } else if (t->parsed()) {
       auto tok = mt::data::make_tokenizer(tok_opt);
       if (decode) {

@@ -8,6 +8,7 @@
 #include "tensor/ops.h"
 
 #include <array>
+#include <string>
 #include <type_traits>
 
 #include "tensor/cpu/cpu_ops.h"
@@ -98,6 +99,16 @@ void param_grad(const char* op, const Tensor& ref, const Tensor& t, const char* 
 
 #define MT_UNPAREN(...) __VA_ARGS__
 
+// True when t is on the GPU and MT_OP_PROFILE asks for per-op times.
+[[maybe_unused]] bool profiling(const Tensor& t) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  return t.device() == Device::CUDA && cuda::op_profile_enabled();
+#else
+  (void)t;
+  return false;
+#endif
+}
+
 #if defined(MEGATRAIN_HAVE_CUDA)
 // Calls f(float{}) or f(bf16{}) for the dtype of t (CUDA dtypes).
 template <typename F>
@@ -111,6 +122,7 @@ void cuda_float(const char* op, const Tensor& t, F&& f) {
 #define MT_CUDA_CASE(op, t, cuda_call)             \
   case Device::CUDA:                               \
     cuda_float(op, t, [&](auto zero_) {            \
+      const cuda::OpTimer timer_(op, (t).numel()); \
       using T [[maybe_unused]] = decltype(zero_);  \
       MT_UNPAREN cuda_call;                        \
     });                                            \
@@ -196,6 +208,7 @@ void cast(Tensor& out, const Tensor& in) {
       using D = DType;
       const D a = in.dtype(), b = out.dtype();
       const int64_t n = in.numel();
+      const cuda::OpTimer timer(op, n);
       if (a == b) cuda::copy_cuda(out.raw(), in.raw(), in.nbytes());
       else if (a == D::F32 && b == D::BF16) cuda::cast_cuda(out.data<bf16>(), in.data<float>(), n);
       else if (a == D::BF16 && b == D::F32) cuda::cast_cuda(out.data<float>(), in.data<bf16>(), n);
@@ -223,6 +236,7 @@ double sum_squares(const Tensor& x) {
     case Device::CUDA:
       cuda_float(op, x, [&](auto z) {
         using T = decltype(z);
+        const cuda::OpTimer timer(op, x.numel());
         result = cuda::sum_squares_cuda<T>(x.data<T>(), x.numel());
       });
       return result;
@@ -250,6 +264,8 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, out, "out", N, OC);
   if (bias) like(op, inp, *bias, "bias", {OC});
+  std::string pname;  // the profile's key names the output features too
+  if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
   MT_DISPATCH(op, inp,
               (cuda::linear_forward_cuda<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
                                             bias ? bias->data<T>() : nullptr, N, IC, OC)),
@@ -266,6 +282,8 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
   if (dweight) param_grad(op, inp, *dweight, "dweight", weight.shape());
   if (dbias) param_grad(op, inp, *dbias, "dbias", {OC});
   const bool acc = dinp_mode == GradMode::Accumulate;
+  std::string pname;
+  if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC, dinp ? "" : " no-dinp")).c_str();
   MT_DISPATCH(op, inp,
               (cuda::linear_backward_cuda<T>(dinp ? dinp->data<T>() : nullptr,
                                              dweight ? dweight->data<float>() : nullptr,
@@ -309,6 +327,7 @@ void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens
               C, ")");
     cuda_float(op, dout, [&](auto z) {
       using T = decltype(z);
+      const cuda::OpTimer timer(op, N, Vl, C);
       cuda::embedding_backward_cuda<T>(dtable.data<float>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
                                        vocab_start);
     });

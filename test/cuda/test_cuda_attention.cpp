@@ -25,6 +25,11 @@ TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") 
       {1, 130, 2, 2, 128},  // MHA, one row past two tiles
       {1, 333, 6, 3, 64},   // GQA R = 2, several tiles
       {1, 1, 2, 1, 128},    // a single token
+      // T % 128 == 0: bf16 runs on cuDNN's fused attention (attention_cudnn.cu) where it is available
+      {2, 256, 8, 2, 64},   // GQA R = 4, D = 64 (llama-1b's head layout)
+      {1, 128, 4, 4, 128},  // MHA, D = 128
+      {2, 256, 6, 2, 128},  // GQA R = 3, D = 128 (llama-3b's)
+      {2, 128, 4, 4, 64},   // MHA, D = 64 (gpt2's)
   };
   uint64_t seed = 900;
   for (DType dt : {DType::F32, DType::BF16})

@@ -159,7 +159,7 @@ TEST_CASE("cuda layernorm and rmsnorm match the CPU; weight grads are determinis
   struct Dims { int64_t N, C; };
   uint64_t seed = 400;
   for (DType dt : kDTypes)
-    for (Dims d : {Dims{67, 96}, Dims{16, 4096}, Dims{33, 13}, Dims{5, 1000}})
+    for (Dims d : {Dims{67, 96}, Dims{16, 4096}, Dims{33, 13}, Dims{5, 1000}, Dims{257, 768}, Dims{40, 3072}})
       for (bool layer : {true, false}) {
         const std::string name = layer ? "layernorm" : "rmsnorm";
         const Tensor x64 = rounded(randn64({d.N, d.C}, ++seed, 2.0), dt);

@@ -23,6 +23,10 @@ const Layout kLayouts[] = {
     {"tp2-sp", 2, "--set parallel.tensor=2 --set parallel.sequence_parallel=true"},
     {"pp2", 2, "--set parallel.pipeline=2"},
     {"pp4-vp2", 4, "--set parallel.pipeline=4 --set parallel.virtual_pipeline=2"},
+    // An uneven split, stated in the config: 1 + 2 + 2 + 3 layers.
+    {"pp4-uneven", 4,
+     "--set parallel.pipeline=4 --set parallel.decoder_first_pipeline_num_layers=1 "
+     "--set parallel.decoder_last_pipeline_num_layers=3"},
     {"dp2", 2, ""},
     {"dp2-distopt", 2, "--set parallel.distributed_optimizer=true"},
     {"tp2-pp2-dp2", 8, "--set parallel.tensor=2 --set parallel.pipeline=2"},

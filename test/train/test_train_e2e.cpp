@@ -68,19 +68,40 @@ TEST_CASE("a misspelled key is a one-line error that leaves checkpoints untouche
   CHECK(fingerprint(ck) == before);
 }
 
-TEST_CASE("a truncated .idx is a one-line error that leaves checkpoints untouched", "[e2e][errors]") {
-  const fs::path prefix = temp_dir() / "tiny_text_document";
-  {
-    mt::data::IndexedDatasetWriter w(prefix.string(), mt::DType::U16);
-    std::vector<int32_t> doc;
-    for (int d = 0; d < 40; ++d) {
-      doc.clear();
-      for (int i = 0; i < 50 + d; ++i) doc.push_back((d * 7 + i * 3) % 127);
-      w.add_item(doc.data(), static_cast<int64_t>(doc.size()));
-      w.end_document();
-    }
-    w.finalize();
+namespace {
+// A small indexed dataset (40 documents, token ids below the tiny config's vocabulary of 128).
+fs::path write_tiny_dataset(const std::string& name) {
+  const fs::path prefix = temp_dir() / name;
+  mt::data::IndexedDatasetWriter w(prefix.string(), mt::DType::U16);
+  std::vector<int32_t> doc;
+  for (int d = 0; d < 40; ++d) {
+    doc.clear();
+    for (int i = 0; i < 50 + d; ++i) doc.push_back((d * 7 + i * 3) % 127);
+    w.add_item(doc.data(), static_cast<int64_t>(doc.size()));
+    w.end_document();
   }
+  w.finalize();
+  return prefix;
+}
+}  // namespace
+
+TEST_CASE("megatrain-data build-index prepares the cache that training then loads", "[e2e][data]") {
+  const fs::path prefix = write_tiny_dataset("indexed_text_document");
+  // The same config and overrides for both (the cache is keyed by the sample counts they imply).
+  const std::string sets = " --set data.mock=false --set data.paths=[" + prefix.string() +
+                           "] --set data.split=[90,10,0] --set training.train_iters=4";
+  const std::string tool = std::string(MT_BINARY_DIR) + "/megatrain-data build-index --config " + kTiny + sets + " > " +
+                           (temp_dir() / "index.out").string() + " 2>&1";
+  REQUIRE(std::system(tool.c_str()) == 0);
+  RunResult r = run_megatrain(train_args("idx", sets), "idx");
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK((r.out + r.err).find("index loaded from cache") != std::string::npos);
+  CHECK((r.out + r.err).find("index built") == std::string::npos);
+}
+
+TEST_CASE("a truncated .idx is a one-line error that leaves checkpoints untouched", "[e2e][errors]") {
+  const fs::path prefix = write_tiny_dataset("tiny_text_document");
   const std::string data_args = "--set data.mock=false --set data.paths=[" + prefix.string() +
                                 "] --set data.split=[1,0,0] --set training.eval_iters=0";
   REQUIRE(run_megatrain(train_args("e", data_args + " --set training.train_iters=4"), "e").code == 0);

@@ -1,0 +1,439 @@
+// Causal grouped-query attention, bf16, through cuDNN's fused flash-attention engine (the graph
+// API's composite SDPA graphs, built with raw cudnnBackend* calls; /work/shared/notes/cudnn-sdpa.md
+// has the sources, the constraints of cuDNN 9.14 and what was measured). Same math and the same
+// saved statistics as our kernels (attention.cu): lse (B, H, T) = natural-log sum-exp of the scaled,
+// masked scores, so either backward can follow either forward.
+// Shapes as cuDNN sees them (logical [b, h, s, d], any strides, last stride 1):
+//   Q, O, dO, dQ [B, H, T, D] strides {T H D, D, H D, 1}   (our (B, T, H, D))
+//   K, V, dK, dV [B, G, T, D] strides {T G D, D, G D, 1}   (our (B, T, G, D)); passed as K^T by
+//   swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (our lse).
+// Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
+//   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (bf16); O = P V.
+// Backward graph, deterministic form (no dQ accumulator, no float atomics; 21 ops, + 2 head
+//   reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats) (masked);
+//   dV = P^T dO; dS = P (dO V^T - delta) c; dK = dS^T Q; dQ = dS K.
+// Plans are built once per shape (heuristics mode A, first configuration that finalizes) and cached;
+// the first build of a kernel variant compiles it with NVRTC (~0.5-1 s). A shape cuDNN refuses is
+// remembered and runs on our kernels (the caller falls back); MT_ATTENTION=own turns cuDNN off.
+#include <cudnn.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/attention_common.cuh"
+
+namespace mt::ops::cuda::attn {
+
+using namespace ::mt::cuda;
+
+namespace {
+
+using Dims = std::array<int64_t, 4>;
+
+// A failed backend call while building a graph or plan: the shape falls back to our kernels.
+struct BuildError {
+  std::string what;
+};
+
+void ok(cudnnStatus_t s, const char* what) {
+  if (s == CUDNN_STATUS_SUCCESS) return;
+  char msg[512] = {0};
+  cudnnGetLastErrorString(msg, sizeof msg);
+  throw BuildError{std::string(what) + ": " + cudnnGetErrorString(s) + (msg[0] ? std::string(" (") + msg + ")" : "")};
+}
+
+Dims packed(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+// Unique ids of the tensors the caller binds at execution (virtual tensors count up from 100).
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum,
+};
+
+// All descriptors of one graph and its plan; destroyed together.
+class Graph {
+ public:
+  explicit Graph(cudnnHandle_t h) : handle_(h) {}
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph() {
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+  }
+
+  cudnnBackendDescriptor_t create(cudnnBackendDescriptorType_t t) {
+    cudnnBackendDescriptor_t d = nullptr;
+    ok(cudnnBackendCreateDescriptor(t, &d), "cudnnBackendCreateDescriptor");
+    owned_.push_back(d);
+    return d;
+  }
+  template <typename V>
+  void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, const V* v,
+           int64_t n = 1) {
+    ok(cudnnBackendSetAttribute(d, a, t, n, v), "cudnnBackendSetAttribute");
+  }
+  void finalize(cudnnBackendDescriptor_t d, const char* what) { ok(cudnnBackendFinalize(d), what); }
+
+  // A 4-D tensor; uid < 0: a virtual one with a fresh id.
+  cudnnBackendDescriptor_t tensor(cudnnDataType_t dt, const Dims& dims, const Dims& strides, int64_t uid = -1,
+                                  bool by_value = false) {
+    cudnnBackendDescriptor_t d = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const bool is_virtual = uid < 0;
+    if (is_virtual) uid = next_virtual_++;
+    const int64_t align = 16;
+    set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &dt);
+    set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims.data(), 4);
+    set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides.data(), 4);
+    set(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &uid);
+    set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &align);
+    set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &is_virtual);
+    if (by_value) {
+      const bool bv = true;
+      set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &bv);
+    }
+    finalize(d, "tensor");
+    return d;
+  }
+  cudnnBackendDescriptor_t virt(const Dims& dims, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+    return tensor(dt, dims, packed(dims));
+  }
+  cudnnBackendDescriptor_t virt(const Dims& dims, const Dims& strides, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+    return tensor(dt, dims, strides);
+  }
+  // A by-value fp32 scalar {1, 1, 1, 1} (its host value is bound at execution).
+  cudnnBackendDescriptor_t scalar(int64_t uid) { return tensor(CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, uid, true); }
+
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, cudnnDataType_t prec = CUDNN_DATA_FLOAT,
+                 int64_t axis = -1) {
+    cudnnBackendDescriptor_t pw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &mode);
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &prec);
+    if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, &axis);
+    finalize(pw, "pointwise descriptor");
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, &pw);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
+    if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &b);
+    if (t) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &t);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    finalize(op, "pointwise operation");
+    ops_.push_back(op);
+  }
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t mm = create(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &comp);
+    finalize(mm, "matmul descriptor");
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &a);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &b);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &c);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &mm);
+    finalize(op, "matmul operation");
+    ops_.push_back(op);
+  }
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t rd = create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &mode);
+    set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &comp);
+    finalize(rd, "reduction descriptor");
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &rd);
+    finalize(op, "reduction operation");
+    ops_.push_back(op);
+  }
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &x);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, &y);
+    finalize(op, "reshape operation");
+    ops_.push_back(op);
+  }
+  // The causal mask of S [b, h, s_q, s_kv]: keep where row >= col, else -inf (by-value kNegInf).
+  cudnnBackendDescriptor_t causal_mask(cudnnBackendDescriptor_t s, const Dims& dims) {
+    cudnnBackendDescriptor_t row = virt(dims, CUDNN_DATA_INT32), col = virt(dims, CUDNN_DATA_INT32);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, row, CUDNN_DATA_INT32, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, col, CUDNN_DATA_INT32, 3);
+    cudnnBackendDescriptor_t keep = virt(dims, CUDNN_DATA_BOOLEAN);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+    cudnnBackendDescriptor_t out = virt(dims);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, neg_inf_, keep, out);
+    return out;
+  }
+  void set_neg_inf(cudnnBackendDescriptor_t t) { neg_inf_ = t; }
+
+  // Operation graph, heuristics (mode A), the first configuration whose plan finalizes.
+  void build_plan() {
+    graph_ = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(graph_, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
+    set(graph_, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.data(),
+        static_cast<int64_t>(ops_.size()));
+    finalize(graph_, "operation graph");
+    cudnnBackendDescriptor_t heur = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, &graph_);
+    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
+    finalize(heur, "engine heuristics");
+    int64_t count = 0;
+    ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+       "engine heuristics results (count)");
+    if (count <= 0) throw BuildError{"the heuristics found no engine configuration for the graph"};
+    std::vector<cudnnBackendDescriptor_t> cfgs;
+    for (int64_t i = 0; i < count; ++i) cfgs.push_back(create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    int64_t got = 0;
+    ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                cfgs.data()),
+       "engine heuristics results");
+    std::string last;
+    for (int64_t i = 0; i < got; ++i) {
+      cudnnBackendDescriptor_t plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      try {
+        set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
+        set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &cfgs[i]);
+        finalize(plan, "execution plan");
+        int64_t ws = 0, n = 0;
+        ok(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
+           "plan workspace size");
+        plan_ = plan;
+        workspace_ = ws;
+        return;
+      } catch (const BuildError& e) {
+        last = e.what;
+      }
+    }
+    throw BuildError{"no engine configuration finalized: " + last};
+  }
+
+  void execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) const {
+    cudnnBackendDescriptor_t vp = nullptr;
+    MT_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    struct Guard {
+      cudnnBackendDescriptor_t d;
+      ~Guard() { cudnnBackendDestroyDescriptor(d); }
+    } guard{vp};
+    MT_CUDNN_CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+                                            static_cast<int64_t>(uids.size()), uids.data()));
+    MT_CUDNN_CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                                            static_cast<int64_t>(ptrs.size()), ptrs.data()));
+    MT_CUDNN_CHECK(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
+    MT_CUDNN_CHECK(cudnnBackendFinalize(vp));
+    MT_CUDNN_CHECK(cudnnSetStream(handle_, current_stream()));
+    MT_CUDNN_CHECK(cudnnBackendExecute(handle_, plan_, vp));
+  }
+  int64_t workspace() const { return workspace_; }
+
+ private:
+  cudnnHandle_t handle_;
+  std::vector<cudnnBackendDescriptor_t> owned_, ops_;
+  cudnnBackendDescriptor_t graph_ = nullptr, plan_ = nullptr, neg_inf_ = nullptr;
+  int64_t workspace_ = 0;
+  int64_t next_virtual_ = 100;
+};
+
+// Layouts of our tensors as cuDNN's logical [b, h, s, d].
+Dims q_dims(const AttnShape& s) { return {s.B, s.H, s.T, s.D}; }
+Dims q_strides(const AttnShape& s) { return {s.T * s.H * s.D, s.D, s.H * s.D, 1}; }
+Dims kv_dims(const AttnShape& s) { return {s.B, s.G, s.T, s.D}; }
+Dims kv_strides(const AttnShape& s) { return {s.T * s.G * s.D, s.D, s.G * s.D, 1}; }
+Dims t_dims(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }  // swap the last two
+Dims stat_dims(const AttnShape& s) { return {s.B, s.H, s.T, 1}; }
+Dims stat_strides(const AttnShape& s) { return {s.H * s.T, s.T, 1, 1}; }
+
+std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s) {
+  auto g = std::make_unique<Graph>(h);
+  const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
+  auto Q = g->tensor(io, q_dims(s), q_strides(s), kQ);
+  auto KT = g->tensor(io, t_dims(kv_dims(s)), t_dims(kv_strides(s)), kK);
+  auto V = g->tensor(io, kv_dims(s), kv_strides(s), kV);
+  auto O = g->tensor(io, q_dims(s), q_strides(s), kO);
+  auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
+  auto scale = g->scalar(kScale);
+  g->set_neg_inf(g->scalar(kNegInf));
+  const Dims sd{s.B, s.H, s.T, s.T}, rd = stat_dims(s), rs = stat_strides(s);
+  auto S = g->virt(sd);
+  g->matmul(Q, KT, S);
+  auto S1 = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_MUL, S, scale, nullptr, S1);
+  auto S2 = g->causal_mask(S1, sd);
+  auto m = g->virt(rd, rs);
+  g->reduction(CUDNN_REDUCE_TENSOR_MAX, S2, m);
+  auto S3 = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_SUB, S2, m, nullptr, S3);
+  auto E = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, nullptr, E);
+  auto l = g->virt(rd, rs);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, E, l);
+  auto logl = g->virt(rd, rs);
+  g->pointwise(CUDNN_POINTWISE_LOG, l, nullptr, nullptr, logl);
+  g->pointwise(CUDNN_POINTWISE_ADD, m, logl, nullptr, stats);
+  auto P = g->virt(sd, io);
+  g->pointwise(CUDNN_POINTWISE_DIV, E, l, nullptr, P);
+  g->matmul(P, V, O);
+  g->build_plan();
+  return g;
+}
+
+std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s) {
+  auto g = std::make_unique<Graph>(h);
+  const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
+  const bool gqa = s.G != s.H;
+  const Dims qd = q_dims(s), qs = q_strides(s), kd = kv_dims(s), ks = kv_strides(s);
+  auto Q = g->tensor(io, qd, qs, kQ);
+  auto KT = g->tensor(io, t_dims(kd), t_dims(ks), kK);
+  auto VT = g->tensor(io, t_dims(kd), t_dims(ks), kV);
+  auto O = g->tensor(io, qd, qs, kO);
+  auto dO = g->tensor(io, qd, qs, kDO);
+  auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
+  auto dQ = g->tensor(io, qd, qs, kDQ);
+  auto dK = g->tensor(io, kd, ks, kDK);
+  auto dV = g->tensor(io, kd, ks, kDV);
+  auto scale = g->scalar(kScale);
+  auto one = g->scalar(kOne);
+  g->set_neg_inf(g->scalar(kNegInf));
+  const Dims sd{s.B, s.H, s.T, s.T}, rd = stat_dims(s), rs = stat_strides(s);
+  const Dims td{s.B, s.H, s.T, s.T}, ts{s.H * s.T * s.T, s.T * s.T, 1, s.T};  // transposed views [b, h, kv, q]
+  // delta = sum_d dO O (fp32, non-virtual: bound to scratch memory).
+  auto dOO = g->virt(qd, {s.H * s.T * s.D, s.T * s.D, s.H * s.D, 1});
+  g->pointwise(CUDNN_POINTWISE_MUL, dO, O, nullptr, dOO);
+  auto delta0 = g->virt(rd, rs);
+  g->reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, delta0);
+  auto delta = g->tensor(CUDNN_DATA_FLOAT, rd, rs, kSoftmaxSum);
+  g->pointwise(CUDNN_POINTWISE_MUL, delta0, one, nullptr, delta);
+  // P = exp(c Q K^T - Stats), masked.
+  auto S = g->virt(sd);
+  g->matmul(Q, KT, S);
+  auto S1 = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_MUL, S, scale, nullptr, S1);
+  auto S2 = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_SUB, S1, stats, nullptr, S2);
+  auto S3 = g->causal_mask(S2, sd);
+  auto P = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, nullptr, P);
+  // dV = P^T dO (summed over the query heads of each group under GQA).
+  auto PT = g->virt(td, ts, io);
+  g->reshape(P, PT);
+  const Dims full_kd{s.B, s.H, s.T, s.D};
+  if (gqa) {
+    auto dVf = g->virt(full_kd, io);
+    g->matmul(PT, dO, dVf);
+    g->reduction(CUDNN_REDUCE_TENSOR_ADD, dVf, dV);
+  } else {
+    g->matmul(PT, dO, dV);
+  }
+  // dS = P (dO V^T - delta) c.
+  auto dP = g->virt(sd);
+  g->matmul(dO, VT, dP);
+  auto dP1 = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_SUB, dP, delta, nullptr, dP1);
+  auto dP2 = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_MUL, dP1, P, nullptr, dP2);
+  auto dS = g->virt(sd);
+  g->pointwise(CUDNN_POINTWISE_MUL, dP2, scale, nullptr, dS);
+  // dK = dS^T Q.
+  auto dST = g->virt(td, ts, io);
+  g->reshape(dS, dST);
+  if (gqa) {
+    auto dKf = g->virt(full_kd, io);
+    g->matmul(dST, Q, dKf);
+    g->reduction(CUDNN_REDUCE_TENSOR_ADD, dKf, dK);
+  } else {
+    g->matmul(dST, Q, dK);
+  }
+  // dQ = dS K (K^T viewed back as K), straight into dQ: the deterministic form.
+  auto K = g->virt(kd, ks);
+  g->reshape(KT, K);
+  g->matmul(dS, K, dQ);
+  g->build_plan();
+  return g;
+}
+
+struct Cache {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;
+  bool disabled = false;  // MT_ATTENTION=own, or cuDNN unusable
+  std::map<std::array<int64_t, 6>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
+};
+
+Cache& cache() {
+  static Cache* c = [] {
+    auto* c = new Cache();  // lives for the process (destroying handles at exit races the driver)
+    const char* env = std::getenv("MT_ATTENTION");
+    if (env && std::strcmp(env, "own") == 0) c->disabled = true;
+    if (!c->disabled && cudnnGetVersion() < 90500) c->disabled = true;  // graphs measured on 9.14
+    if (!c->disabled && cudnnCreate(&c->handle) != CUDNN_STATUS_SUCCESS) {
+      std::fprintf(stderr, "megatrain: cuDNN handle creation failed; attention runs on our own kernels\n");
+      c->disabled = true;
+    }
+    return c;
+  }();
+  return *c;
+}
+
+// The cached plan for (direction, shape), built on first use; null when cuDNN cannot run it.
+const Graph* plan_for(bool backward, const AttnShape& s) {
+  Cache& c = cache();
+  if (c.disabled) return nullptr;
+  std::lock_guard<std::mutex> lock(c.mu);
+  const std::array<int64_t, 6> key{backward, s.B, s.T, s.H, s.G, s.D};
+  auto it = c.plans.find(key);
+  if (it != c.plans.end()) return it->second.get();
+  std::unique_ptr<Graph> g;
+  try {
+    g = backward ? build_backward(c.handle, s) : build_forward(c.handle, s);
+  } catch (const BuildError& e) {
+    std::fprintf(stderr,
+                 "megatrain: cuDNN attention %s (B %lld, T %lld, H %lld, G %lld, D %lld) unavailable, using our "
+                 "kernels: %s\n",
+                 backward ? "backward" : "forward", (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.G,
+                 (long long)s.D, e.what.c_str());
+  }
+  return c.plans.emplace(key, std::move(g)).first->second.get();
+}
+
+// cuDNN for bf16 when T is a multiple of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the backward,
+// see the notes; the same rule for the forward keeps one path per shape) and D is one of ours.
+bool shape_ok(const AttnShape& s) { return s.T % 128 == 0 && (s.D == 64 || s.D == 128) && s.H % s.G == 0; }
+
+}  // namespace
+
+bool cudnn_attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                             const AttnShape& s) {
+  if (!shape_ok(s)) return false;
+  const Graph* g = plan_for(false, s);
+  if (!g) return false;
+  float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY;
+  Scratch ws(static_cast<size_t>(g->workspace()));
+  g->execute({kQ, kK, kV, kO, kStats, kScale, kNegInf},
+             {const_cast<bf16_t*>(q), const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), out, lse, &scale, &neg_inf},
+             ws.as<void>());
+  return true;
+}
+
+bool cudnn_attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
+                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
+                              const AttnShape& s) {
+  if (!shape_ok(s)) return false;
+  const Graph* g = plan_for(true, s);
+  if (!g) return false;
+  float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY, one = 1.f;
+  const size_t delta_bytes = (sizeof(float) * static_cast<size_t>(s.B * s.H * s.T) + 255) / 256 * 256;
+  Scratch ws(delta_bytes + static_cast<size_t>(g->workspace()));
+  char* base = ws.as<char>();
+  g->execute({kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum},
+             {const_cast<bf16_t*>(q), const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), const_cast<bf16_t*>(out),
+              const_cast<bf16_t*>(dout), const_cast<float*>(lse), dq, dk, dv, &scale, &one, &neg_inf, base},
+             base + delta_bytes);
+  return true;
+}
+
+}  // namespace mt::ops::cuda::attn
