@@ -12,21 +12,14 @@
 #include "data/indexed_dataset.h"
 #include "data/mock_dataset.h"
 #include "test/catch.h"
+#include "test/common/temp_dir.h"
 
 using namespace mt;
 using namespace mt::data;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/mt_test_build_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using mt::test::TempDir;
 
 // n documents of 5..40 tokens, ids below max_id, first token = tag (to tell datasets apart).
 void write(const std::string& prefix, int n, int32_t tag, int32_t max_id = 500) {

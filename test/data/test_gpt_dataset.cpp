@@ -11,21 +11,14 @@
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "test/catch.h"
+#include "test/common/temp_dir.h"
 
 using namespace mt;
 using namespace mt::data;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/mt_test_gpt_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using mt::test::TempDir;
 
 // Documents of varied lengths (some empty, some of several sequences); token = distinct per place.
 std::vector<std::vector<int32_t>> make_docs(int n, uint32_t seed) {

@@ -13,21 +13,14 @@
 #include "core/check.h"
 #include "data/indexed_dataset.h"
 #include "test/catch.h"
+#include "test/common/temp_dir.h"
 
 using namespace mt;
 using namespace mt::data;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/mt_test_idx_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using mt::test::TempDir;
 
 std::vector<unsigned char> slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
