@@ -15,6 +15,8 @@
 // bf16 runs on cuDNN's fused flash attention where it can (attention_cudnn.cu: T % 128 == 0; 2x the
 // forward and ~3x the backward rate of these kernels on an H200), else on the kernels below.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/attention_common.cuh"
 
@@ -231,7 +233,7 @@ void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T*
   if (s.B * s.T * s.H == 0) return;
   check_attention("attention_forward", s, {out, q, k, v});
   if constexpr (std::is_same_v<T, float>) attn::attention_forward_f32(out, lse, q, k, v, s);
-  else if (!attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s))
+  else if (!attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s, attn::CudnnLayout::separate(s)))
     attn::attention_forward_bf16(dev(out), lse, dev(q), dev(k), dev(v), s);
 }
 
@@ -243,11 +245,62 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
   if constexpr (std::is_same_v<T, float>)
     attn::attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
   else if (!attn::cudnn_attention_backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse,
-                                           s))
+                                           s, attn::CudnnLayout::separate(s)))
     attn::attention_backward_bf16(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, s);
 }
 
+// ---------------------------------------------------------------- on the fused projection
+namespace {
+// MT_ATTENTION_FUSED=0: always split the projection first (for comparisons).
+bool fused_reads_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_ATTENTION_FUSED");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
+template <typename T>
+void attention_forward_qkv_cuda(T* out, float* lse, const T* qkv, const AttnShape& s) {
+  if (s.B * s.T * s.H == 0) return;
+  if constexpr (std::is_same_v<T, mt::bf16>) {
+    // Multi-head attention: cuDNN reads q, k, v in place ([q_h, k_h, v_h] per head and token).
+    if (s.G == s.H && fused_reads_enabled() && aligned(qkv, 16) && aligned(out, 16) &&
+        attn::cudnn_attention_forward(dev(out), lse, dev(qkv), dev(qkv) + s.D, dev(qkv) + 2 * s.D, s,
+                                      attn::CudnnLayout::fused_mha(s)))
+      return;
+  }
+  const size_t qn = static_cast<size_t>(s.B * s.T * s.H * s.D), kn = static_cast<size_t>(s.B * s.T * s.G * s.D);
+  Scratch q(qn * sizeof(T)), k(kn * sizeof(T)), v(kn * sizeof(T));
+  qkv_split_forward_cuda(q.as<T>(), k.as<T>(), v.as<T>(), qkv, s);
+  attention_forward_cuda(out, lse, q.as<T>(), k.as<T>(), v.as<T>(), s);
+}
+
+template <typename T>
+void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                                 const AttnShape& s) {
+  if (s.B * s.T * s.H == 0) return;
+  if constexpr (std::is_same_v<T, mt::bf16>) {
+    // cuDNN writes dq, dk, dv in place too: every element of dqkv is one of them.
+    if (s.G == s.H && fused_reads_enabled() && aligned(qkv, 16) && aligned(dqkv, 16) && aligned(out, 16) &&
+        aligned(dout, 16) &&
+        attn::cudnn_attention_backward(dev(dqkv), dev(dqkv) + s.D, dev(dqkv) + 2 * s.D, dev(dout), dev(qkv),
+                                       dev(qkv) + s.D, dev(qkv) + 2 * s.D, dev(out), lse, s,
+                                       attn::CudnnLayout::fused_mha(s)))
+      return;
+  }
+  const size_t qn = static_cast<size_t>(s.B * s.T * s.H * s.D), kn = static_cast<size_t>(s.B * s.T * s.G * s.D);
+  Scratch q(qn * sizeof(T)), k(kn * sizeof(T)), v(kn * sizeof(T));
+  Scratch dq(qn * sizeof(T)), dk(kn * sizeof(T)), dv(kn * sizeof(T));
+  qkv_split_forward_cuda(q.as<T>(), k.as<T>(), v.as<T>(), qkv, s);
+  attention_backward_cuda(dq.as<T>(), dk.as<T>(), dv.as<T>(), dout, q.as<T>(), k.as<T>(), v.as<T>(), out, lse, s);
+  qkv_split_backward_cuda(dqkv, dq.as<T>(), dk.as<T>(), dv.as<T>(), s);
+}
+
 #define MT_INSTANTIATE(T)                                                                                    \
+  template void attention_forward_qkv_cuda<T>(T*, float*, const T*, const AttnShape&);                       \
+  template void attention_backward_qkv_cuda<T>(T*, const T*, const T*, const T*, const float*, const AttnShape&); \
   template void attention_forward_cuda<T>(T*, float*, const T*, const T*, const T*, const AttnShape&);       \
   template void attention_backward_cuda<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,     \
                                            const float*, const AttnShape&);

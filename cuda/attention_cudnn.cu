@@ -4,9 +4,11 @@
 // saved statistics as our kernels (attention.cu): lse (B, H, T) = natural-log sum-exp of the scaled,
 // masked scores, so either backward can follow either forward.
 // Shapes as cuDNN sees them (logical [b, h, s, d], any strides, last stride 1):
-//   Q, O, dO, dQ [B, H, T, D] strides {T H D, D, H D, 1}   (our (B, T, H, D))
-//   K, V, dK, dV [B, G, T, D] strides {T G D, D, G D, 1}   (our (B, T, G, D)); passed as K^T by
-//   swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (our lse).
+//   O, dO        [B, H, T, D] strides {T H D, D, H D, 1}   (our (B, T, H, D))
+//   Q, dQ        [B, H, T, D] and K, V, dK, dV [B, G, T, D], strides per CudnnLayout: separate tensors
+//                (B, T, H|G, D), or read (written) in place in the fused projection (B, T, 3 H D) of
+//                multi-head attention, {T 3HD, 3D, 3HD, 1} at offsets 0, D, 2D. K is passed as K^T by
+//                swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (lse).
 // Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
 //   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (bf16); O = P V.
 // Backward graph, deterministic form (no dQ accumulator, no float atomics; 21 ops, + 2 head
@@ -240,22 +242,22 @@ class Graph {
   int64_t next_virtual_ = 100;
 };
 
-// Layouts of our tensors as cuDNN's logical [b, h, s, d].
+// Layouts of our tensors as cuDNN's logical [b, h, s, d]: out, dout (B, T, H, D); q (and dq) and
+// k, v (and dk, dv) either separate (B, T, H|G, D) tensors or heads of the fused projection.
 Dims q_dims(const AttnShape& s) { return {s.B, s.H, s.T, s.D}; }
-Dims q_strides(const AttnShape& s) { return {s.T * s.H * s.D, s.D, s.H * s.D, 1}; }
+Dims o_strides(const AttnShape& s) { return {s.T * s.H * s.D, s.D, s.H * s.D, 1}; }
 Dims kv_dims(const AttnShape& s) { return {s.B, s.G, s.T, s.D}; }
-Dims kv_strides(const AttnShape& s) { return {s.T * s.G * s.D, s.D, s.G * s.D, 1}; }
 Dims t_dims(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }  // swap the last two
 Dims stat_dims(const AttnShape& s) { return {s.B, s.H, s.T, 1}; }
 Dims stat_strides(const AttnShape& s) { return {s.H * s.T, s.T, 1, 1}; }
 
-std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s) {
+std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay) {
   auto g = std::make_unique<Graph>(h);
   const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
-  auto Q = g->tensor(io, q_dims(s), q_strides(s), kQ);
-  auto KT = g->tensor(io, t_dims(kv_dims(s)), t_dims(kv_strides(s)), kK);
-  auto V = g->tensor(io, kv_dims(s), kv_strides(s), kV);
-  auto O = g->tensor(io, q_dims(s), q_strides(s), kO);
+  auto Q = g->tensor(io, q_dims(s), lay.q, kQ);
+  auto KT = g->tensor(io, t_dims(kv_dims(s)), t_dims(lay.kv), kK);
+  auto V = g->tensor(io, kv_dims(s), lay.kv, kV);
+  auto O = g->tensor(io, q_dims(s), o_strides(s), kO);
   auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
   auto scale = g->scalar(kScale);
   g->set_neg_inf(g->scalar(kNegInf));
@@ -283,16 +285,16 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s) {
   return g;
 }
 
-std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s) {
+std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay) {
   auto g = std::make_unique<Graph>(h);
   const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
   const bool gqa = s.G != s.H;
-  const Dims qd = q_dims(s), qs = q_strides(s), kd = kv_dims(s), ks = kv_strides(s);
+  const Dims qd = q_dims(s), qs = lay.q, kd = kv_dims(s), ks = lay.kv, os = o_strides(s);
   auto Q = g->tensor(io, qd, qs, kQ);
   auto KT = g->tensor(io, t_dims(kd), t_dims(ks), kK);
   auto VT = g->tensor(io, t_dims(kd), t_dims(ks), kV);
-  auto O = g->tensor(io, qd, qs, kO);
-  auto dO = g->tensor(io, qd, qs, kDO);
+  auto O = g->tensor(io, qd, os, kO);
+  auto dO = g->tensor(io, qd, os, kDO);
   auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
   auto dQ = g->tensor(io, qd, qs, kDQ);
   auto dK = g->tensor(io, kd, ks, kDK);
@@ -361,7 +363,7 @@ struct Cache {
   std::mutex mu;
   cudnnHandle_t handle = nullptr;
   bool disabled = false;  // MT_ATTENTION=own, or cuDNN unusable
-  std::map<std::array<int64_t, 6>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
+  std::map<std::array<int64_t, 14>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
 };
 
 Cache& cache() {
@@ -380,16 +382,17 @@ Cache& cache() {
 }
 
 // The cached plan for (direction, shape), built on first use; null when cuDNN cannot run it.
-const Graph* plan_for(bool backward, const AttnShape& s) {
+const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay) {
   Cache& c = cache();
   if (c.disabled) return nullptr;
   std::lock_guard<std::mutex> lock(c.mu);
-  const std::array<int64_t, 6> key{backward, s.B, s.T, s.H, s.G, s.D};
+  const std::array<int64_t, 14> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,       lay.q[0],
+                                    lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1], lay.kv[2], lay.kv[3]};
   auto it = c.plans.find(key);
   if (it != c.plans.end()) return it->second.get();
   std::unique_ptr<Graph> g;
   try {
-    g = backward ? build_backward(c.handle, s) : build_forward(c.handle, s);
+    g = backward ? build_backward(c.handle, s, lay) : build_forward(c.handle, s, lay);
   } catch (const BuildError& e) {
     std::fprintf(stderr,
                  "megatrain: cuDNN attention %s (B %lld, T %lld, H %lld, G %lld, D %lld) unavailable, using our "
@@ -406,10 +409,19 @@ bool shape_ok(const AttnShape& s) { return s.T % 128 == 0 && (s.D == 64 || s.D =
 
 }  // namespace
 
+CudnnLayout CudnnLayout::separate(const AttnShape& s) {
+  return {{s.T * s.H * s.D, s.D, s.H * s.D, 1}, {s.T * s.G * s.D, s.D, s.G * s.D, 1}};
+}
+
+CudnnLayout CudnnLayout::fused_mha(const AttnShape& s) {
+  const int64_t W = 3 * s.H * s.D;  // per token: [q_h, k_h, v_h] for every head h
+  return {{s.T * W, 3 * s.D, W, 1}, {s.T * W, 3 * s.D, W, 1}};
+}
+
 bool cudnn_attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                             const AttnShape& s) {
+                             const AttnShape& s, const CudnnLayout& lay) {
   if (!shape_ok(s)) return false;
-  const Graph* g = plan_for(false, s);
+  const Graph* g = plan_for(false, s, lay);
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY;
   Scratch ws(static_cast<size_t>(g->workspace()));
@@ -421,9 +433,9 @@ bool cudnn_attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf1
 
 bool cudnn_attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                               const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
-                              const AttnShape& s) {
+                              const AttnShape& s, const CudnnLayout& lay) {
   if (!shape_ok(s)) return false;
-  const Graph* g = plan_for(true, s);
+  const Graph* g = plan_for(true, s, lay);
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY, one = 1.f;
   const size_t delta_bytes = (sizeof(float) * static_cast<size_t>(s.B * s.H * s.T) + 255) / 256 * 256;

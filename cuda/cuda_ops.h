@@ -37,6 +37,16 @@ template <typename T>
 void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                           int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp);
 
+// pre = inp @ W^T + b, out = gelu(pre) (bf16: GELU in the GEMM's epilogue where cuBLASLt has one, else
+// linear_forward + gelu_forward). dpre (=) = gelu'(pre) * (dout @ W) (bf16: GELU gradient in the dinp
+// GEMM's epilogue), dweight/dbias as linear_backward_cuda.
+template <typename T>
+void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC,
+                              int64_t OC);
+template <typename T>
+void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                               const T* pre, int64_t N, int64_t IC, int64_t OC);
+
 // ---------------------------------------------------------------- embedding.cu
 template <typename T>
 void embedding_forward_cuda(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t Vl, int64_t C,
@@ -86,6 +96,15 @@ void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T*
 template <typename T>
 void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                              const float* lse, const AttnShape& s);
+
+// The same on the fused projection qkv (B, T, G*(R+2)*D) (qkv_split.cu's layout): forward = split +
+// attention, backward = attention backward + split backward (dqkv overwritten); multi-head bf16 reads
+// and writes the heads in place through cuDNN, anything else splits into temporaries first.
+template <typename T>
+void attention_forward_qkv_cuda(T* out, float* lse, const T* qkv, const AttnShape& s);
+template <typename T>
+void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                                 const AttnShape& s);
 
 // ---------------------------------------------------------------- cross_entropy.cu
 template <typename T>

@@ -2,7 +2,8 @@
 //   forward:  out(N, OC) = inp(N, IC) @ W(OC, IC)^T + b(OC)                    (bias fused: EPILOGUE_BIAS)
 //   backward: dinp(N, IC) = dout(N, OC) @ W            (beta 0, or 1 with GradMode::Accumulate)
 //             dW(OC, IC) (fp32) += dout^T @ inp         (beta 1: main grads accumulate)
-//             db(OC)     (fp32) += column sums of dout  (deterministic two-pass reduction kernel)
+//             db(OC)     (fp32) += column sums of dout  (deterministic two-pass reduction: per-chunk
+//                                                        partials, then sum_rows_accumulate)
 // Row-major onto cuBLAS's column-major: a row-major (r, c) matrix is a column-major (c, r) one, so
 //   out^T(OC, N)  = W^T'(op T on the stored (IC, OC)) x inp^T (stored (IC, N))      m=OC n=N  k=IC
 //   dinp^T(IC, N) = W (stored (IC, OC)) x dout^T (stored (OC, N))                   m=IC n=N  k=OC
@@ -11,8 +12,10 @@
 // which is plain fp32 (TF32 off, for parity runs). Matmul descriptors, layouts and the heuristic's
 // algorithm are cached per (shape, types, transposes, epilogue, pointer alignment).
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
@@ -55,13 +58,6 @@ __global__ void column_sum_kernel_partials(float* partial, const D* x, int64_t N
   }
 }
 
-__global__ void column_sum_kernel_final(float* out, const float* partial, int splits, int64_t C) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.f;
-  for (int i = 0; i < splits; ++i) s += partial[int64_t(i) * C + c];
-  out[c] += s;
-}
 
 // out(C) (fp32) += sum over rows of x(N, C).
 template <typename D>
@@ -82,9 +78,8 @@ void column_sum_accumulate(float* out, const D* x, int64_t N, int64_t C) {
   else
     column_sum_kernel_partials<1><<<grid, block, 0, s>>>(partial.as<float>(), x, N, C, rows_per);
   MT_CUDA_CHECK_LAUNCH("column_sum_kernel_partials");
-  column_sum_kernel_final<<<static_cast<unsigned>(ceil_div(C, 256)), 256, 0, s>>>(out, partial.as<float>(),
-                                                                                 static_cast<int>(splits), C);
-  MT_CUDA_CHECK_LAUNCH("column_sum_kernel_final");
+  sum_rows_accumulate(out, partial.as<float>(), static_cast<int>(splits), C, s);
+  MT_CUDA_CHECK_LAUNCH("column_sum sum_rows_accumulate");
 }
 
 // ---------------------------------------------------------------- cuBLASLt wrapper
@@ -101,15 +96,21 @@ struct GemmArgs {
   cudaDataType_t ab_type, c_type;
   const void* bias;  // m elements of c_type, or null
   float beta;
+  // GELU epilogues (bf16): kGeluAux: D = gelu(acc + bias), aux = acc + bias (the GELU input);
+  // kDGelu: D = acc * gelu'(aux). aux is (m, n) column-major with leading dimension aux_ld.
+  enum Epilogue { kPlain = 0, kGeluAux = 1, kDGelu = 2 } epilogue = kPlain;
+  const void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
 
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool usable = true;  // false: cuBLASLt has no kernel for this epilogue
 };
 
-using GemmKey = std::array<int64_t, 14>;
+using GemmKey = std::array<int64_t, 16>;
 
 int alignment_of(const void* p) {
   const auto u = reinterpret_cast<uintptr_t>(p);
@@ -125,12 +126,21 @@ GemmPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  if (g.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (g.epilogue == GemmArgs::kGeluAux) epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (g.epilogue == GemmArgs::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT)
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (g.bias) {
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &g.c_type,
                                                    sizeof g.c_type));
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  }
+  if (g.epilogue != GemmArgs::kPlain) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux,
+                                                   sizeof g.aux));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.aux_ld, sizeof g.aux_ld));
   }
   // Stored shapes: op(A) is (m, k), op(B) is (k, n).
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
@@ -152,18 +162,26 @@ GemmPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (g.epilogue != GemmArgs::kPlain && (hs != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    p.usable = false;  // no fused kernel for this epilogue: the caller falls back
+    return p;
+  }
+  MT_CUBLAS_CHECK(hs);
   MT_CHECK(found > 0, what, ": cuBLASLt has no algorithm for the GEMM m=", g.m, " n=", g.n, " k=", g.k,
            " (types ", static_cast<int>(g.ab_type), "/", static_cast<int>(g.c_type), ", bias ", g.bias != nullptr, ")");
   p.algo = result.algo;
   return p;
 }
 
-void gemm(const char* what, const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0) return;
-  const GemmKey key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.ab_type, g.c_type,
-                    g.bias != nullptr, alignment_of(g.A), alignment_of(g.B), alignment_of(g.C)};
+// Returns false (nothing run) only for a GELU epilogue cuBLASLt has no kernel for.
+bool gemm(const char* what, const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return true;
+  const GemmKey key{g.trans_a,  g.trans_b,  g.m,        g.n,   g.k,   g.lda, g.ldb, g.ldc, g.ab_type, g.c_type,
+                    g.bias != nullptr, alignment_of(g.A), alignment_of(g.B), alignment_of(g.C), g.epilogue,
+                    g.epilogue != GemmArgs::kPlain ? alignment_of(g.aux) * 1000000 + g.aux_ld : 0};
   static std::mutex mu;
   static std::map<GemmKey, GemmPlan> cache;
   GemmPlan plan;
@@ -172,14 +190,29 @@ void gemm(const char* what, const GemmArgs& g) {
     auto it = cache.find(key);
     if (it == cache.end()) it = cache.emplace(key, make_plan(what, g, key)).first;
     plan = it->second;
-    if (g.bias)  // the cached descriptor carries the last call's pointer
+    if (!plan.usable) return false;
+    // The cached descriptor carries the last call's pointers.
+    if (g.bias)
       MT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    if (g.epilogue != GemmArgs::kPlain)
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
   }
   const Context& ctx = context();
   const float alpha = 1.f;
   MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &g.beta, g.C, plan.c, g.C,
                                  plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
+  return true;
+}
+
+// MT_GEMM_GELU=0: never fuse GELU into the GEMM (for comparisons).
+bool gelu_epilogue_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_GEMM_GELU");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
 }
 
 template <typename T>
@@ -221,7 +254,48 @@ void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, 
   if (dbias) column_sum_accumulate(dbias, dev(dout), N, OC);
 }
 
+template <typename T>
+void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC,
+                              int64_t OC) {
+  if (N == 0 || OC == 0) return;
+  if constexpr (std::is_same_v<T, mt::bf16>) {
+    // out^T and pre^T are (OC, N) column-major, leading dimension OC.
+    if (IC > 0 && OC % 8 == 0 && gelu_epilogue_enabled() && aligned(pre, 16)) {
+      GemmArgs g{true, false, OC, N, IC, weight, IC, inp, IC, out, OC, CUDA_R_16BF, CUDA_R_16BF, bias, 0.f};
+      g.epilogue = GemmArgs::kGeluAux;
+      g.aux = pre;
+      g.aux_ld = OC;
+      if (gemm("linear_gelu_forward_cuda", g)) return;
+    }
+  }
+  linear_forward_cuda(pre, inp, weight, bias, N, IC, OC);
+  gelu_forward_cuda(out, static_cast<const T*>(pre), N * OC);
+}
+
+template <typename T>
+void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                               const T* pre, int64_t N, int64_t IC, int64_t OC) {
+  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, false);
+  if (N == 0 || IC == 0) return;
+  if constexpr (std::is_same_v<T, mt::bf16>) {
+    // dpre^T (IC, N) = W (stored (IC, OC)) x dout^T, then * gelu'(pre^T) (IC, N), leading dimension IC.
+    if (OC > 0 && IC % 8 == 0 && gelu_epilogue_enabled() && aligned(pre, 16)) {
+      GemmArgs g{false, false, IC, N, OC, weight, IC, dout, OC, dpre, IC, CUDA_R_16BF, CUDA_R_16BF, nullptr, 0.f};
+      g.epilogue = GemmArgs::kDGelu;
+      g.aux = pre;
+      g.aux_ld = IC;
+      if (gemm("linear_backward_gelu_cuda", g)) return;
+    }
+  }
+  Scratch dinp(sizeof(T) * static_cast<size_t>(N * IC));
+  linear_backward_cuda<T>(dinp.as<T>(), nullptr, nullptr, dout, inp, weight, N, IC, OC, false);
+  gelu_backward_cuda(dpre, static_cast<const T*>(dinp.as<T>()), pre, N * IC);
+}
+
 #define MT_INSTANTIATE(T)                                                                                        \
+  template void linear_gelu_forward_cuda<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);      \
+  template void linear_backward_gelu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, const T*, int64_t,  \
+                                             int64_t, int64_t);                                                  \
   template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);            \
   template void linear_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
                                         bool);

@@ -116,6 +116,34 @@ __device__ T block_sum(T v, T* scratch) {
   return r;
 }
 
+// ---------------------------------------------------------------- partial sums (fixed order)
+// out[c] += sum_{r < rows} in[r * C + c] for every column c < C, deterministic: a block owns 32
+// columns (one per lane) and 8 row groups (threadIdx.y); group y adds rows y, y + 8, ... in order,
+// then the 8 group sums are added in y order. Coalesced 128-byte reads, ceil(C / 32) blocks: the
+// per-column loop is rows / 8 long (a one-thread-per-column loop over all rows is latency-bound).
+constexpr int kSumRowGroups = 8;
+template <int kGroups = kSumRowGroups>
+__global__ void sum_rows_accumulate_kernel(float* out, const float* in, int rows, int64_t C) {
+  __shared__ float red[kGroups][33];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float acc = 0.f;
+  if (c < C)
+    for (int r = threadIdx.y; r < rows; r += kGroups) acc += in[int64_t(r) * C + c];
+  red[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float s = 0.f;
+#pragma unroll
+    for (int y = 0; y < kGroups; ++y) s += red[y][threadIdx.x];
+    out[c] += s;
+  }
+}
+inline void sum_rows_accumulate(float* out, const float* in, int rows, int64_t C, cudaStream_t stream) {
+  if (C == 0) return;
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32)), block(32, kSumRowGroups);
+  sum_rows_accumulate_kernel<<<grid, block, 0, stream>>>(out, in, rows, C);
+}
+
 // ---------------------------------------------------------------- scratch memory
 // Temporary device memory from the caching allocator (no cudaMalloc in a step). Freed when the
 // object dies, possibly before the kernels using it have run: safe because every op runs on the one

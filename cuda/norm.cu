@@ -10,7 +10,7 @@
 // Backward, deterministic (no float atomics): the N rows are cut into one contiguous chunk per block;
 // a block walks its rows one at a time with all its threads, each thread owning fixed columns, so it
 // accumulates its columns' dw/db partials in shared memory without conflicts. Each block writes its
-// partial row to scratch; a second kernel adds the partials of all blocks in block order into dw/db.
+// partial row to scratch; sum_partials adds the partials of all blocks in a fixed order into dw/db.
 // dx is computed per row after a block-wide reduction of (sum gh, sum gh xh); each element of dout is
 // read before dinp's same element is written, so dinp may alias dout.
 // Where the dw/db partials of a row fit in registers (C <= 2048 LayerNorm, 4096 RMSNorm, bf16) the
@@ -163,7 +163,7 @@ __global__ void norm_backward_kernel_block_rows(D* dinp, float* partial, const D
 // across its rows. Per row: one pass for the two row sums (warp shuffles only, no block barrier),
 // one pass (re-reading the row from L1/L2) for dx and the partials. At the end the block's warps add
 // their partials into shared memory in warp order and the block writes its partial row, which
-// norm_backward_kernel_sum_partials adds up in block order: deterministic, no atomics.
+// sum_partials adds up in block order: deterministic, no atomics.
 template <bool kLayerNorm, int VEC, int NC, typename D>
 __global__ void __launch_bounds__(kBwdThreads)
     norm_backward_kernel_warp_rows(D* dinp, float* partial, const D* dout, const D* inp, const D* weight,
@@ -248,18 +248,10 @@ __global__ void __launch_bounds__(kBwdThreads)
   }
 }
 
-// dw[c] += sum_b partial[b, c] (b in order); db likewise from the second half when db != null.
-__global__ void norm_backward_kernel_sum_partials(float* dw, float* db, const float* partial, int blocks,
-                                                  int64_t C) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.f, sb = 0.f;
-  for (int b = 0; b < blocks; ++b) {
-    sw += partial[int64_t(b) * C + c];
-    if (db) sb += partial[(int64_t(blocks) + b) * C + c];
-  }
-  dw[c] += sw;
-  if (db) db[c] += sb;
+// dw[c] += sum_b partial[b, c], db[c] += sum_b partial[blocks + b, c] (fixed order: kernel_utils.cuh).
+void sum_partials(float* dw, float* db, const float* partial, int blocks, int64_t C) {
+  sum_rows_accumulate(dw, partial, blocks, C, current_stream());
+  if (db) sum_rows_accumulate(db, partial + int64_t(blocks) * C, blocks, C, current_stream());
 }
 
 template <typename D>
@@ -363,8 +355,7 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
     if (warp_rows_dispatch<kLayerNorm, kVec>(nc, grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
                                              dev(weight), mean, rstd, N, C, acc)) {
       MT_CUDA_CHECK_LAUNCH(what);
-      norm_backward_kernel_sum_partials<<<static_cast<unsigned>(ceil_div(C, 256)), 256, 0, current_stream()>>>(
-          dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
+      sum_partials(dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
       MT_CUDA_CHECK_LAUNCH(what);
       return;
     }
@@ -380,8 +371,7 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
     launch_norm_backward<kLayerNorm, 1>(grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
                                         dev(weight), mean, rstd, N, C, rows, acc);
   MT_CUDA_CHECK_LAUNCH(what);
-  norm_backward_kernel_sum_partials<<<static_cast<unsigned>(ceil_div(C, 256)), 256, 0, current_stream()>>>(
-      dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
+  sum_partials(dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
   MT_CUDA_CHECK_LAUNCH(what);
 }
 

@@ -26,9 +26,22 @@ SelfAttention::SelfAttention(const std::string& prefix, const ModelContext& ctx,
            "): key/value heads replicated over tensor-parallel ranks are not supported yet");
 }
 
+// Without rotary embeddings the GPU attention runs on the fused projection (no split copies; cuDNN
+// reads the heads in place); the CPU keeps the reference path (split, then attention): same math.
+bool SelfAttention::fused(const ModelContext& c) { return !c.llama() && c.device != Device::CPU; }
+
 Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const {
   const ModelContext& c = *ctx_;
   Tensor qkv = linear_qkv_.forward(x);  // (B*T, G_l*(R+2)*D): rows gathered under SP
+  if (fused(c)) {
+    s.q = qkv.view({B, T, -1});  // the whole projection; k, v stay undefined
+    s.out = c.empty({B, T, heads_local_, head_dim_});
+    s.lse = Tensor::empty({B, heads_local_, T}, DType::F32, c.device);
+    ops::attention_forward_qkv(s.out, s.lse, s.q, groups_local_);
+    Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}));
+    if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
+    return y;
+  }
   s.q = c.empty({B, T, heads_local_, head_dim_});
   s.k = c.empty({B, T, groups_local_, head_dim_});
   s.v = c.empty({B, T, groups_local_, head_dim_});
@@ -51,9 +64,17 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
   if (!s.out.defined()) {  // selective recompute of the attention core
     s.out = c.empty({B, T, heads_local_, head_dim_});
     s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
-    ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
+    if (!s.k.defined())
+      ops::attention_forward_qkv(s.out, s.lse, s.q, groups_local_);
+    else
+      ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
   }
   Tensor dout = linear_proj_.backward(dy, s.out.view({B * T, heads_local_ * head_dim_}));
+  if (!s.k.defined()) {  // the fused path
+    Tensor dqkv = c.empty(s.q.shape());
+    ops::attention_backward_qkv(dqkv, dout.view(s.out.shape()), s.q, s.out, s.lse, groups_local_);
+    return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
+  }
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
   ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
   if (c.llama()) {
@@ -78,23 +99,26 @@ MLP::MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
 
 Tensor MLP::forward(Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
-  s.h = linear_fc1_.forward(x);
-  s.a = c.empty({s.h.size(0), ffn_local_});
-  if (c.llama())
+  if (c.llama()) {
+    s.h = linear_fc1_.forward(x);
+    s.a = c.empty({s.h.size(0), ffn_local_});
     ops::swiglu_forward(s.a, s.h);
-  else
-    ops::gelu_forward(s.a, s.h);
+  } else {
+    s.a = linear_fc1_.forward_gelu(x, &s.h);  // GELU in the GEMM's epilogue where possible
+  }
   return linear_fc2_.forward(s.a);
 }
 
 Tensor MLP::backward(const Tensor& dy, const Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
-  Tensor da = linear_fc2_.backward(dy, s.a);
-  Tensor dh = c.empty(s.h.shape());
-  if (c.llama())
+  Tensor dh;
+  if (c.llama()) {
+    Tensor da = linear_fc2_.backward(dy, s.a);
+    dh = c.empty(s.h.shape());
     ops::swiglu_backward(dh, da, s.h);
-  else
-    ops::gelu_backward(dh, da, s.h);
+  } else {
+    dh = linear_fc2_.backward_gelu(dy, s.a, s.h);  // GELU gradient in the dx GEMM's epilogue where possible
+  }
   return linear_fc1_.backward(dh, x);
 }
 

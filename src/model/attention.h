@@ -12,8 +12,10 @@ namespace mt {
 class SelfAttention {
  public:
   SelfAttention(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
+  // q, k, v split out; or, on the fused path, q holds the whole projection (B, T, G_l*(R+2)*D) (the same
+  // bytes) and k, v stay undefined. out/lse are dropped under selective recompute.
   struct Saved {
-    Tensor q, k, v, out, lse;  // out/lse dropped under selective recompute
+    Tensor q, k, v, out, lse;
   };
   // x (rows_local, C) -> y (rows_local, C); rows_local = B*T, or B*T/tp under sequence parallelism.
   Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const;
@@ -21,6 +23,9 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
 
  private:
+  // Attention on the fused projection, q, k and v never split out: no rotary embedding, GPU.
+  static bool fused(const ModelContext& c);
+
   const ModelContext* ctx_;
   int64_t heads_local_, groups_local_, head_dim_;
   ColumnParallelLinear linear_qkv_;

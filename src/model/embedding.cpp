@@ -42,6 +42,14 @@ int64_t Embedding::first_row(int64_t B, int64_t T) const { return sp(*ctx_) ? ct
 int64_t Embedding::vocab_start() const { return ctx_->ps->tp_rank * word_->local_shape[0]; }
 
 Tensor Embedding::positions(int64_t row0, int64_t rows, int64_t T) const {
+  // Cached on the device: a host-to-device copy in backward would wait for the whole backward.
+  if (pos_cache_.defined() && pos_key_ == std::array<int64_t, 3>{row0, rows, T}) return pos_cache_;
+  pos_key_ = {row0, rows, T};
+  pos_cache_ = make_positions(row0, rows, T);
+  return pos_cache_;
+}
+
+Tensor Embedding::make_positions(int64_t row0, int64_t rows, int64_t T) const {
   Tensor pos = Tensor::empty({rows}, DType::I32);
   int32_t* p = pos.data<int32_t>();
   for (int64_t i = 0; i < rows; ++i) p[i] = static_cast<int32_t>((row0 + i) % T);

@@ -3,6 +3,8 @@
 // are never looked up and are masked out of the softmax, so padding and TP never change the loss.
 #pragma once
 
+#include <array>
+
 #include "model/linear.h"
 
 namespace mt {
@@ -19,11 +21,14 @@ class Embedding {
 
  private:
   Tensor positions(int64_t row0, int64_t rows, int64_t T) const;
+  Tensor make_positions(int64_t row0, int64_t rows, int64_t T) const;
   int64_t local_rows(int64_t B, int64_t T) const;
   int64_t first_row(int64_t B, int64_t T) const;
   const ModelContext* ctx_;
   Param* word_ = nullptr;
   Param* position_ = nullptr;
+  mutable Tensor pos_cache_;  // positions of the last (row0, rows, T), on the model's device
+  mutable std::array<int64_t, 3> pos_key_{};
 };
 
 // logits = h W^T over this rank's vocab slice, then vocab-parallel softmax cross-entropy.

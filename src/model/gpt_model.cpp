@@ -53,6 +53,9 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
                          const Tensor& hidden_in, const StepContext& step, double* loss_sum) const {
   st.B = B;
   st.T = T;
+  // Host-to-device copies wait for the device (pageable memory, legacy stream): do them while it is
+  // idle, before the layers are queued, not between the last layer and the loss.
+  if (spec_.post_process) st.labels = to_device_ids(labels, B * T, ctx_->device);
   Tensor x;
   if (spec_.pre_process) {
     st.tokens = to_device_ids(tokens, B * T, ctx_->device);
@@ -73,7 +76,6 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
       }
   }
   if (!spec_.post_process) return x;
-  st.labels = to_device_ids(labels, B * T, ctx_->device);
   st.final_in = x;
   st.final_out = ctx_->empty(x.shape());
   final_norm_->forward(st.final_out, st.final_norm, x);

@@ -43,6 +43,15 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   return y;
 }
 
+Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, Tensor* pre) const {
+  const ParallelState& ps = *ctx_->ps;
+  Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
+  *pre = ctx_->empty({xf.size(0), local_out()});
+  Tensor y = ctx_->empty({xf.size(0), local_out()});
+  ops::linear_gelu_forward(y, *pre, xf, weight_->value, bias_ ? &bias_->value : nullptr);
+  return y;
+}
+
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx) const {
   const ParallelState& ps = *ctx_->ps;
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
@@ -84,6 +93,14 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) const {
   Tensor dx = ctx_->empty(x.shape());
   ops::linear_backward(&dx, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value);
   return dx;
+}
+
+Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const Tensor& pre) const {
+  const ParallelState& ps = *ctx_->ps;
+  Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
+  Tensor dpre = ctx_->empty(x.shape());
+  ops::linear_backward_gelu(dpre, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value, pre);
+  return dpre;
 }
 
 // ---------------------------------------------------------------- norm

@@ -28,6 +28,8 @@ class ColumnParallelLinear {
   ColumnParallelLinear(const std::string& name, Param* shared_weight, const ModelContext& ctx);  // tied
   // x (rows_local, in) -> y (rows_full, out_local)
   Tensor forward(const Tensor& x) const;
+  // The same followed by GELU: returns gelu(y), and y in *pre (fused into the GEMM where possible).
+  Tensor forward_gelu(const Tensor& x, Tensor* pre) const;
   // dy (rows_full, out_local) -> dx shaped like x (skipped when need_dx is false: returns undefined).
   Tensor backward(const Tensor& dy, const Tensor& x, bool need_dx = true) const;
   int64_t local_out() const { return weight_->local_shape[0]; }
@@ -47,6 +49,8 @@ class RowParallelLinear {
   Tensor forward(const Tensor& x) const;
   // dy (rows_local, out) -> dx (rows_full, in_local)
   Tensor backward(const Tensor& dy, const Tensor& x) const;
+  // When x = gelu(pre): returns dL/dpre = gelu'(pre) * dx (fused into the dx GEMM where possible).
+  Tensor backward_gelu(const Tensor& dy, const Tensor& x, const Tensor& pre) const;
   int64_t local_in() const { return weight_->local_shape[1]; }
 
  private:

@@ -294,6 +294,49 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
                                           weight.data<T>(), N, IC, OC, acc));
 }
 
+void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+  const char* op = "linear_gelu_forward";
+  const auto [N, IC, OC] = linear_dims(op, inp, weight);
+  like_rows(op, inp, out, "out", N, OC);
+  like_rows(op, inp, pre, "pre", N, OC);
+  if (bias) like(op, inp, *bias, "bias", {OC});
+  if (inp.device() == Device::CPU) {  // the reference: linear, then GELU
+    linear_forward(pre, inp, weight, bias);
+    gelu_forward(out, pre);
+    return;
+  }
+  std::string pname;
+  if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
+  MT_DISPATCH(op, inp,
+              (cuda::linear_gelu_forward_cuda<T>(out.data<T>(), pre.data<T>(), inp.data<T>(), weight.data<T>(),
+                                                 bias ? bias->data<T>() : nullptr, N, IC, OC)),
+              (void)sizeof(T); unsupported(op, inp));
+}
+
+void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight, const Tensor& pre) {
+  const char* op = "linear_backward_gelu";
+  const auto [N, IC, OC] = linear_dims(op, inp, weight);
+  like_rows(op, inp, dout, "dout", N, OC);
+  like_rows(op, inp, dpre, "dpre", N, IC);
+  like_rows(op, inp, pre, "pre", N, IC);
+  if (dweight) param_grad(op, inp, *dweight, "dweight", weight.shape());
+  if (dbias) param_grad(op, inp, *dbias, "dbias", {OC});
+  if (inp.device() == Device::CPU) {  // the reference: linear backward, then the GELU's
+    Tensor dinp = Tensor::empty(inp.shape(), inp.dtype());
+    linear_backward(&dinp, dweight, dbias, dout, inp, weight);
+    gelu_backward(dpre, dinp, pre);
+    return;
+  }
+  std::string pname;
+  if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
+  MT_DISPATCH(op, inp,
+              (cuda::linear_backward_gelu_cuda<T>(dpre.data<T>(), dweight ? dweight->data<float>() : nullptr,
+                                                  dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
+                                                  inp.data<T>(), weight.data<T>(), pre.data<T>(), N, IC, OC)),
+              (void)sizeof(T); unsupported(op, inp));
+}
+
 // ---------------------------------------------------------------- embedding
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
@@ -544,6 +587,59 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
               cpu::attention_backward_cpu<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(),
                                              q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse.data<T>(),
                                              s));
+}
+
+namespace {
+// out (B, T, H, D) and qkv (B, T, G*(H/G+2)*D) with G key/value heads; returns the shape.
+cpu::AttnShape qkv_attn_shape(const char* op, const Tensor& out, const Tensor& qkv, int64_t G) {
+  need(op, out, "out");
+  like(op, out, qkv, "qkv");
+  OP_ASSERT(out.dim() == 4, "out ", out.str(), " should be (B, T, H, D)");
+  const int64_t B = out.size(0), T = out.size(1), H = out.size(2), D = out.size(3);
+  OP_ASSERT(G >= 1 && H % G == 0, "G ", G, " should divide H ", H);
+  OP_ASSERT(qkv.dim() == 3 && qkv.size(0) == B && qkv.size(1) == T && qkv.size(2) == G * (H / G + 2) * D, "qkv ",
+            qkv.str(), " should be (B, T, G*(H/G+2)*D) for out ", out.str(), " and G ", G);
+  return {B, T, H, G, D};
+}
+}  // namespace
+
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t G) {
+  const char* op = "attention_forward_qkv";
+  const cpu::AttnShape s = qkv_attn_shape(op, out, qkv, G);
+  stat(op, out, lse, "lse (B, H, T)", s.B * s.H * s.T);
+  if (out.device() == Device::CPU) {  // the reference: split, then attention
+    Tensor q = Tensor::empty({s.B, s.T, s.H, s.D}, out.dtype()), k = Tensor::empty({s.B, s.T, s.G, s.D}, out.dtype()),
+           v = Tensor::empty({s.B, s.T, s.G, s.D}, out.dtype());
+    qkv_split_forward(q, k, v, qkv);
+    attention_forward(out, lse, q, k, v);
+    return;
+  }
+  MT_DISPATCH(op, out,
+              (cuda::attention_forward_qkv_cuda<T>(out.data<T>(), lse.data<float>(), qkv.data<T>(), cuda_shape(s))),
+              (void)sizeof(T); unsupported(op, out));
+}
+
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                            const Tensor& lse, int64_t G) {
+  const char* op = "attention_backward_qkv";
+  const cpu::AttnShape s = qkv_attn_shape(op, out, qkv, G);
+  like(op, out, dout, "dout", out.shape());
+  like(op, out, dqkv, "dqkv", qkv.shape());
+  stat(op, out, lse, "lse (B, H, T)", s.B * s.H * s.T);
+  if (out.device() == Device::CPU) {  // the reference: split, attention backward, split backward
+    const DType dt = out.dtype();
+    const Shape qs{s.B, s.T, s.H, s.D}, ks{s.B, s.T, s.G, s.D};
+    Tensor q = Tensor::empty(qs, dt), k = Tensor::empty(ks, dt), v = Tensor::empty(ks, dt);
+    Tensor dq = Tensor::empty(qs, dt), dk = Tensor::empty(ks, dt), dv = Tensor::empty(ks, dt);
+    qkv_split_forward(q, k, v, qkv);
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+    qkv_split_backward(dqkv, dq, dk, dv);
+    return;
+  }
+  MT_DISPATCH(op, out,
+              (cuda::attention_backward_qkv_cuda<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(),
+                                                    lse.data<float>(), cuda_shape(s))),
+              (void)sizeof(T); unsupported(op, out));
 }
 
 // ---------------------------------------------------------------- cross-entropy

@@ -34,6 +34,14 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight, GradMode dinp_mode = GradMode::Overwrite);
 
+// Linear + GELU (the MLP of GPT-2): pre(N, OC) = inp @ weight^T + bias, out(N, OC) = gelu(pre): the same as
+// linear_forward then gelu_forward, with the GELU in the GEMM's epilogue where the backend has one.
+void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+// Backward of the linear that follows the GELU, through the GELU: dpre(N, IC) (=) = gelu'(pre) * (dout @ weight)
+// (linear_backward's dinp then gelu_backward, fused where possible); dweight, dbias as linear_backward (+=).
+void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight, const Tensor& pre);
+
 // ---------------------------------------------------------------- embedding (vocab-parallel ready)
 // tokens int32 (N); table (Vl, C) holds global rows [vocab_start, vocab_start + Vl).
 // out(N, C) = table[tok - vocab_start] if the token is in this slice, else 0.
@@ -79,6 +87,13 @@ void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v);
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse);
+
+// The same on the fused projection qkv (B, T, G*(R+2)*D) (qkv_split_forward's layout), out (B, T, H, D):
+// forward = qkv_split_forward + attention_forward; backward = attention_backward + qkv_split_backward
+// (dqkv (B, T, G*(R+2)*D) overwritten). Backends that can read the heads in place skip the split copies.
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t G);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                            const Tensor& lse, int64_t G);
 
 // ---------------------------------------------------------------- cross-entropy (vocab-parallel ready)
 // logits (N, Vl): columns are global vocab ids [vocab_start, vocab_start + Vl); only the first

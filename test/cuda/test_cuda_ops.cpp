@@ -118,6 +118,42 @@ TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "
       }
 }
 
+TEST_CASE("cuda linear + GELU (fused epilogues) match the CPU", "[cuda][linear_gelu]") {
+  init();
+  struct Dims { int64_t N, IC, OC; };
+  uint64_t seed = 2200;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{64, 128, 256}, Dims{37, 45, 19}, Dims{256, 768, 1024}})
+      for (bool with_bias : {true, false}) {
+        INFO("N " << d.N << " IC " << d.IC << " OC " << d.OC << " bias " << with_bias);
+        const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt);
+        const Tensor w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+        const Tensor b64 = rounded(randn64({d.OC}, ++seed), dt);
+        const Tensor x = to_device(x64, dt), w = to_device(w64, dt), b = to_device(b64, dt);
+        // forward: pre = x w^T + b, out = gelu(pre)
+        Tensor out = poisoned({d.N, d.OC}, dt), pre = poisoned({d.N, d.OC}, dt);
+        Tensor out_ref = Tensor::empty({d.N, d.OC}, DType::F64), pre_ref = Tensor::empty({d.N, d.OC}, DType::F64);
+        ops::linear_gelu_forward(out, pre, x, w, with_bias ? &b : nullptr);
+        ops::linear_gelu_forward(out_ref, pre_ref, x64, w64, with_bias ? &b64 : nullptr);
+        check_close("linear_gelu_forward out", out, out_ref, dt);
+        check_close("linear_gelu_forward pre", pre, pre_ref, dt);
+        // backward of a following linear (in = out, weight w2 (C, OC)) through the GELU, from the GPU's pre
+        const int64_t C = 96;
+        const Tensor w2_64 = rounded(randn64({C, d.OC}, ++seed, 0.05), dt), g64 = rounded(randn64({d.N, C}, ++seed), dt);
+        const Tensor w2 = to_device(w2_64, dt), g = to_device(g64, dt);
+        const Tensor a64 = to_host64(out), p64 = to_host64(pre);
+        const Tensor dw0 = randn64({C, d.OC}, ++seed), db0 = randn64({C}, ++seed);
+        Tensor dpre = poisoned({d.N, d.OC}, dt), dw = to_device(dw0, DType::F32), db = to_device(db0, DType::F32);
+        Tensor dpre_ref = Tensor::empty({d.N, d.OC}, DType::F64), dw_ref = rounded(dw0, DType::F32),
+               db_ref = rounded(db0, DType::F32);
+        ops::linear_backward_gelu(dpre, &dw, with_bias ? &db : nullptr, g, out, w2, pre);
+        ops::linear_backward_gelu(dpre_ref, &dw_ref, with_bias ? &db_ref : nullptr, g64, a64, w2_64, p64);
+        check_close("linear_backward_gelu dpre", dpre, dpre_ref, dt);
+        check_close("linear_backward_gelu dweight(fp32 +=)", dw, dw_ref, dt, kTolF32);
+        if (with_bias) check_close("linear_backward_gelu dbias(fp32 +=)", db, db_ref, dt, kTolF32);
+      }
+}
+
 TEST_CASE("cuda parameter gradients must be fp32 main grads", "[cuda][linear]") {
   init();
   const Tensor x = to_device(randn64({4, 8}, 1), DType::BF16), w = to_device(randn64({3, 8}, 2), DType::BF16);

@@ -84,6 +84,30 @@ TEST_CASE("qkv_split follows the grouped layout and its backward is the inverse"
   check_grad("dqkv", back, x, L);
 }
 
+TEST_CASE("attention on the fused projection is split + attention (forward and backward)", "[ops][attention]") {
+  for (int64_t G : {2, 4}) {
+    const int64_t B = 2, T = 9, H = 4, D = 8, W = G * (H / G + 2) * D;
+    INFO("G " << G);
+    const Tensor qkv = randn({B, T, W}, 40 + G), dout = randn({B, T, H, D}, 50 + G);
+    Tensor q = Tensor::empty({B, T, H, D}, DType::F64), k = Tensor::empty({B, T, G, D}, DType::F64),
+           v = Tensor::empty({B, T, G, D}, DType::F64);
+    ops::qkv_split_forward(q, k, v, qkv);
+    Tensor out_r = Tensor::empty({B, T, H, D}, DType::F64), lse_r = Tensor::empty({B, H, T}, DType::F64);
+    ops::attention_forward(out_r, lse_r, q, k, v);
+    Tensor out = Tensor::empty({B, T, H, D}, DType::F64), lse = Tensor::empty({B, H, T}, DType::F64);
+    ops::attention_forward_qkv(out, lse, qkv, G);
+    CHECK(bitwise_equal(out, out_r));
+    CHECK(bitwise_equal(lse, lse_r));
+    Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = Tensor::empty(k.shape(), DType::F64),
+           dv = Tensor::empty(v.shape(), DType::F64), dqkv_r = Tensor::empty({B, T, W}, DType::F64);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out_r, lse_r);
+    ops::qkv_split_backward(dqkv_r, dq, dk, dv);
+    Tensor dqkv = Tensor::empty({B, T, W}, DType::F64);
+    ops::attention_backward_qkv(dqkv, dout, qkv, out, lse, G);
+    CHECK(bitwise_equal(dqkv, dqkv_r));
+  }
+}
+
 TEST_CASE("attention forward matches a naive implementation (GQA, MHA, MQA)", "[ops][attention]") {
   struct Cfg {
     int64_t B, T, H, G, D;

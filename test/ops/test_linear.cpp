@@ -137,3 +137,31 @@ TEST_CASE("linear: multi-block parallel GEMMs match naive loops", "[ops][linear]
   CHECK(rel_err(dw, want_dw) < 1e-13);
   CHECK(rel_err(db, want_db) < 1e-13);
 }
+
+TEST_CASE("linear + GELU: forward is linear then gelu, backward matches finite differences", "[ops][linear]") {
+  const int64_t N = 6, IC = 5, OC = 4, C = 3;
+  Tensor x = randn({N, IC}, 21), w = randn({OC, IC}, 22), b = randn({OC}, 23);
+  Tensor out = Tensor::empty({N, OC}, DType::F64), pre = Tensor::empty({N, OC}, DType::F64);
+  ops::linear_gelu_forward(out, pre, x, w, &b);
+  Tensor pre_ref = Tensor::empty({N, OC}, DType::F64), out_ref = Tensor::empty({N, OC}, DType::F64);
+  ops::linear_forward(pre_ref, x, w, &b);
+  ops::gelu_forward(out_ref, pre_ref);
+  CHECK(bitwise_equal(pre, pre_ref));
+  CHECK(bitwise_equal(out, out_ref));
+  // L = <wts, gelu(pre) w2^T + b2> as a function of pre: dL/dpre through the second linear and the GELU.
+  Tensor w2 = randn({C, OC}, 24), b2 = randn({C}, 25), wts = randn({N, C}, 26);
+  auto L = [&] {
+    Tensor a = Tensor::empty({N, OC}, DType::F64), y = Tensor::empty({N, C}, DType::F64);
+    ops::gelu_forward(a, pre);
+    ops::linear_forward(y, a, w2, &b2);
+    return dot(wts, y);
+  };
+  Tensor dpre = Tensor::empty({N, OC}, DType::F64), dw2 = Tensor::zeros({C, OC}, DType::F64),
+         db2 = Tensor::zeros({C}, DType::F64);
+  ops::linear_backward_gelu(dpre, &dw2, &db2, wts, out, w2, pre);
+  check_grad("dpre", dpre, pre, L);
+  Tensor dw2_ref = Tensor::zeros({C, OC}, DType::F64), db2_ref = Tensor::zeros({C}, DType::F64);
+  ops::linear_backward(nullptr, &dw2_ref, &db2_ref, wts, out, w2);
+  CHECK(bitwise_equal(dw2, dw2_ref));
+  CHECK(bitwise_equal(db2, db2_ref));
+}
