@@ -94,22 +94,7 @@ __global__ void __launch_bounds__(kThreads)
 
     // S = Q K^T (16 MT x kBc per warp).
     float s[MT][kNT][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) load_a_frag<LD>(qa[mt], sQ, wrow + mt * 16, kk * 16);
-#pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        uint32_t bfr[4];
-        load_b_frags_nk<LD>(bfr, tK, nt * 8, kk * 16);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(s[mt][nt], qa[mt], bfr[0], bfr[1]);
-          mma_16816(s[mt][nt + 1], qa[mt], bfr[2], bfr[3]);
-        }
-      }
-    }
+    mma_rows_x_cols<MT, kNT, D, LD>(s, sQ, wrow, tK);
     // Causal mask where this tile reaches past the warp's first row.
     const int j0 = j * kBc;
     if (j0 + kBc - 1 > i0 + wrow) {

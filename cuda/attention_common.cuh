@@ -137,4 +137,26 @@ void attention_backward_f32(float* dq, float* dk, float* dv, const float* dout, 
 template <typename D>
 void attention_delta(float* delta, const D* dout, const D* out, const AttnShape& s);
 
+// acc[mt][nt] += A[row0 + 16 mt.., :] B[8 nt.., :]^T over the D columns: A (rows) and B (columns)
+// are both padded tiles stored row by row (the Q K^T pattern); MT x kNT C fragments per warp.
+template <int MT, int kNT, int D, int LD>
+__device__ __forceinline__ void mma_rows_x_cols(float (&acc)[MT][kNT][4], const bf16_t* A, int row0, const bf16_t* B) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a_frag<LD>(a[mt], A, row0 + mt * 16, kk * 16);
+#pragma unroll
+    for (int nt = 0; nt < kNT; nt += 2) {
+      uint32_t b[4];
+      load_b_frags_nk<LD>(b, B, nt * 8, kk * 16);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][nt], a[mt], b[0], b[1]);
+        mma_16816(acc[mt][nt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 }  // namespace mt::ops::cuda::attn
