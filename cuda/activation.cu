@@ -3,6 +3,9 @@
 //   y = x s,   dy/dx = s + 2 x s (1 - s) k (1 + 3 a x^2).          Any shape, n elements.
 // SwiGLU: inp (N, 2F) = [gate | up] per row, out (N, F) = silu(g) u, s = sigmoid(g):
 //   dgate = dout u s (1 + g (1 - s)),   dup = dout g s.   dinp (N, 2F) is overwritten.
+// linear_backward_swiglu: the llama MLP's fc2 backward without fc2's input a = swiglu(h): da = dout W (GEMM), then
+//   one pass over h writes dh and recomputes a (the forward's expression, so the same bits), then dW += dout^T a.
+//   a is never kept between forward and backward: the pass costs one extra write of (N, F).
 // Memory-bound: GELU through launch_map (16-byte accesses); SwiGLU with VEC columns per thread when
 // F and the pointers allow 16-byte accesses, else one column per thread.
 #include <cmath>
@@ -47,12 +50,13 @@ struct GeluBackwardOp {
   }
 };
 
-// One thread per VEC consecutive columns of one row (F % VEC == 0 when VEC > 1).
-template <int VEC, typename D>
-__global__ void swiglu_forward_kernel(D* out, const D* inp, int64_t N, int64_t F) {
-  const int64_t per_row = F / VEC, total = N * per_row, stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int64_t n = idx / per_row, f = (idx % per_row) * VEC;
+// One thread per VEC consecutive columns of one row (F % VEC == 0 when VEC > 1). I: the index type, 32-bit
+// where N * F fits (its division by the row length is several times cheaper than a 64-bit one).
+template <typename I, int VEC, typename D>
+__global__ void swiglu_forward_kernel(D* out, const D* inp, I N, I F) {
+  const I per_row = F / VEC, total = N * per_row, stride = I(gridDim.x) * blockDim.x;
+  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const I n = idx / per_row, f = (idx % per_row) * VEC;
     D g[VEC], u[VEC], o[VEC];
     load_vec<VEC>(g, inp + n * 2 * F + f);
     load_vec<VEC>(u, inp + n * 2 * F + F + f);
@@ -65,12 +69,14 @@ __global__ void swiglu_forward_kernel(D* out, const D* inp, int64_t N, int64_t F
   }
 }
 
-template <int VEC, typename D>
-__global__ void swiglu_backward_kernel(D* dinp, const D* dout, const D* inp, int64_t N, int64_t F) {
-  const int64_t per_row = F / VEC, total = N * per_row, stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int64_t n = idx / per_row, f = (idx % per_row) * VEC;
-    D g[VEC], u[VEC], dy[VEC], dg[VEC], du[VEC];
+// kRecompute: also out (N, F) = swiglu(inp), the forward kernel's expression. Each thread reads its inp elements
+// before writing the same elements of dinp, so dinp may alias inp.
+template <bool kRecompute, typename I, int VEC, typename D>
+__global__ void swiglu_backward_kernel(D* dinp, D* out, const D* dout, const D* inp, I N, I F) {
+  const I per_row = F / VEC, total = N * per_row, stride = I(gridDim.x) * blockDim.x;
+  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const I n = idx / per_row, f = (idx % per_row) * VEC;
+    D g[VEC], u[VEC], dy[VEC], dg[VEC], du[VEC], o[VEC];
     load_vec<VEC>(g, inp + n * 2 * F + f);
     load_vec<VEC>(u, inp + n * 2 * F + F + f);
     load_vec<VEC>(dy, dout + n * F + f);
@@ -79,9 +85,11 @@ __global__ void swiglu_backward_kernel(D* dinp, const D* dout, const D* inp, int
       const float gf = to_float(g[k]), uf = to_float(u[k]), d = to_float(dy[k]), s = sigmoidf_stable(gf);
       dg[k] = from_float<D>(d * uf * s * (1.f + gf * (1.f - s)));
       du[k] = from_float<D>(d * gf * s);
+      if constexpr (kRecompute) o[k] = from_float<D>(gf * sigmoidf_stable(gf) * uf);
     }
     store_vec<VEC>(dinp + n * 2 * F + f, dg);
     store_vec<VEC>(dinp + n * 2 * F + F + f, du);
+    if constexpr (kRecompute) store_vec<VEC>(out + n * F + f, o);
   }
 }
 
@@ -117,34 +125,79 @@ void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F) {
   if (N * F == 0) return;
   constexpr int kVec = 16 / sizeof(D), kThreads = 256;
   cudaStream_t s = current_stream();
-  if (swiglu_vec_ok<D>(F, {out, inp}))
-    swiglu_forward_kernel<kVec><<<grid_for(N * F / kVec, kThreads), kThreads, 0, s>>>(dev(out), dev(inp), N, F);
+  const bool vec = swiglu_vec_ok<D>(F, {out, inp});
+  const unsigned grid = grid_for(vec ? N * F / kVec : N * F, kThreads);
+  // 32-bit indices while every intermediate (up to 2 N F, plus a grid stride) stays below 2^31
+  const bool small = 2 * N * F + int64_t(grid) * kThreads < (int64_t(1) << 31);
+  if (vec && small)
+    swiglu_forward_kernel<int32_t, kVec><<<grid, kThreads, 0, s>>>(dev(out), dev(inp), int32_t(N), int32_t(F));
+  else if (vec)
+    swiglu_forward_kernel<int64_t, kVec><<<grid, kThreads, 0, s>>>(dev(out), dev(inp), N, F);
   else
-    swiglu_forward_kernel<1><<<grid_for(N * F, kThreads), kThreads, 0, s>>>(dev(out), dev(inp), N, F);
+    swiglu_forward_kernel<int64_t, 1><<<grid, kThreads, 0, s>>>(dev(out), dev(inp), N, F);
   MT_CUDA_CHECK_LAUNCH("swiglu_forward_cuda");
 }
 
+namespace {
+// out: null, or (N, F) to receive swiglu(inp) recomputed in the same pass.
 template <typename T>
-void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F) {
+void swiglu_backward_launch(const char* what, T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F) {
   using D = dev_t<T>;
   if (N * F == 0) return;
   constexpr int kVec = 16 / sizeof(D), kThreads = 256;
   cudaStream_t s = current_stream();
-  if (swiglu_vec_ok<D>(F, {dinp, dout, inp}))
-    swiglu_backward_kernel<kVec>
-        <<<grid_for(N * F / kVec, kThreads), kThreads, 0, s>>>(dev(dinp), dev(dout), dev(inp), N, F);
+  const bool vec = swiglu_vec_ok<D>(F, {dinp, dout, inp}) && (!out || aligned(out, 16));
+  const unsigned grid = grid_for(vec ? N * F / kVec : N * F, kThreads);
+  const bool small = 2 * N * F + int64_t(grid) * kThreads < (int64_t(1) << 31);  // as in the forward
+  const int32_t n32 = static_cast<int32_t>(small ? N : 0), f32 = static_cast<int32_t>(small ? F : 0);
+  if (out && vec && small)
+    swiglu_backward_kernel<true, int32_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
+                                                                         n32, f32);
+  else if (out && vec)
+    swiglu_backward_kernel<true, int64_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
+                                                                         N, F);
+  else if (out)
+    swiglu_backward_kernel<true, int64_t, 1><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp), N, F);
+  else if (vec && small)
+    swiglu_backward_kernel<false, int32_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
+                                                                          n32, f32);
+  else if (vec)
+    swiglu_backward_kernel<false, int64_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
+                                                                          N, F);
   else
-    swiglu_backward_kernel<1><<<grid_for(N * F, kThreads), kThreads, 0, s>>>(dev(dinp), dev(dout), dev(inp), N, F);
-  MT_CUDA_CHECK_LAUNCH("swiglu_backward_cuda");
+    swiglu_backward_kernel<false, int64_t, 1><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp), N, F);
+  MT_CUDA_CHECK_LAUNCH(what);
+}
+}  // namespace
+
+template <typename T>
+void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F) {
+  swiglu_backward_launch<T>("swiglu_backward_cuda", dinp, nullptr, dout, inp, N, F);
+}
+
+template <typename T>
+void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
+                                 int64_t N, int64_t F, int64_t OC) {
+  if (N == 0 || F == 0) return;
+  Scratch a(sizeof(T) * static_cast<size_t>(N * F));
+  {
+    Scratch da(sizeof(T) * static_cast<size_t>(N * F));  // back to the cache before the dweight GEMM
+    linear_backward_cuda<T>(da.as<T>(), nullptr, nullptr, dout, nullptr, weight, N, F, OC, false);
+    swiglu_backward_launch<T>("linear_backward_swiglu_cuda", dh, a.as<T>(), da.as<T>(), h, N, F);
+  }
+  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, a.as<T>(), weight, N, F, OC, false);
 }
 
 #define MT_INSTANTIATE(T)                                                          \
-  template void gelu_forward_cuda<T>(T*, const T*, int64_t);                       \
-  template void gelu_backward_cuda<T>(T*, const T*, const T*, int64_t);            \
-  template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t);            \
-  template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t);
+  template void gelu_forward_cuda<T>(T*, const T*, int64_t);                                                   \
+  template void gelu_backward_cuda<T>(T*, const T*, const T*, int64_t);                                        \
+  template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t);                                        \
+  template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t);                             \
+  template void linear_backward_swiglu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, \
+                                               int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

@@ -14,6 +14,9 @@
 // fp32 inputs take the CUDA-core path of attention_f32.cu; the backward is in attention_backward.cu.
 // bf16 runs on cuDNN's fused flash attention where it can (attention_cudnn.cu: T % 128 == 0; 2x the
 // forward and ~3x the backward rate of these kernels on an H200), else on the kernels below.
+// fp16 runs on cuDNN likewise; elsewhere (T % 128 != 0, MT_ATTENTION=own) on the fp32 kernels over
+// fp32 copies of its operands (exact but for the fp16 rounding of the results; slower, and 4 (forward)
+// or 8 (backward) fp32 scratch tensors): the tensor-core kernels of this file are bf16-only mma code.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -203,6 +206,36 @@ void attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16
 bool attention_head_dim_supported(int64_t D) { return D == 64 || D == 128; }
 
 namespace {
+// fp16 without cuDNN: the fp32 kernels on fp32 copies (see the file comment).
+struct F32Copy {
+  F32Copy(const mt::f16* x, int64_t n) : buf(sizeof(float) * static_cast<size_t>(n)) {
+    if (x) cast_cuda(buf.as<float>(), x, n);
+  }
+  float* get() const { return buf.as<float>(); }
+  Scratch buf;
+};
+
+void attention_forward_f16_via_f32(mt::f16* out, float* lse, const mt::f16* q, const mt::f16* k, const mt::f16* v,
+                                   const AttnShape& s) {
+  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.T * s.G * s.D;
+  const F32Copy q32(q, qn), k32(k, kn), v32(v, kn), o32(nullptr, qn);
+  attn::attention_forward_f32(o32.get(), lse, q32.get(), k32.get(), v32.get(), s);
+  cast_cuda(out, static_cast<const float*>(o32.get()), qn);
+}
+
+void attention_backward_f16_via_f32(mt::f16* dq, mt::f16* dk, mt::f16* dv, const mt::f16* dout, const mt::f16* q,
+                                    const mt::f16* k, const mt::f16* v, const mt::f16* out, const float* lse,
+                                    const AttnShape& s) {
+  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.T * s.G * s.D;
+  const F32Copy q32(q, qn), k32(k, kn), v32(v, kn), o32(out, qn), do32(dout, qn);
+  const F32Copy dq32(nullptr, qn), dk32(nullptr, kn), dv32(nullptr, kn);
+  attn::attention_backward_f32(dq32.get(), dk32.get(), dv32.get(), do32.get(), q32.get(), k32.get(), v32.get(),
+                               o32.get(), lse, s);
+  cast_cuda(dq, static_cast<const float*>(dq32.get()), qn);
+  cast_cuda(dk, static_cast<const float*>(dk32.get()), kn);
+  cast_cuda(dv, static_cast<const float*>(dv32.get()), kn);
+}
+
 void check_attention(const char* op, const AttnShape& s, std::initializer_list<const void*> ptrs) {
   MT_CHECK(attention_head_dim_supported(s.D), op, " on cuda supports head dims 64 and 128, got D = ", s.D,
            " (hidden_size / num_attention_heads)");
@@ -218,8 +251,12 @@ void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T*
   if (s.B * s.T * s.H == 0) return;
   check_attention("attention_forward", s, {out, q, k, v});
   if constexpr (std::is_same_v<T, float>) attn::attention_forward_f32(out, lse, q, k, v, s);
-  else if (!attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s, attn::CudnnLayout::separate(s)))
+  else if (attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s, attn::CudnnLayout::separate(s)))
+    return;
+  else if constexpr (std::is_same_v<T, mt::bf16>)
     attn::attention_forward_bf16(dev(out), lse, dev(q), dev(k), dev(v), s);
+  else
+    attention_forward_f16_via_f32(out, lse, q, k, v, s);
 }
 
 template <typename T>
@@ -229,9 +266,13 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
   check_attention("attention_backward", s, {dq, dk, dv, dout, q, k, v, out});
   if constexpr (std::is_same_v<T, float>)
     attn::attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
-  else if (!attn::cudnn_attention_backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse,
-                                           s, attn::CudnnLayout::separate(s)))
+  else if (attn::cudnn_attention_backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse,
+                                          s, attn::CudnnLayout::separate(s)))
+    return;
+  else if constexpr (std::is_same_v<T, mt::bf16>)
     attn::attention_backward_bf16(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, s);
+  else
+    attention_backward_f16_via_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 
 // ---------------------------------------------------------------- on the fused projection
@@ -249,7 +290,7 @@ bool fused_reads_enabled() {
 template <typename T>
 void attention_forward_qkv_cuda(T* out, float* lse, const T* qkv, const AttnShape& s) {
   if (s.B * s.T * s.H == 0) return;
-  if constexpr (std::is_same_v<T, mt::bf16>) {
+  if constexpr (!std::is_same_v<T, float>) {
     // Multi-head attention: cuDNN reads q, k, v in place ([q_h, k_h, v_h] per head and token).
     if (s.G == s.H && fused_reads_enabled() && aligned(qkv, 16) && aligned(out, 16) &&
         attn::cudnn_attention_forward(dev(out), lse, dev(qkv), dev(qkv) + s.D, dev(qkv) + 2 * s.D, s,
@@ -266,7 +307,7 @@ template <typename T>
 void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                                  const AttnShape& s) {
   if (s.B * s.T * s.H == 0) return;
-  if constexpr (std::is_same_v<T, mt::bf16>) {
+  if constexpr (!std::is_same_v<T, float>) {
     // cuDNN writes dq, dk, dv in place too: every element of dqkv is one of them.
     if (s.G == s.H && fused_reads_enabled() && aligned(qkv, 16) && aligned(dqkv, 16) && aligned(out, 16) &&
         aligned(dout, 16) &&
@@ -291,6 +332,7 @@ void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* 
                                            const float*, const AttnShape&);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

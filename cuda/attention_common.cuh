@@ -116,7 +116,7 @@ void attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16
 void attention_backward_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
                              const AttnShape& s);
-// bf16 through cuDNN's fused flash attention (attention_cudnn.cu): false when cuDNN does not run this
+// E = bf16_t or __half through cuDNN's fused flash attention (attention_cudnn.cu): false when cuDNN does not run this
 // shape (T % 128 != 0, a graph cuDNN refuses, MT_ATTENTION=own), and the caller uses the kernels above.
 // Strides (in elements, of cuDNN's logical [b, h, t, d]) of q/dq and of k, v/dk, dv.
 struct CudnnLayout {
@@ -124,11 +124,12 @@ struct CudnnLayout {
   static CudnnLayout separate(const AttnShape& s);   // q (B, T, H, D), k and v (B, T, G, D)
   static CudnnLayout fused_mha(const AttnShape& s);  // heads of the fused projection (B, T, 3 H D), G == H
 };
-bool cudnn_attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                             const AttnShape& s, const CudnnLayout& layout);
-bool cudnn_attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
-                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
-                              const AttnShape& s, const CudnnLayout& layout);
+template <typename E>
+bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s,
+                             const CudnnLayout& layout);
+template <typename E>
+bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
+                              const float* lse, const AttnShape& s, const CudnnLayout& layout);
 // fp32, CUDA cores (attention_f32.cu); D in {64, 128}.
 void attention_forward_f32(float* out, float* lse, const float* q, const float* k, const float* v, const AttnShape& s);
 void attention_backward_f32(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,

@@ -1,4 +1,4 @@
-// Causal grouped-query attention, bf16, through cuDNN's fused flash-attention engine (the graph
+// Causal grouped-query attention, bf16 or fp16, through cuDNN's fused flash-attention engine (the graph
 // API's composite SDPA graphs, built with raw cudnnBackend* calls; /work/shared/notes/cudnn-sdpa.md
 // has the sources, the constraints of cuDNN 9.14 and what was measured). Same math and the same
 // saved statistics as our kernels (attention.cu): lse (B, H, T) = natural-log sum-exp of the scaled,
@@ -10,10 +10,11 @@
 //                multi-head attention, {T 3HD, 3D, 3HD, 1} at offsets 0, D, 2D. K is passed as K^T by
 //                swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (lse).
 // Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
-//   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (bf16); O = P V.
+//   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (io type); O = P V.
 // Backward graph, deterministic form (no dQ accumulator, no float atomics; 21 ops, + 2 head
 //   reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats) (masked);
-//   dV = P^T dO; dS = P (dO V^T - delta) c; dK = dS^T Q; dQ = dS K.
+//   dV = P^T dO; dS = P (dO V^T - delta) c; dK = dS^T Q; dQ = dS K. Its workspace grows as B H T^2, so it
+//   runs in batch chunks (backward_batch_chunk).
 // Plans are built once per shape (heuristics mode A, first configuration that finalizes) and cached;
 // the first build of a kernel variant compiles it with NVRTC (~0.5-1 s). A shape cuDNN refuses is
 // remembered and runs on our kernels (the caller falls back); MT_ATTENTION=own turns cuDNN off.
@@ -251,9 +252,9 @@ Dims t_dims(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }  // swap the las
 Dims stat_dims(const AttnShape& s) { return {s.B, s.H, s.T, 1}; }
 Dims stat_strides(const AttnShape& s) { return {s.H * s.T, s.T, 1, 1}; }
 
-std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay) {
+// io: the data type of q, k, v, out and their gradients (CUDNN_DATA_BFLOAT16 or CUDNN_DATA_HALF).
+std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io) {
   auto g = std::make_unique<Graph>(h);
-  const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
   auto Q = g->tensor(io, q_dims(s), lay.q, kQ);
   auto KT = g->tensor(io, t_dims(kv_dims(s)), t_dims(lay.kv), kK);
   auto V = g->tensor(io, kv_dims(s), lay.kv, kV);
@@ -285,9 +286,8 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const 
   return g;
 }
 
-std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay) {
+std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io) {
   auto g = std::make_unique<Graph>(h);
-  const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
   const bool gqa = s.G != s.H;
   const Dims qd = q_dims(s), qs = lay.q, kd = kv_dims(s), ks = lay.kv, os = o_strides(s);
   auto Q = g->tensor(io, qd, qs, kQ);
@@ -363,7 +363,7 @@ struct Cache {
   std::mutex mu;
   cudnnHandle_t handle = nullptr;
   bool disabled = false;  // MT_ATTENTION=own, or cuDNN unusable
-  std::map<std::array<int64_t, 14>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
+  std::map<std::array<int64_t, 15>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
 };
 
 Cache& cache() {
@@ -382,17 +382,17 @@ Cache& cache() {
 }
 
 // The cached plan for (direction, shape), built on first use; null when cuDNN cannot run it.
-const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay) {
+const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io) {
   Cache& c = cache();
   if (c.disabled) return nullptr;
   std::lock_guard<std::mutex> lock(c.mu);
-  const std::array<int64_t, 14> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,       lay.q[0],
-                                    lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1], lay.kv[2], lay.kv[3]};
+  const std::array<int64_t, 15> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,       lay.q[0],
+                                    lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1], lay.kv[2], lay.kv[3], io};
   auto it = c.plans.find(key);
   if (it != c.plans.end()) return it->second.get();
   std::unique_ptr<Graph> g;
   try {
-    g = backward ? build_backward(c.handle, s, lay) : build_forward(c.handle, s, lay);
+    g = backward ? build_backward(c.handle, s, lay, io) : build_forward(c.handle, s, lay, io);
   } catch (const BuildError& e) {
     std::fprintf(stderr,
                  "megatrain: cuDNN attention %s (B %lld, T %lld, H %lld, G %lld, D %lld) unavailable, using our "
@@ -403,7 +403,7 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay)
   return c.plans.emplace(key, std::move(g)).first->second.get();
 }
 
-// cuDNN for bf16 when T is a multiple of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the backward,
+// cuDNN for bf16 and fp16 when T is a multiple of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the backward,
 // see the notes; the same rule for the forward keeps one path per shape) and D is one of ours.
 bool shape_ok(const AttnShape& s) { return s.T % 128 == 0 && (s.D == 64 || s.D == 128) && s.H % s.G == 0; }
 
@@ -418,34 +418,74 @@ CudnnLayout CudnnLayout::fused_mha(const AttnShape& s) {
   return {{s.T * W, 3 * s.D, W, 1}, {s.T * W, 3 * s.D, W, 1}};
 }
 
-bool cudnn_attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                             const AttnShape& s, const CudnnLayout& lay) {
+template <typename E>
+constexpr cudnnDataType_t io_type() {
+  return std::is_same_v<E, __half> ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+}
+
+template <typename E>
+bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s,
+                             const CudnnLayout& lay) {
   if (!shape_ok(s)) return false;
-  const Graph* g = plan_for(false, s, lay);
+  const Graph* g = plan_for(false, s, lay, io_type<E>());
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY;
   Scratch ws(static_cast<size_t>(g->workspace()));
   g->execute({kQ, kK, kV, kO, kStats, kScale, kNegInf},
-             {const_cast<bf16_t*>(q), const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), out, lse, &scale, &neg_inf},
+             {const_cast<E*>(q), const_cast<E*>(k), const_cast<E*>(v), out, lse, &scale, &neg_inf},
              ws.as<void>());
   return true;
 }
 
-bool cudnn_attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
-                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
-                              const AttnShape& s, const CudnnLayout& lay) {
+// The deterministic backward's workspace is B H T^2 2 bytes (2 GiB at B 8, H 32, T 2048), so the batch runs in
+// chunks of Bc samples (one plan, executed B / Bc times on pointers offset by whole samples: every tensor has the
+// batch outermost): Bc is the largest divisor of B whose workspace fits in MT_ATTENTION_BWD_WORKSPACE_MIB
+// (default 1024; at least one sample). Each extra chunk costs ~0.15 ms per layer on an H200 (its 5 kernels
+// run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per iteration in 1 / 2 / 4 chunks),
+// so the default keeps chunks large: llama-1b runs in 2 (1 GiB instead of 2), llama-3b in 1 (768 MiB).
+namespace {
+int64_t backward_batch_chunk(const AttnShape& s) {
+  const char* env = std::getenv("MT_ATTENTION_BWD_WORKSPACE_MIB");
+  const double cap = (env && *env ? std::atof(env) : 1024.0) * 1048576.0;
+  const double per_sample = 2.0 * static_cast<double>(s.H) * static_cast<double>(s.T) * static_cast<double>(s.T);
+  int64_t bc = 1;
+  for (int64_t b = 2; b <= s.B; ++b)
+    if (s.B % b == 0 && static_cast<double>(b) * per_sample <= cap) bc = b;
+  return bc;
+}
+}  // namespace
+
+template <typename E>
+bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
+                              const float* lse, const AttnShape& s, const CudnnLayout& lay) {
   if (!shape_ok(s)) return false;
-  const Graph* g = plan_for(true, s, lay);
+  AttnShape cs = s;
+  cs.B = backward_batch_chunk(s);
+  const Graph* g = plan_for(true, cs, lay, io_type<E>());
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY, one = 1.f;
-  const size_t delta_bytes = (sizeof(float) * static_cast<size_t>(s.B * s.H * s.T) + 255) / 256 * 256;
+  const size_t delta_bytes = (sizeof(float) * static_cast<size_t>(cs.B * s.H * s.T) + 255) / 256 * 256;
   Scratch ws(delta_bytes + static_cast<size_t>(g->workspace()));
   char* base = ws.as<char>();
-  g->execute({kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum},
-             {const_cast<bf16_t*>(q), const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), const_cast<bf16_t*>(out),
-              const_cast<bf16_t*>(dout), const_cast<float*>(lse), dq, dk, dv, &scale, &one, &neg_inf, base},
-             base + delta_bytes);
+  const int64_t o_sample = o_strides(s)[0], lse_sample = s.H * s.T;
+  for (int64_t b0 = 0; b0 < s.B; b0 += cs.B) {
+    const int64_t oq = b0 * lay.q[0], okv = b0 * lay.kv[0], oo = b0 * o_sample;
+    g->execute({kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum},
+               {const_cast<E*>(q + oq), const_cast<E*>(k + okv), const_cast<E*>(v + okv), const_cast<E*>(out + oo),
+                const_cast<E*>(dout + oo), const_cast<float*>(lse + b0 * lse_sample), dq + oq, dk + okv, dv + okv,
+                &scale, &one, &neg_inf, base},
+               base + delta_bytes);
+  }
   return true;
 }
+
+#define MT_INSTANTIATE(E)                                                                                      \
+  template bool cudnn_attention_forward<E>(E*, float*, const E*, const E*, const E*, const AttnShape&,         \
+                                           const CudnnLayout&);                                                \
+  template bool cudnn_attention_backward<E>(E*, E*, E*, const E*, const E*, const E*, const E*, const E*,      \
+                                            const float*, const AttnShape&, const CudnnLayout&);
+MT_INSTANTIATE(bf16_t)
+MT_INSTANTIATE(__half)
+#undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda::attn

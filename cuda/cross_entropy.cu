@@ -151,6 +151,7 @@ void cross_entropy_backward_cuda(T* dlogits, const T* logits, const int32_t* tar
                                                int64_t, int64_t, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

@@ -1,7 +1,7 @@
 // CUDA implementations of the ops of tensor/ops.h, on raw contiguous device pointers: the same
 // signatures as the CPU references of tensor/cpu/cpu_ops.h, with element type T = float (parity mode)
-// or mt::bf16 (training). Declarations only (plain header: ops.cpp includes it); one cuda/<family>.cu
-// per family holds the kernels and these launchers. Every launcher runs on the backend's current
+// or mt::bf16 / mt::f16 (training). Declarations only (plain header: ops.cpp includes it); one
+// cuda/<family>.cu per family holds the kernels and these launchers. Every launcher runs on the backend's current
 // stream (cuda_context.h), checks its own launch, and returns without synchronizing, except
 // sum_squares_cuda, which returns a host value.
 //
@@ -21,7 +21,7 @@ template <typename T> void fill_cuda(T* x, int64_t n, double value);
 template <typename T> void add_inplace_cuda(T* a, const T* b, int64_t n);        // a += b
 template <typename T> void add_cuda(T* out, const T* a, const T* b, int64_t n);  // may alias
 template <typename T> void scale_cuda(T* x, int64_t n, double s);
-// To/From in {float, bf16} (To != From); same-type copies go through copy_cuda.
+// To/From in {float, bf16} or {float, f16} (To != From); same-type copies go through copy_cuda.
 template <typename To, typename From> void cast_cuda(To* out, const From* in, int64_t n);
 void copy_cuda(void* out, const void* in, size_t bytes);
 // sum of x^2 in fp64, deterministic (fixed grid and reduction order); synchronizes the stream.
@@ -37,8 +37,8 @@ template <typename T>
 void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                           int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp);
 
-// pre = inp @ W^T + b, out = gelu(pre) (bf16: GELU in the GEMM's epilogue where cuBLASLt has one, else
-// linear_forward + gelu_forward). dpre (=) = gelu'(pre) * (dout @ W) (bf16: GELU gradient in the dinp
+// pre = inp @ W^T + b, out = gelu(pre) (bf16/fp16: GELU in the GEMM's epilogue where cuBLASLt has one,
+// else linear_forward + gelu_forward). dpre (=) = gelu'(pre) * (dout @ W) (bf16/fp16: GELU gradient in the dinp
 // GEMM's epilogue), dweight/dbias as linear_backward_cuda.
 template <typename T>
 void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC,
@@ -74,6 +74,12 @@ template <typename T> void gelu_forward_cuda(T* out, const T* inp, int64_t n);
 template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n);
 template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F);
 template <typename T> void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F);
+// dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += dout^T @ swiglu(h), dbias (fp32) += column sums of dout;
+// swiglu(h) is recomputed in the SwiGLU backward's pass (one extra write), never kept. dh may alias h.
+// h, dh (N, 2F); dout (N, OC); weight (OC, F).
+template <typename T>
+void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
+                                 int64_t N, int64_t F, int64_t OC);
 
 // ---------------------------------------------------------------- rope.cu
 template <typename T>
@@ -89,6 +95,13 @@ struct AttnShape {
 template <typename T> void qkv_split_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s);
 template <typename T>
 void qkv_split_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s);
+// The same with rope_forward on q and k (backward: rope_backward on dq and dk) in the same pass (qkv_split.cu).
+template <typename T>
+void qkv_split_rope_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s, double theta,
+                                 int64_t position_offset);
+template <typename T>
+void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s, double theta,
+                                  int64_t position_offset);
 // Head dims this backend's attention supports (others: an error naming them).
 bool attention_head_dim_supported(int64_t D);
 template <typename T>

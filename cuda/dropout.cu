@@ -49,6 +49,7 @@ void dropout_backward_cuda(T* dinp, const T* dout, int64_t n, double p, uint64_t
   template void dropout_backward_cuda<T>(T*, const T*, int64_t, double, uint64_t, uint64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

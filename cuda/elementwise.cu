@@ -123,9 +123,12 @@ double sum_squares_cuda(const T* x, int64_t n) {
   template double sum_squares_cuda<T>(const T*, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 template void cast_cuda<float, mt::bf16>(float*, const mt::bf16*, int64_t);
 template void cast_cuda<mt::bf16, float>(mt::bf16*, const float*, int64_t);
+template void cast_cuda<float, mt::f16>(float*, const mt::f16*, int64_t);
+template void cast_cuda<mt::f16, float>(mt::f16*, const float*, int64_t);
 
 }  // namespace mt::ops::cuda

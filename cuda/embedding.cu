@@ -145,6 +145,7 @@ void embedding_backward_cuda(float* dtable, const T* dout, const int32_t* tokens
   template void embedding_backward_cuda<T>(float*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

@@ -8,7 +8,7 @@
 //   out^T(OC, N)  = W^T'(op T on the stored (IC, OC)) x inp^T (stored (IC, N))      m=OC n=N  k=IC
 //   dinp^T(IC, N) = W (stored (IC, OC)) x dout^T (stored (OC, N))                   m=IC n=N  k=OC
 //   dW^T(IC, OC)  = inp^T (stored (IC, N)) x dout (op T on the stored (OC, N))      m=IC n=OC k=N
-// bf16 operands accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 operands use CUBLAS_COMPUTE_32F too,
+// bf16 / fp16 operands accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 operands use CUBLAS_COMPUTE_32F too,
 // which is plain fp32 (TF32 off, for parity runs). Matmul descriptors, layouts and the heuristic's
 // algorithm are cached per (shape, types, transposes, epilogue, pointer alignment).
 #include <array>
@@ -96,7 +96,7 @@ struct GemmArgs {
   cudaDataType_t ab_type, c_type;
   const void* bias;  // m elements of c_type, or null
   float beta;
-  // GELU epilogues (bf16): kGeluAux: D = gelu(acc + bias), aux = acc + bias (the GELU input);
+  // GELU epilogues (bf16, fp16): kGeluAux: D = gelu(acc + bias), aux = acc + bias (the GELU input);
   // kDGelu: D = acc * gelu'(aux). aux is (m, n) column-major with leading dimension aux_ld.
   enum Epilogue { kPlain = 0, kGeluAux = 1, kDGelu = 2 } epilogue = kPlain;
   const void* aux = nullptr;
@@ -217,7 +217,9 @@ bool gelu_epilogue_enabled() {
 
 template <typename T>
 constexpr cudaDataType_t cuda_type() {
-  return std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
+  if constexpr (std::is_same_v<T, mt::bf16>) return CUDA_R_16BF;
+  else if constexpr (std::is_same_v<T, mt::f16>) return CUDA_R_16F;
+  else return CUDA_R_32F;
 }
 
 }  // namespace
@@ -258,10 +260,11 @@ template <typename T>
 void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC,
                               int64_t OC) {
   if (N == 0 || OC == 0) return;
-  if constexpr (std::is_same_v<T, mt::bf16>) {
+  if constexpr (!std::is_same_v<T, float>) {
     // out^T and pre^T are (OC, N) column-major, leading dimension OC.
     if (IC > 0 && OC % 8 == 0 && gelu_epilogue_enabled() && aligned(pre, 16)) {
-      GemmArgs g{true, false, OC, N, IC, weight, IC, inp, IC, out, OC, CUDA_R_16BF, CUDA_R_16BF, bias, 0.f};
+      constexpr cudaDataType_t t = cuda_type<T>();
+      GemmArgs g{true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, t, bias, 0.f};
       g.epilogue = GemmArgs::kGeluAux;
       g.aux = pre;
       g.aux_ld = OC;
@@ -277,10 +280,11 @@ void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* d
                                const T* pre, int64_t N, int64_t IC, int64_t OC) {
   linear_backward_cuda<T>(nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, false);
   if (N == 0 || IC == 0) return;
-  if constexpr (std::is_same_v<T, mt::bf16>) {
+  if constexpr (!std::is_same_v<T, float>) {
     // dpre^T (IC, N) = W (stored (IC, OC)) x dout^T, then * gelu'(pre^T) (IC, N), leading dimension IC.
     if (OC > 0 && IC % 8 == 0 && gelu_epilogue_enabled() && aligned(pre, 16)) {
-      GemmArgs g{false, false, IC, N, OC, weight, IC, dout, OC, dpre, IC, CUDA_R_16BF, CUDA_R_16BF, nullptr, 0.f};
+      constexpr cudaDataType_t t = cuda_type<T>();
+      GemmArgs g{false, false, IC, N, OC, weight, IC, dout, OC, dpre, IC, t, t, nullptr, 0.f};
       g.epilogue = GemmArgs::kDGelu;
       g.aux = pre;
       g.aux_ld = IC;
@@ -301,6 +305,7 @@ void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* d
                                         bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

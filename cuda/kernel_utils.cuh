@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,11 +21,14 @@
 namespace mt::cuda {
 
 // ---------------------------------------------------------------- element types
-// Host element types (float, mt::bf16) map to device ones (float, __nv_bfloat16): same bits.
+// Host element types (float, mt::bf16, mt::f16) map to device ones (float, __nv_bfloat16, __half):
+// same bits.
 template <typename T> struct DevTypeOf { using type = T; };
 template <> struct DevTypeOf<mt::bf16> { using type = __nv_bfloat16; };
+template <> struct DevTypeOf<mt::f16> { using type = __half; };
 template <typename T> using dev_t = typename DevTypeOf<T>::type;
 static_assert(sizeof(mt::bf16) == sizeof(__nv_bfloat16));
+static_assert(sizeof(mt::f16) == sizeof(__half));
 
 template <typename T>
 dev_t<T>* dev(T* p) { return reinterpret_cast<dev_t<T>*>(p); }
@@ -33,11 +37,13 @@ const dev_t<T>* dev(const T* p) { return reinterpret_cast<const dev_t<T>*>(p); }
 
 __host__ __device__ __forceinline__ float to_float(float x) { return x; }
 __host__ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__host__ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 template <typename T> __host__ __device__ __forceinline__ T from_float(float x);
 template <> __host__ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __host__ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
+template <> __host__ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
 // ---------------------------------------------------------------- vector access
 // VEC consecutive elements, moved as 16-byte (or 8/4-byte) words. The pointer must be aligned to

@@ -415,6 +415,7 @@ void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp,
                                          bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

@@ -4,6 +4,12 @@
 // Backward is the inverse gather (every dqkv element is exactly one dq/dk/dv element): dqkv is written,
 // never accumulated. One kernel does both directions: each thread moves VEC elements of D (16 bytes
 // when D and the pointers allow), walking the qkv layout.
+// qkv_split_rope (llama): the same split with rope.cu's rotation of q and k applied on the way (backward: the
+// inverse rotation of dq and dk on the way back), so the projection is read once and q, k, v written once
+// instead of a split and then two in-place rotations. One thread per (token, VEC pairs (i, i + D/2)): it
+// computes its cos/sin once (fp64, as rope.cu) and walks every head slot of the token.
+#include <cmath>
+
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -37,6 +43,71 @@ __global__ void qkv_split_kernel(D* qkv, D* q, D* k, D* v, int64_t BT, int64_t H
   }
 }
 
+// kForward: qkv -> q, k (rotated by +a), v; else dq, dk (rotated by -a), dv -> dqkv.
+template <bool kForward, int VEC, typename D>
+__global__ void qkv_split_rope_kernel(D* __restrict__ qkv, D* __restrict__ q, D* __restrict__ k, D* __restrict__ v,
+                                      int64_t BT, int64_t T_, int H, int G, int64_t Dh, double log_theta,
+                                      int64_t position_offset) {
+  const int R = H / G, slots = G * (R + 2);
+  const int64_t half = Dh / 2, per_tok = half / VEC, total = BT * per_tok, W = slots * Dh;
+  const float sign = kForward ? 1.f : -1.f;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t bt = idx / per_tok, i0 = (idx % per_tok) * VEC;
+    const double p = static_cast<double>(position_offset + bt % T_);
+    float c[VEC], sn[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const double inv_freq = exp(-2.0 * static_cast<double>(i0 + j) / static_cast<double>(Dh) * log_theta);
+      double sd, cd;
+      sincos(p * inv_freq, &sd, &cd);
+      c[j] = static_cast<float>(cd);
+      sn[j] = sign * static_cast<float>(sd);
+    }
+#pragma unroll 2
+    for (int slot = 0; slot < slots; ++slot) {
+      const int g = slot / (R + 2), r = slot % (R + 2);
+      D* other = r < R ? q + (bt * H + g * R + r) * Dh : (r == R ? k : v) + (bt * G + g) * Dh;
+      D* packed = qkv + bt * W + int64_t(slot) * Dh;
+      const D* src = kForward ? packed : other;
+      D* dst = kForward ? other : packed;
+      D a[VEC], b[VEC];
+      load_vec<VEC>(a, src + i0);
+      load_vec<VEC>(b, src + i0 + half);
+      if (r <= R) {  // a query or key head: rotate the pairs (rope.cu's arithmetic)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float x1 = to_float(a[j]), x2 = to_float(b[j]);
+          a[j] = from_float<D>(x1 * c[j] - x2 * sn[j]);
+          b[j] = from_float<D>(x2 * c[j] + x1 * sn[j]);
+        }
+      }
+      store_vec<VEC>(dst + i0, a);
+      store_vec<VEC>(dst + i0 + half, b);
+    }
+  }
+}
+
+template <bool kForward, typename T>
+void qkv_rope_launch(const char* what, T* qkv, T* q, T* k, T* v, const AttnShape& s, double theta,
+                     int64_t position_offset) {
+  using D = dev_t<T>;
+  const int64_t half = s.D / 2;
+  if (s.B * s.T * s.G * half == 0) return;
+  constexpr int kVec = 16 / sizeof(D), kThreads = 256;
+  cudaStream_t st = current_stream();
+  const double log_theta = std::log(theta);  // as rope.cu
+  const bool vec = half % kVec == 0 && aligned(qkv, 16) && aligned(q, 16) && aligned(k, 16) && aligned(v, 16);
+  const int H = static_cast<int>(s.H), G = static_cast<int>(s.G);
+  if (vec)
+    qkv_split_rope_kernel<kForward, kVec><<<grid_for(s.B * s.T * half / kVec, kThreads), kThreads, 0, st>>>(
+        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, s.D, log_theta, position_offset);
+  else
+    qkv_split_rope_kernel<kForward, 1><<<grid_for(s.B * s.T * half, kThreads), kThreads, 0, st>>>(
+        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, s.D, log_theta, position_offset);
+  MT_CUDA_CHECK_LAUNCH(what);
+}
+
 template <bool kForward, typename T>
 void qkv_launch(const char* what, T* qkv, T* q, T* k, T* v, const AttnShape& s) {
   using D = dev_t<T>;
@@ -66,11 +137,28 @@ void qkv_split_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, con
   qkv_launch<false>("qkv_split_backward_cuda", dqkv, const_cast<T*>(dq), const_cast<T*>(dk), const_cast<T*>(dv), s);
 }
 
-#define MT_INSTANTIATE(T)                                                                      \
-  template void qkv_split_forward_cuda<T>(T*, T*, T*, const T*, const AttnShape&);             \
-  template void qkv_split_backward_cuda<T>(T*, const T*, const T*, const T*, const AttnShape&);
+template <typename T>
+void qkv_split_rope_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s, double theta,
+                                 int64_t position_offset) {
+  qkv_rope_launch<true>("qkv_split_rope_forward_cuda", const_cast<T*>(qkv), q, k, v, s, theta, position_offset);
+}
+
+template <typename T>
+void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s, double theta,
+                                  int64_t position_offset) {
+  qkv_rope_launch<false>("qkv_split_rope_backward_cuda", dqkv, const_cast<T*>(dq), const_cast<T*>(dk),
+                         const_cast<T*>(dv), s, theta, position_offset);
+}
+
+#define MT_INSTANTIATE(T)                                                                                    \
+  template void qkv_split_forward_cuda<T>(T*, T*, T*, const T*, const AttnShape&);                           \
+  template void qkv_split_backward_cuda<T>(T*, const T*, const T*, const T*, const AttnShape&);              \
+  template void qkv_split_rope_forward_cuda<T>(T*, T*, T*, const T*, const AttnShape&, double, int64_t);     \
+  template void qkv_split_rope_backward_cuda<T>(T*, const T*, const T*, const T*, const AttnShape&, double, \
+                                                int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

@@ -87,6 +87,7 @@ void rope_backward_cuda(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, 
   template void rope_backward_cuda<T>(T*, int64_t, int64_t, int64_t, int64_t, double, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
 
 }  // namespace mt::ops::cuda

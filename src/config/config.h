@@ -35,6 +35,8 @@ struct ParallelConfig {
   int expert = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  bool overlap_grad_reduce = true;     // reduce gradient buckets during backward
+  bool overlap_param_gather = true;    // distributed optimizer: all-gather parameters during the next forward
   // Uneven pipeline split, only when stated: layers on the first / last stage (0 = even split).
   int decoder_first_pipeline_num_layers = 0;
   int decoder_last_pipeline_num_layers = 0;
@@ -54,6 +56,7 @@ struct TrainingConfig {
   int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)
   std::string nan_policy = "stop";     // stop | skip: what a NaN/Inf loss or gradient norm does
   int64_t exit_interval = 0;           // stop (with a checkpoint) after this many iterations; 0 = off
+  double collective_timeout_s = 600;   // hang watchdog: a collective pending this long aborts the job; 0 = off
 };
 
 struct OptimizerConfig {

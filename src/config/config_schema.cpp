@@ -105,6 +105,10 @@ std::vector<ConfigField> build_schema() {
           .doc("split norm and dropout activations along the sequence over the tensor-parallel ranks (needs tensor > 1)"),
       MT_CONFIG_KEY(parallel, distributed_optimizer).doc("shard optimizer state and master weights over data-parallel ranks")
           .megatron({"use_distributed_optimizer"}),
+      MT_CONFIG_KEY(parallel, overlap_grad_reduce)
+          .doc("reduce each gradient bucket over data-parallel ranks as soon as backward finished it (GPU: hidden behind the rest of backward)"),
+      MT_CONFIG_KEY(parallel, overlap_param_gather)
+          .doc("distributed optimizer: all-gather updated parameters bucket by bucket during the next forward"),
       MT_CONFIG_KEY(parallel, decoder_first_pipeline_num_layers).min(0)
           .doc("layers on the first pipeline stage (uneven split; the rest split evenly over the other stages); 0 = even split"),
       MT_CONFIG_KEY(parallel, decoder_last_pipeline_num_layers).min(0)
@@ -130,6 +134,9 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(training, nan_policy).one_of({"stop", "skip"})
           .doc("a NaN/Inf loss or gradient norm: stop = exit with an error, skip = drop that step's update and go on"),
       MT_CONFIG_KEY(training, exit_interval).min(0).doc("save a checkpoint and exit after this many steps; 0 = off"),
+      MT_CONFIG_KEY(training, collective_timeout_s).min(0)
+          .doc("hang watchdog: a collective not completed after this many seconds makes every rank log where it is and exit; 0 = off")
+          .megatron({"distributed_timeout_minutes"}),
       // ------------------------------------------------------------------ optimizer
       MT_CONFIG_KEY(optimizer, lr).min(0).doc("peak learning rate (reached at the end of warmup)"),
       MT_CONFIG_KEY(optimizer, min_lr).min(0).doc("learning rate at the end of the decay (<= lr)"),

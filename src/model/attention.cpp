@@ -45,11 +45,10 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) c
   s.q = c.empty({B, T, heads_local_, head_dim_});
   s.k = c.empty({B, T, groups_local_, head_dim_});
   s.v = c.empty({B, T, groups_local_, head_dim_});
-  ops::qkv_split_forward(s.q, s.k, s.v, qkv.view({B, T, -1}));
-  if (c.llama()) {
-    ops::rope_forward(s.q, c.model->rope_theta, 0);
-    ops::rope_forward(s.k, c.model->rope_theta, 0);
-  }
+  if (c.llama())  // split and rotate q, k in one pass: only the rotated copies exist afterwards
+    ops::qkv_split_rope_forward(s.q, s.k, s.v, qkv.view({B, T, -1}), c.model->rope_theta, 0);
+  else
+    ops::qkv_split_forward(s.q, s.k, s.v, qkv.view({B, T, -1}));
   s.out = c.empty({B, T, heads_local_, head_dim_});
   s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
   ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
@@ -77,12 +76,11 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
   }
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
   ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
-  if (c.llama()) {
-    ops::rope_backward(dq, c.model->rope_theta, 0);
-    ops::rope_backward(dk, c.model->rope_theta, 0);
-  }
   Tensor dqkv = c.empty({B, T, linear_qkv_.local_out()});
-  ops::qkv_split_backward(dqkv, dq, dk, dv);
+  if (c.llama())
+    ops::qkv_split_rope_backward(dqkv, dq, dk, dv, c.model->rope_theta, 0);
+  else
+    ops::qkv_split_backward(dqkv, dq, dk, dv);
   return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
 }
 
@@ -101,24 +99,22 @@ Tensor MLP::forward(Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
   if (c.llama()) {
     s.h = linear_fc1_.forward(x);
-    s.a = c.empty({s.h.size(0), ffn_local_});
-    ops::swiglu_forward(s.a, s.h);
-  } else {
-    s.a = linear_fc1_.forward_gelu(x, &s.h);  // GELU in the GEMM's epilogue where possible
+    Tensor a = c.empty({s.h.size(0), ffn_local_});  // not kept: backward recomputes it from h
+    ops::swiglu_forward(a, s.h);
+    return linear_fc2_.forward(a);
   }
+  s.a = linear_fc1_.forward_gelu(x, &s.h);  // GELU in the GEMM's epilogue where possible
   return linear_fc2_.forward(s.a);
 }
 
-Tensor MLP::backward(const Tensor& dy, const Saved& s, const Tensor& x) const {
+Tensor MLP::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
   Tensor dh;
-  if (c.llama()) {
-    Tensor da = linear_fc2_.backward(dy, s.a);
-    dh = c.empty(s.h.shape());
-    ops::swiglu_backward(dh, da, s.h);
-  } else {
+  if (c.llama())
+    dh = linear_fc2_.backward_swiglu(dy, s.h);  // SwiGLU output recomputed, dh written over h
+  else
     dh = linear_fc2_.backward_gelu(dy, s.a, s.h);  // GELU gradient in the dx GEMM's epilogue where possible
-  }
+  s = Saved{};
   return linear_fc1_.backward(dh, x);
 }
 

@@ -37,11 +37,14 @@ class SelfAttention {
 class MLP {
  public:
   MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
+  // a is kept for gpt2 only (the GELU's output, from the fc1 GEMM's epilogue); llama's SwiGLU output is
+  // recomputed from h inside the SwiGLU backward's pass, which costs one extra write instead of keeping (B*T, F_l).
   struct Saved {
     Tensor h, a;
   };
   Tensor forward(Saved& s, const Tensor& x) const;
-  Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x) const;
+  // Consumes s (llama: h is overwritten by its gradient).
+  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
 
  private:
   const ModelContext* ctx_;

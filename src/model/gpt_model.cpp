@@ -6,9 +6,16 @@ namespace mt {
 
 GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec)
     : ctx_(&ctx), spec_(spec) {
+  // Parameters are laid out in the flat buffers in registration order: each module is one range.
+  auto range_from = [&store](int64_t begin) { return FlatRange{begin, store.local_numel()}; };
+  int64_t begin = store.local_numel();
   if (spec.pre_process) embedding_ = std::make_unique<Embedding>(ctx, store);
-  for (int l = spec.layer_begin; l < spec.layer_end; ++l)
+  embedding_range_ = range_from(begin);
+  for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
+    begin = store.local_numel();
     layers_.push_back(std::make_unique<TransformerLayer>(l, ctx, store));
+    layer_ranges_.push_back(range_from(begin));
+  }
   const int n = static_cast<int>(layers_.size());
   group_begin_.assign(n, -1);
   group_end_.assign(n, -1);
@@ -23,6 +30,7 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
       }
     }
   }
+  const int64_t begin_post = store.local_numel();
   if (spec.post_process) {
     final_norm_ = std::make_unique<Norm>("decoder.final_layernorm", ctx.model->hidden_size, ctx, store);
     // gpt2 ties the output layer to the word embeddings: the same parameter when this rank holds
@@ -36,6 +44,7 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
     }
     output_ = std::make_unique<OutputLayer>(ctx, weight);
   }
+  post_range_ = range_from(begin_post);
 }
 
 namespace {
@@ -59,12 +68,14 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
   Tensor x;
   if (spec_.pre_process) {
     st.tokens = to_device_ids(tokens, B * T, ctx_->device);
+    params_needed(embedding_range_);
     x = embedding_->forward(st.tokens, B, T, step);
   } else {
     x = hidden_in;
   }
   st.layers.assign(layers_.size(), TransformerLayer::Saved{});
   for (size_t i = 0; i < layers_.size(); ++i) {
+    params_needed(layer_ranges_[i]);
     x = layers_[i]->forward(st.layers[i], x, B, T, step);
     // Full recompute: once a group is done, keep only its first layer's input.
     if (group_end_[i] == static_cast<int>(i) + 1)
@@ -77,6 +88,7 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
   }
   if (!spec_.post_process) return x;
   st.final_in = x;
+  params_needed(post_range_);
   st.final_out = ctx_->empty(x.shape());
   final_norm_->forward(st.final_out, st.final_norm, x);
   *loss_sum = output_->forward(st.head, st.final_out, st.labels);
@@ -106,6 +118,7 @@ Tensor GPTModel::backward(MicroState& st, const Tensor& d_out, double dloss_per_
     Tensor dfinal = output_->backward(st.head, st.final_out, st.labels, dloss_per_token);
     dx = ctx_->zeros(st.final_in.shape());
     final_norm_->backward_accumulate(dx, dfinal, st.final_in, st.final_norm);
+    grads_accumulated(post_range_);
   } else {
     dx = d_out.clone();
   }
@@ -118,9 +131,11 @@ Tensor GPTModel::backward(MicroState& st, const Tensor& d_out, double dloss_per_
       for (int j = g + 1; j <= static_cast<int>(i); ++j) x = layers_[j]->forward(st.layers[j], x, B, T, step);
     }
     layers_[i]->backward(dx, st.layers[i], B, T, step);
+    grads_accumulated(layer_ranges_[i]);
   }
   if (spec_.pre_process) {
     embedding_->backward(dx, st.tokens, B, T, step);
+    grads_accumulated(embedding_range_);
     st = MicroState{};
     return Tensor();
   }

@@ -48,7 +48,20 @@ class GPTModel {
   const ModelChunkSpec& spec() const { return spec_; }
 
  private:
+  // Element range of the store's flat buffers holding one module's parameters (ParamSyncHooks).
+  struct FlatRange {
+    int64_t begin = 0, end = 0;
+  };
+  void params_needed(const FlatRange& r) const {
+    if (ctx_->hooks) ctx_->hooks->params_needed(r.begin, r.end);
+  }
+  void grads_accumulated(const FlatRange& r) const {
+    if (ctx_->hooks) ctx_->hooks->grads_accumulated(r.begin, r.end);
+  }
+
   const ModelContext* ctx_;
+  FlatRange embedding_range_, post_range_;
+  std::vector<FlatRange> layer_ranges_;
   ModelChunkSpec spec_;
   std::unique_ptr<Embedding> embedding_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;

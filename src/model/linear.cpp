@@ -103,6 +103,15 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
   return dpre;
 }
 
+Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h) const {
+  const ParallelState& ps = *ctx_->ps;
+  Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
+  Tensor dh = h;  // in place: h is read before each of its elements is overwritten
+  ops::linear_backward_swiglu(dh, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, weight_->value, h);
+  h = Tensor();
+  return dh;
+}
+
 // ---------------------------------------------------------------- norm
 
 Norm::Norm(const std::string& name, int64_t hidden, const ModelContext& ctx, ParamStore& store) : ctx_(&ctx) {

@@ -51,6 +51,9 @@ class RowParallelLinear {
   Tensor backward(const Tensor& dy, const Tensor& x) const;
   // When x = gelu(pre): returns dL/dpre = gelu'(pre) * dx (fused into the dx GEMM where possible).
   Tensor backward_gelu(const Tensor& dy, const Tensor& x, const Tensor& pre) const;
+  // When x = swiglu(h) and x was not kept: returns dL/dh (N, 2F_l), written over h (consumed), with x recomputed
+  // from h for the weight gradient inside the SwiGLU backward's pass (ops::linear_backward_swiglu).
+  Tensor backward_swiglu(const Tensor& dy, Tensor& h) const;
   int64_t local_in() const { return weight_->local_shape[1]; }
 
  private:

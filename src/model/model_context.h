@@ -20,6 +20,18 @@ struct RecomputePolicy {
   int num_layers = 1;
 };
 
+// What the model reports while it runs, so that communication can overlap it (parallel/grad_sync.h
+// implements it). Ranges are element ranges of the parameter store's flat buffers; each layer's
+// parameters form one range.
+class ParamSyncHooks {
+ public:
+  virtual ~ParamSyncHooks() = default;
+  // The parameters in [begin, end) are about to be read by a forward.
+  virtual void params_needed(int64_t begin, int64_t end) = 0;
+  // A backward finished accumulating one micro-batch into the gradients of [begin, end).
+  virtual void grads_accumulated(int64_t begin, int64_t end) = 0;
+};
+
 struct ModelContext {
   const ModelConfig* model = nullptr;
   const DerivedConfig* derived = nullptr;
@@ -27,6 +39,7 @@ struct ModelContext {
   DType dtype = DType::F32;  // activations and compute parameters
   Device device = Device::CPU;
   RecomputePolicy recompute;
+  ParamSyncHooks* hooks = nullptr;  // null: nobody listens (single rank, inference)
   bool llama() const { return model->arch == "llama"; }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
   Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }

@@ -17,6 +17,13 @@ TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, Pa
       pre_mlp_layernorm_(layer_prefix(layer_number) + ".pre_mlp_layernorm", ctx.model->hidden_size, ctx, store),
       mlp_(layer_prefix(layer_number) + ".mlp", ctx, store) {}
 
+Tensor TransformerLayer::norm_output(const Norm& norm, const Tensor& x) const {
+  Tensor y = ctx_->empty(x.shape());
+  Norm::Saved stats;  // recomputed alongside, the same values as the kept ones
+  norm.forward(y, stats, x);
+  return y;
+}
+
 uint64_t TransformerLayer::dropout_seed(const StepContext& step, int site) const {
   return rng::mix64(step.dropout_seed ^ rng::mix64(static_cast<uint64_t>(layer_) * 8 + site + 1));
 }
@@ -37,15 +44,18 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   const double p = step.training ? c.model->dropout : 0.0;
   const uint64_t offset = dropout_offset(step, T, rows);
   s.x_in = x;
-  s.ln1_out = c.empty({rows, C});
-  input_layernorm_.forward(s.ln1_out, s.n1, x);
-  Tensor attn_y = self_attention_.forward(s.attn, s.ln1_out, B, T);
+  Tensor ln1_out = c.empty({rows, C});
+  input_layernorm_.forward(ln1_out, s.n1, x);
+  Tensor attn_y = self_attention_.forward(s.attn, ln1_out, B, T);
+  ln1_out = Tensor();
   if (p > 0) ops::dropout_forward(attn_y, attn_y, p, dropout_seed(step, 0), offset);
   s.x_mid = c.empty({rows, C});
   ops::add(s.x_mid, x, attn_y);
-  s.ln2_out = c.empty({rows, C});
-  pre_mlp_layernorm_.forward(s.ln2_out, s.n2, s.x_mid);
-  Tensor mlp_y = mlp_.forward(s.mlp, s.ln2_out);
+  attn_y = Tensor();
+  Tensor ln2_out = c.empty({rows, C});
+  pre_mlp_layernorm_.forward(ln2_out, s.n2, s.x_mid);
+  Tensor mlp_y = mlp_.forward(s.mlp, ln2_out);
+  ln2_out = Tensor();
   if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, dropout_seed(step, 1), offset);
   Tensor out = c.empty({rows, C});
   ops::add(out, s.x_mid, mlp_y);
@@ -75,8 +85,9 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 1), offset);
   }
-  Tensor dln2 = mlp_.backward(dy, s.mlp, s.ln2_out);
+  Tensor dln2 = mlp_.backward(dy, s.mlp, norm_output(pre_mlp_layernorm_, s.x_mid));  // frees s.mlp
   pre_mlp_layernorm_.backward_accumulate(dx, dln2, s.x_mid, s.n2);  // dx = dL/dx_mid
+  dln2 = Tensor();
 
   // Attention branch.
   dy = dx;
@@ -84,7 +95,7 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 0), offset);
   }
-  Tensor dln1 = self_attention_.backward(dy, s.attn, s.ln1_out, B, T);
+  Tensor dln1 = self_attention_.backward(dy, s.attn, norm_output(input_layernorm_, s.x_in), B, T);
   input_layernorm_.backward_accumulate(dx, dln1, s.x_in, s.n1);  // dx = dL/dx_in
   s = Saved{};
 }

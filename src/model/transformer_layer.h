@@ -3,7 +3,9 @@
 //   x_out = x_mid + dropout(mlp(pre_mlp_layernorm(x_mid)))
 // Everything backward needs is kept per micro-batch in Saved (the pipeline keeps several in
 // flight). Under full recompute the model drops a layer's Saved but its input (complete = false)
-// and has the layer recompute it before backward.
+// and has the layer recompute it before backward. The norm outputs are never kept: backward
+// recomputes each from the kept norm input (one (rows, C) read and write) just before the
+// weight gradient that needs it.
 #pragma once
 
 #include "model/attention.h"
@@ -14,7 +16,7 @@ class TransformerLayer {
  public:
   TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store);
   struct Saved {
-    Tensor x_in, x_mid, ln1_out, ln2_out;
+    Tensor x_in, x_mid;
     Norm::Saved n1, n2;
     SelfAttention::Saved attn;
     MLP::Saved mlp;
@@ -32,6 +34,8 @@ class TransformerLayer {
 
  private:
   uint64_t dropout_seed(const StepContext& step, int site) const;
+  // norm(x), recomputed in backward (the same kernel and inputs as forward: the same values).
+  Tensor norm_output(const Norm& norm, const Tensor& x) const;
   uint64_t dropout_offset(const StepContext& step, int64_t T, int64_t rows) const;
 
   const ModelContext* ctx_;

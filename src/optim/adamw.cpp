@@ -7,17 +7,27 @@
 
 namespace mt {
 
-std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, ShardRange shard) {
+std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const std::vector<ShardRange>& shard) {
   std::vector<OptimizerSegment> segs;
-  for (Param* p : store.params()) {
-    const int64_t b = static_cast<int64_t>(p->flat_offset), e = b + p->value.numel();
-    const int64_t lo = std::max(b, shard.begin), hi = std::min(e, shard.end);
-    if (lo < hi) segs.push_back({p, lo, hi - lo});
+  const std::vector<Param*> params = store.params();  // ascending flat offsets
+  int64_t state_offset = 0;
+  size_t first = 0;
+  for (const ShardRange& r : shard) {
+    while (first < params.size() &&
+           static_cast<int64_t>(params[first]->flat_offset) + params[first]->value.numel() <= r.begin)
+      ++first;
+    for (size_t i = first; i < params.size() && static_cast<int64_t>(params[i]->flat_offset) < r.end; ++i) {
+      const int64_t b = static_cast<int64_t>(params[i]->flat_offset), e = b + params[i]->value.numel();
+      const int64_t lo = std::max(b, r.begin), hi = std::min(e, r.end);
+      if (lo < hi) segs.push_back({params[i], lo, hi - lo, state_offset + (lo - r.begin)});
+    }
+    state_offset += r.size();
   }
   return segs;
 }
 
-double global_grad_norm(const ParamStore& store, const ParallelState& ps, ShardRange shard, bool sharded) {
+double global_grad_norm(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard,
+                        bool sharded) {
   double total = 0;
   Tensor flat = const_cast<ParamStore&>(store).flat_grads();
   // Adjacent segments that all count are summed in one reduction (one device sync, not one per
@@ -52,10 +62,11 @@ double global_grad_norm(const ParamStore& store, const ParallelState& ps, ShardR
 AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState& ps, bool distributed)
     : store_(&store), cfg_(cfg), ps_(&ps), distributed_(distributed && ps.dp_size > 1) {
   shard_ = optimizer_shard(store, ps, distributed_);
+  for (const ShardRange& r : shard_) shard_numel_ += r.size();
   segments_ = optimizer_segments(store, shard_);
   const Tensor& flat = store.flat_master();
-  m_ = Tensor::zeros({shard_.end - shard_.begin}, flat.dtype(), flat.device());
-  v_ = Tensor::zeros({shard_.end - shard_.begin}, flat.dtype(), flat.device());
+  m_ = Tensor::zeros({shard_numel_}, flat.dtype(), flat.device());
+  v_ = Tensor::zeros({shard_numel_}, flat.dtype(), flat.device());
   for (Param* p : store.params()) {
     switch (p->spec.kind) {
       case ParamKind::Weight: p->weight_decay = true; break;
@@ -70,13 +81,16 @@ void AdamW::step(double lr, double grad_scale) {
   ++step_;
   Tensor& master = store_->flat_master();
   Tensor& grads = store_->flat_grads();
-  // One update per run of adjacent segments with the same weight decay (few launches on a GPU).
+  // One update per run of adjacent segments (in the flat buffers and in the state) with the same
+  // weight decay: few launches on a GPU.
   for (size_t i = 0; i < segments_.size();) {
     const bool decay = segments_[i].param->weight_decay;
-    const int64_t begin = segments_[i].flat_begin;
+    const int64_t begin = segments_[i].flat_begin, state_begin = segments_[i].shard_begin;
     int64_t end = begin + segments_[i].length;
     size_t j = i + 1;
-    for (; j < segments_.size() && segments_[j].param->weight_decay == decay && segments_[j].flat_begin == end; ++j)
+    for (; j < segments_.size() && segments_[j].param->weight_decay == decay && segments_[j].flat_begin == end &&
+           segments_[j].shard_begin == state_begin + (end - begin);
+         ++j)
       end += segments_[j].length;
     ops::AdamWArgs a;
     a.lr = lr;
@@ -87,24 +101,29 @@ void AdamW::step(double lr, double grad_scale) {
     a.step = step_;
     a.grad_scale = grad_scale;
     Tensor p = master.slice(begin, end - begin);
-    Tensor m = m_.slice(begin - shard_.begin, end - begin);
-    Tensor v = v_.slice(begin - shard_.begin, end - begin);
+    Tensor m = m_.slice(state_begin, end - begin);
+    Tensor v = v_.slice(state_begin, end - begin);
     ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a);
     i = j;
   }
-  store_->sync_values_from_master(shard_.begin, shard_.end - shard_.begin);
-  Tensor& values = store_->flat_values();
-  if (distributed_) {
-    // Every DP rank updated its shard of the parameters: gather them all.
-    Tensor mine = values.slice(shard_.begin, shard_.end - shard_.begin).clone();
-    ps_->dp->all_gather(values, mine);
-  }
+  for (const ShardRange& r : shard_) store_->sync_values_from_master(r.begin, r.size());
 }
 
+// The full-size flat buffer from every rank's state: rank q's state holds chunk q of each bucket,
+// in bucket order.
 Tensor AdamW::gather(const Tensor& buf) const {
   if (!distributed_) return buf;
+  const int dp = ps_->dp_size;
+  Tensor all = Tensor::empty({shard_numel_ * dp}, buf.dtype(), buf.device());
+  ps_->dp->all_gather(all, buf);
   Tensor full = Tensor::empty({store_->padded_numel()}, buf.dtype(), buf.device());
-  ps_->dp->all_gather(full, buf);
+  int64_t offset = 0;
+  for (const ShardRange& b : grad_buckets(store_->padded_numel(), dp)) {
+    const int64_t chunk = b.size() / dp;
+    for (int q = 0; q < dp; ++q)
+      full.slice(b.begin + q * chunk, chunk).copy_from(all.slice(q * shard_numel_ + offset, chunk));
+    offset += chunk;
+  }
   return full;
 }
 
@@ -114,8 +133,12 @@ void AdamW::full_moments(Tensor& m, Tensor& v) const {
 }
 
 void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
-  m_.copy_from(m.slice(shard_.begin, shard_.end - shard_.begin));
-  v_.copy_from(v.slice(shard_.begin, shard_.end - shard_.begin));
+  int64_t offset = 0;
+  for (const ShardRange& r : shard_) {
+    m_.slice(offset, r.size()).copy_from(m.slice(r.begin, r.size()));
+    v_.slice(offset, r.size()).copy_from(v.slice(r.begin, r.size()));
+    offset += r.size();
+  }
 }
 
 }  // namespace mt

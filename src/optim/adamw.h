@@ -1,7 +1,8 @@
 // AdamW with decoupled weight decay over the parameter store's flat buffers, fp32 master weights
 // (on the CPU backend the parameters are the master weights), global-norm gradient clipping, and
 // the distributed optimizer (ZeRO-1): each DP rank keeps Adam moments for its shard of the flat
-// buffer only, updates that shard, then the parameters are all-gathered over DP.
+// buffers only (its chunk of every gradient bucket, parallel/grad_sync.h) and updates that shard;
+// GradSync::gather_params then all-gathers the parameters over DP.
 // Which parameters decay: weights yes; norms and biases only with
 // optimizer.weight_decay_norms_and_biases; embedding/output tables only with
 // optimizer.weight_decay_embeddings.
@@ -20,24 +21,28 @@ namespace mt {
 // A run of the flat buffers inside this rank's optimizer shard that belongs to one parameter.
 struct OptimizerSegment {
   Param* param;
-  int64_t flat_begin;  // element offset into the flat buffers
+  int64_t flat_begin;   // element offset into the flat buffers
   int64_t length;
+  int64_t shard_begin;  // element offset into this rank's optimizer state (the shard's ranges end to end)
 };
-std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, ShardRange shard);
+std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const std::vector<ShardRange>& shard);
 
 // L2 norm of the whole model's gradient, every element counted once: TP-split parameters from
 // every TP rank, TP-replicated ones from TP rank 0, the tied embedding copy of the last stage never;
 // summed over TP and PP, and over DP when the gradients are sharded (distributed optimizer).
-double global_grad_norm(const ParamStore& store, const ParallelState& ps, ShardRange shard, bool sharded);
+double global_grad_norm(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard,
+                        bool sharded);
 
 class AdamW {
  public:
   AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState& ps, bool distributed);
-  // One update with learning rate lr; gradients are multiplied by grad_scale first.
+  // One update of this rank's shard with learning rate lr; gradients are multiplied by grad_scale
+  // first. With the distributed optimizer the other shards' parameters arrive by
+  // GradSync::gather_params.
   void step(double lr, double grad_scale);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
-  ShardRange shard() const { return shard_; }
+  const std::vector<ShardRange>& shard() const { return shard_; }
   bool distributed() const { return distributed_; }
   // Moments as full-size flat buffers (gathered over DP when sharded), for checkpoints.
   void full_moments(Tensor& m, Tensor& v) const;
@@ -50,9 +55,10 @@ class AdamW {
   OptimizerConfig cfg_;
   const ParallelState* ps_;
   bool distributed_;
-  ShardRange shard_;
+  std::vector<ShardRange> shard_;
+  int64_t shard_numel_ = 0;
   std::vector<OptimizerSegment> segments_;
-  Tensor m_, v_;  // (shard length), element i <-> flat element shard.begin + i
+  Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
   int64_t step_ = 0;
 };
 

@@ -1,29 +1,98 @@
-// After the last micro-batch's backward, makes every rank's gradients the gradients of the whole
-// global batch (Megatron's finalize_model_grads), in this order:
-//   1. sequence-parallel partial gradients (norms, position embeddings): all-reduce over TP;
-//   2. tied word embeddings on the first and last pipeline stage: all-reduce over the embedding group;
-//   3. data parallel: all-reduce (sum) of the flat gradient buffer over DP, in buckets; or, with the
-//      distributed optimizer, reduce-scatter so each DP rank ends with the sum of its shard.
+// Data-parallel gradient reduction and the distributed optimizer's parameter all-gather, bucketed
+// and overlapped with computation (Megatron-Core's DistributedDataParallel + param_and_grad_buffer).
+//
+// The flat gradient buffer of the parameter store is cut into buckets: fixed element ranges, each a
+// multiple of the data-parallel size. The model reports, per layer, when its gradients received one
+// more micro-batch (ParamSyncHooks::grads_accumulated); after the last micro-batch of the
+// iteration the layer's range is final, and a bucket whose whole range is final is reduced over DP
+// at once, asynchronously (NCCL: on the DP group's stream, overlapping the rest of the backward):
+// an all-reduce (sum), or with the distributed optimizer a reduce-scatter that leaves each rank the
+// sum of its 1/dp chunk of every bucket — the chunks it owns in the optimizer (optimizer_shard).
+// After the optimizer step each rank's updated chunks are all-gathered, bucket by bucket, and the
+// next forward waits for a bucket only when a layer inside it is about to run (params_needed).
+//
+// finish() completes the gradients of the global batch (Megatron's finalize_model_grads):
+//   1. tied word embeddings (first and last pipeline stage): all-reduce over the embedding group,
+//      before the buckets holding them are reduced over DP (their offsets differ between stages);
+//   2. the remaining buckets, then waits for all of them;
+//   3. sequence-parallel partial gradients (norms, position embeddings): all-reduce over TP; sums
+//      commute, and TP ranks share the bucket layout, so after DP is as good as before.
 // Losses are sums over local tokens scaled by 1/(tokens of the global batch), so sums (not means)
-// over DP give the global mean.
+// over DP give the global mean. Without overlap everything happens in finish(), in the same order.
 #pragma once
 
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/model_context.h"
 #include "model/param_store.h"
 #include "parallel/parallel_state.h"
 
 namespace mt {
 
-// Elements per DP communication bucket of the flat gradient buffer.
+// Elements per DP communication bucket of the flat gradient buffer (rounded down to a multiple of
+// the data-parallel size).
 inline constexpr int64_t kGradBucketElements = int64_t(1) << 22;
 
-// The [begin, end) element range of the flat buffers this DP rank owns under the distributed
-// optimizer (the buffer is padded to a multiple of dp); the whole buffer otherwise.
+// An element range [begin, end) of the flat buffers.
 struct ShardRange {
   int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
 };
-ShardRange optimizer_shard(const ParamStore& store, const ParallelState& ps, bool distributed);
 
-// tied_embeddings: the model ties its output layer to the word embeddings (gpt2).
-void finalize_gradients(ParamStore& store, const ParallelState& ps, bool distributed_optimizer, bool tied_embeddings);
+// The buckets of a flat buffer of `padded_numel` elements (a multiple of dp_size).
+std::vector<ShardRange> grad_buckets(int64_t padded_numel, int dp_size);
+
+// The element ranges of the flat buffers this DP rank owns in the optimizer: chunk dp_rank of every
+// bucket under the distributed optimizer, the whole buffer otherwise.
+std::vector<ShardRange> optimizer_shard(const ParamStore& store, const ParallelState& ps, bool distributed);
+
+struct GradSyncOptions {
+  bool distributed_optimizer = false;
+  bool tied_embeddings = false;        // gpt2: output layer tied to the word embeddings
+  bool overlap_grad_reduce = true;     // reduce buckets during backward
+  bool overlap_param_gather = true;    // all-gather parameters during the next forward
+  int num_microbatches = 1;            // per iteration and model chunk
+};
+
+class GradSync final : public ParamSyncHooks {
+ public:
+  GradSync(ParamStore& store, const ParallelState& ps, const GradSyncOptions& opt);
+  ~GradSync() override;
+
+  // Before the first micro-batch of an iteration.
+  void start_iteration();
+  void params_needed(int64_t begin, int64_t end) override;
+  void grads_accumulated(int64_t begin, int64_t end) override;
+  // After the last micro-batch's backward: the gradients of the global batch (see above).
+  void finish();
+  // After the optimizer step (distributed optimizer): starts the all-gather of the updated chunks.
+  void gather_params();
+  // Waits for every pending parameter all-gather (before reading all parameters: save, evaluate).
+  void wait_params();
+
+ private:
+  struct Bucket {
+    ShardRange range;
+    int64_t final_elements = 0;
+    bool deferred = false;  // holds a tied embedding: reduced in finish() only
+    bool launched = false;
+    std::unique_ptr<Work> grad_work, param_work;
+  };
+  void launch_grad(Bucket& b);
+  void mark_final(int64_t begin, int64_t end);
+
+  ParamStore* store_;
+  const ParallelState* ps_;
+  GradSyncOptions opt_;
+  bool reduce_dp_;  // dp > 1
+  std::vector<Bucket> buckets_;
+  std::vector<Param*> sequence_parallel_params_;
+  Param* tied_ = nullptr;  // the word embeddings (or their copy) when tied over >1 stage
+  std::map<int64_t, int> microbatches_seen_;  // range begin -> backward calls this iteration
+  std::vector<Bucket*> launch_order_;
+  int pending_param_gathers_ = 0;
+};
 
 }  // namespace mt

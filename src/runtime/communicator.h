@@ -22,6 +22,21 @@ struct P2POp {
   int tag;         // matched together with the peer: sends and receives pair up in issue order per (peer, tag)
 };
 
+// An operation started by one of the *_async calls. wait() makes its result visible to what runs
+// next on this rank (on a GPU: the compute stream waits for it, the host does not); idempotent.
+// Buffers given to an asynchronous call must stay alive and untouched until wait() returned.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
+// A Work that is already complete (blocking implementations).
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -44,6 +59,16 @@ class Communicator {
   // torch.distributed.batch_isend_irecv + wait): a stage may send forward and receive backward in
   // one call without deadlock, whatever order its peer lists them in.
   virtual void batch_p2p(const std::vector<P2POp>& ops) = 0;
+
+  // Asynchronous forms, for overlapping communication with computation (gradient buckets,
+  // parameter all-gathers, pipeline transfers). The default runs the blocking call and returns a
+  // completed Work, so that the CPU backend computes exactly what the GPU one does, only unhidden.
+  // In-place forms are allowed: reduce_scatter with `out` the rank's chunk of `in`, all_gather with
+  // `in` the rank's chunk of `out`.
+  virtual std::unique_ptr<Work> all_reduce_async(Tensor& x, ReduceOp op);
+  virtual std::unique_ptr<Work> reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op);
+  virtual std::unique_ptr<Work> all_gather_async(Tensor& out, const Tensor& in);
+  virtual std::unique_ptr<Work> batch_p2p_async(const std::vector<P2POp>& ops);
 
   // Host-value helpers (built on the tensor calls).
   double all_reduce_scalar(double v, ReduceOp op);

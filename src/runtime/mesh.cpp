@@ -33,7 +33,7 @@ std::string layouts_that_fit(int world, int context, int limit = 6) {
 
 }  // namespace
 
-Mesh::Mesh(const ParallelConfig& par, const DerivedConfig& d, Communicator& world) {
+Mesh::Mesh(const ParallelConfig& par, const DerivedConfig& d, Communicator& world, const Wrap& wrap) {
   sizes_.tp = par.tensor;
   sizes_.pp = par.pipeline;
   sizes_.cp = par.context;
@@ -65,6 +65,10 @@ Mesh::Mesh(const ParallelConfig& par, const DerivedConfig& d, Communicator& worl
       MT_INTERNAL_ASSERT(c->rank() == place.rank && c->size() == static_cast<int>(groups[place.group].size()),
                          "group ", group_kind_name(kind), ": MPI gave rank ", c->rank(), " of ", c->size(), ", expected ",
                          place.rank, " of ", groups[place.group].size());
+      if (wrap) {
+        comm = wrap(std::move(comm));
+        c = comm.get();
+      }
       groups_.push_back(std::move(comm));
     }
     const int rank = c ? c->rank() : -1, size = c ? c->size() : 0;
@@ -91,6 +95,12 @@ Mesh::Mesh(const ParallelConfig& par, const DerivedConfig& d, Communicator& worl
               "order tp-cp-ep-dp-pp:\n{}",
               s.world_size, sizes_.tp, sizes_.cp, sizes_.dp, sizes_.pp, sizes_.ep, sizes_.expert_dp(),
               format_rank_table(sizes_));
+}
+
+std::string Mesh::coords() const {
+  const ParallelState& s = state_;
+  return str_cat("rank ", s.world_rank, " (tp ", s.tp_rank, ", pp ", s.pp_rank, ", dp ", s.dp_rank, ", cp ", s.cp_rank,
+                 ")");
 }
 
 }  // namespace mt

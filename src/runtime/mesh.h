@@ -7,6 +7,7 @@
 // order, so the groups hold exactly the ranks rank_groups() lists, in its order.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -21,7 +22,12 @@ class Mesh {
   // Collective over the world. Throws mt::Error if the world does not fit the layout
   // (world == tensor x pipeline x context x data, expert dividing data x context).
   // Rank 0 logs the layout as a table (one row per global rank).
-  Mesh(const ParallelConfig& par, const DerivedConfig& derived, Communicator& world);
+  // wrap (optional) replaces each group's MPI communicator by another over the same ranks (the
+  // GPU backend wraps them in NCCL communicators).
+  using Wrap = std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>;
+  Mesh(const ParallelConfig& par, const DerivedConfig& derived, Communicator& world, const Wrap& wrap = {});
+  // "rank 5 (tp 1, pp 1, dp 0, cp 0)": for messages that must say where a rank sits.
+  std::string coords() const;
   const ParallelState& state() const { return state_; }
   const MeshSizes& sizes() const { return sizes_; }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "runtime/watchdog.h"
 
 namespace mt {
 
@@ -63,6 +64,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(Tensor& x, ReduceOp op) override {
     check_host(x);
     if (size_ == 1) return;
+    watchdog::Scope wd("all_reduce", name_, x.nbytes());
     MT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x.raw(), static_cast<int>(x.numel()), mpi_type(x.dtype()),
                                mpi_op(op, x.dtype()), comm_), name_);
   }
@@ -70,7 +72,17 @@ class MpiCommunicator final : public Communicator {
     check_host(out);
     check_host(in);
     MT_INTERNAL_ASSERT(in.numel() == out.numel() * size_, "reduce_scatter ", in.str(), " -> ", out.str());
-    if (size_ == 1) { out.copy_from(in); return; }
+    if (size_ == 1) {
+      if (out.raw() != in.raw()) out.copy_from(in);
+      return;
+    }
+    watchdog::Scope wd("reduce_scatter", name_, in.nbytes());
+    if (aliases(out, in)) {  // in place: MPI has no in-place form that leaves the result at the chunk
+      Tensor tmp = in.clone();
+      MT_MPI_CHECK(MPI_Reduce_scatter_block(tmp.raw(), out.raw(), static_cast<int>(out.numel()), mpi_type(in.dtype()),
+                                            mpi_op(op, in.dtype()), comm_), name_);
+      return;
+    }
     MT_MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), static_cast<int>(out.numel()), mpi_type(in.dtype()),
                                           mpi_op(op, in.dtype()), comm_), name_);
   }
@@ -78,8 +90,13 @@ class MpiCommunicator final : public Communicator {
     check_host(out);
     check_host(in);
     MT_INTERNAL_ASSERT(out.numel() == in.numel() * size_, "all_gather ", in.str(), " -> ", out.str());
-    if (size_ == 1) { out.copy_from(in); return; }
-    MT_MPI_CHECK(MPI_Allgather(in.raw(), static_cast<int>(in.nbytes()), MPI_BYTE, out.raw(),
+    if (size_ == 1) {
+      if (out.raw() != in.raw()) out.copy_from(in);
+      return;
+    }
+    watchdog::Scope wd("all_gather", name_, out.nbytes());
+    const bool in_place = aliases(in, out);
+    MT_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.raw(), static_cast<int>(in.nbytes()), MPI_BYTE, out.raw(),
                                static_cast<int>(in.nbytes()), MPI_BYTE, comm_), name_);
   }
   void all_to_all(Tensor& out, const Tensor& in) override {
@@ -87,24 +104,34 @@ class MpiCommunicator final : public Communicator {
     check_host(in);
     MT_INTERNAL_ASSERT(out.numel() == in.numel() && in.numel() % size_ == 0, "all_to_all ", in.str(), " -> ", out.str());
     int chunk = static_cast<int>(in.nbytes() / size_);
+    watchdog::Scope wd("all_to_all", name_, in.nbytes());
     MT_MPI_CHECK(MPI_Alltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_), name_);
   }
   void broadcast(Tensor& x, int root) override {
     check_host(x);
     if (size_ == 1) return;
+    watchdog::Scope wd("broadcast", name_, x.nbytes());
     MT_MPI_CHECK(MPI_Bcast(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, root, comm_), name_);
   }
   void send(const Tensor& x, int peer) override {
     check_host(x);
+    watchdog::Scope wd("send", name_, x.nbytes());
     MT_MPI_CHECK(MPI_Send(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, peer, 0, comm_), name_);
   }
   void recv(Tensor& x, int peer) override {
     check_host(x);
+    watchdog::Scope wd("recv", name_, x.nbytes());
     MT_MPI_CHECK(MPI_Recv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, peer, 0, comm_, MPI_STATUS_IGNORE), name_);
   }
-  void barrier() override { MT_MPI_CHECK(MPI_Barrier(comm_), name_); }
+  void barrier() override {
+    watchdog::Scope wd("barrier", name_, 0);
+    MT_MPI_CHECK(MPI_Barrier(comm_), name_);
+  }
   void batch_p2p(const std::vector<P2POp>& ops) override {
     std::vector<MPI_Request> reqs(ops.size());
+    int64_t bytes_total = 0;
+    for (const P2POp& op : ops) bytes_total += op.tensor->nbytes();
+    watchdog::Scope wd("batched send/recv", name_, bytes_total);
     for (size_t i = 0; i < ops.size(); ++i) {
       const P2POp& op = ops[i];
       check_host(*op.tensor);
@@ -119,6 +146,10 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // `part` is this rank's chunk of `whole` (the in-place forms of reduce_scatter / all_gather).
+  bool aliases(const Tensor& part, const Tensor& whole) const {
+    return static_cast<const char*>(part.raw()) == static_cast<const char*>(whole.raw()) + rank_ * part.nbytes();
+  }
   void check_host(const Tensor& x) const {
     MT_INTERNAL_ASSERT(x.device() == Device::CPU, "MPI communicator '", name_, "' needs host buffers, got ",
                        device_name(x.device()));

@@ -50,10 +50,53 @@ struct bf16 {
   }
 };
 
+// IEEE binary16 storage type for host code (1 sign, 5 exponent, 10 mantissa bits; largest finite
+// 65504, subnormals down to 2^-24), round-to-nearest-even from float, overflow to inf.
+struct f16 {
+  uint16_t bits = 0;
+  f16() = default;
+  explicit f16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) { bits = static_cast<uint16_t>(sign | 0x7e00u); return; }  // NaN
+    if (a >= 0x477ff000u) { bits = static_cast<uint16_t>(sign | 0x7c00u); return; }  // >= 65520: inf
+    if (a >= 0x38800000u) {  // normal: rebias the exponent (127 -> 15), round 13 mantissa bits away
+      uint32_t r = a - (112u << 23);
+      r += 0xfffu + ((r >> 13) & 1u);
+      bits = static_cast<uint16_t>(sign | (r >> 13));
+      return;
+    }
+    if (a < 0x33000000u) { bits = static_cast<uint16_t>(sign); return; }  // <= 2^-25: rounds to 0
+    // Subnormal: m = |f| 2^24 rounded; |f| = mant 2^(e - 150), so m = mant >> (126 - e).
+    const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    uint32_t m = mant >> shift;
+    if (rem > half || (rem == half && (m & 1u))) ++m;  // m = 0x400 is the smallest normal: still right
+    bits = static_cast<uint16_t>(sign | m);
+  }
+  explicit operator float() const {
+    const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+    uint32_t e = (bits >> 10) & 0x1fu, m = bits & 0x3ffu, u;
+    if (e == 0x1f) u = sign | 0x7f800000u | (m ? 0x400000u | (m << 13) : 0u);  // inf, NaN (quiet)
+    else if (e != 0) u = sign | ((e + 112) << 23) | (m << 13);                 // normal
+    else if (m == 0) u = sign;                                                  // zero
+    else {                                                                      // subnormal: normalize
+      e = 113;
+      while (!(m & 0x400u)) { m <<= 1; --e; }
+      u = sign | (e << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
 template <typename T> struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
 template <> struct DTypeOf<double> { static constexpr DType value = DType::F64; };
 template <> struct DTypeOf<bf16> { static constexpr DType value = DType::BF16; };
+template <> struct DTypeOf<f16> { static constexpr DType value = DType::F16; };
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::I32; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::I64; };
 template <> struct DTypeOf<uint16_t> { static constexpr DType value = DType::U16; };

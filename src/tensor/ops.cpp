@@ -1,6 +1,6 @@
 // The public ops: shape/dtype/device checks, then dispatch on device (CPU reference, or the CUDA
-// backend's `case Device::CUDA` when built with it) and on dtype (fp32 / fp64 on CPU; fp32 / bf16 on
-// CUDA). A wrong shape or a dtype mismatch between the arguments is a bug in our code
+// backend's `case Device::CUDA` when built with it) and on dtype (fp32 / fp64 on CPU; fp32 / bf16 /
+// fp16 on CUDA). A wrong shape or a dtype mismatch between the arguments is a bug in our code
 // (MT_INTERNAL_ASSERT naming the op and the tensors); an unsupported device/dtype pair is a
 // user-visible error (MT_CHECK) naming the op.
 // CUDA mixed precision (Megatron style): statistics are fp32, and parameter gradients (dweight,
@@ -110,12 +110,13 @@ void param_grad(const char* op, const Tensor& ref, const Tensor& t, const char* 
 }
 
 #if defined(MEGATRAIN_HAVE_CUDA)
-// Calls f(float{}) or f(bf16{}) for the dtype of t (CUDA dtypes).
+// Calls f(float{}), f(bf16{}) or f(f16{}) for the dtype of t (CUDA dtypes).
 template <typename F>
 void cuda_float(const char* op, const Tensor& t, F&& f) {
   switch (t.dtype()) {
     case DType::F32: f(float{}); return;
     case DType::BF16: f(bf16{}); return;
+    case DType::F16: f(f16{}); return;
     default: unsupported(op, t);
   }
 }
@@ -132,7 +133,7 @@ void cuda_float(const char* op, const Tensor& t, F&& f) {
 #endif
 
 // Dispatch on the device of t, then its dtype: the CPU call (the variadic tail) with T in
-// {float, double}; the CUDA call (parenthesized) with T in {float, bf16}.
+// {float, double}; the CUDA call (parenthesized) with T in {float, bf16, f16}.
 #define MT_DISPATCH(op, t, cuda_call, ...)    \
   switch ((t).device()) {                     \
     case Device::CPU:                         \
@@ -198,6 +199,10 @@ void cast(Tensor& out, const Tensor& in) {
       else if (a == D::F64 && b == D::BF16) cpu::cast_cpu(out.data<bf16>(), in.data<double>(), n);
       else if (a == D::BF16 && b == D::F32) cpu::cast_cpu(out.data<float>(), in.data<bf16>(), n);
       else if (a == D::BF16 && b == D::F64) cpu::cast_cpu(out.data<double>(), in.data<bf16>(), n);
+      else if (a == D::F32 && b == D::F16) cpu::cast_cpu(out.data<f16>(), in.data<float>(), n);
+      else if (a == D::F64 && b == D::F16) cpu::cast_cpu(out.data<f16>(), in.data<double>(), n);
+      else if (a == D::F16 && b == D::F32) cpu::cast_cpu(out.data<float>(), in.data<f16>(), n);
+      else if (a == D::F16 && b == D::F64) cpu::cast_cpu(out.data<double>(), in.data<f16>(), n);
       else if (a == D::I32 && b == D::I64) cpu::cast_cpu(out.data<int64_t>(), in.data<int32_t>(), n);
       else if (a == D::I64 && b == D::I32) cpu::cast_cpu(out.data<int32_t>(), in.data<int64_t>(), n);
       else MT_CHECK(false, "op cast is not supported on device cpu for ", dtype_name(a), " -> ", dtype_name(b));
@@ -212,6 +217,8 @@ void cast(Tensor& out, const Tensor& in) {
       if (a == b) cuda::copy_cuda(out.raw(), in.raw(), in.nbytes());
       else if (a == D::F32 && b == D::BF16) cuda::cast_cuda(out.data<bf16>(), in.data<float>(), n);
       else if (a == D::BF16 && b == D::F32) cuda::cast_cuda(out.data<float>(), in.data<bf16>(), n);
+      else if (a == D::F32 && b == D::F16) cuda::cast_cuda(out.data<f16>(), in.data<float>(), n);
+      else if (a == D::F16 && b == D::F32) cuda::cast_cuda(out.data<float>(), in.data<f16>(), n);
       else MT_CHECK(false, "op cast is not supported on device cuda for ", dtype_name(a), " -> ", dtype_name(b));
       return;
     }
@@ -335,6 +342,35 @@ void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Te
                                                   dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
                                                   inp.data<T>(), weight.data<T>(), pre.data<T>(), N, IC, OC)),
               (void)sizeof(T); unsupported(op, inp));
+}
+
+void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& weight,
+                            const Tensor& h) {
+  const char* op = "linear_backward_swiglu";
+  const int64_t F2 = last_dim(op, h, "h"), N = rows(h), F = F2 / 2;
+  OP_ASSERT(F2 % 2 == 0, "h ", h.str(), " should be (N, 2F)");
+  like(op, h, weight, "weight");
+  OP_ASSERT(weight.dim() == 2 && weight.size(1) == F, "weight ", weight.str(), " should be (OC, F) for h ", h.str());
+  const int64_t OC = weight.size(0);
+  like_rows(op, h, dout, "dout", N, OC);
+  like_rows(op, h, dh, "dh", N, F2);
+  if (dweight) param_grad(op, h, *dweight, "dweight", weight.shape());
+  if (dbias) param_grad(op, h, *dbias, "dbias", {OC});
+  if (h.device() == Device::CPU) {  // the reference: swiglu forward, linear backward, swiglu backward
+    const Tensor h2 = h.view({N, F2});
+    Tensor a = Tensor::empty({N, F}, h.dtype()), da = Tensor::empty({N, F}, h.dtype()), dh2 = dh.view({N, F2});
+    swiglu_forward(a, h2);
+    linear_backward(&da, dweight, dbias, dout.view({N, OC}), a, weight);
+    swiglu_backward(dh2, da, h2);  // may overwrite h: read (row by row) before written
+    return;
+  }
+  std::string pname;
+  if (profiling(h)) op = (pname = str_cat(op, " OC=", OC)).c_str();
+  MT_DISPATCH(op, h,
+              (cuda::linear_backward_swiglu_cuda<T>(dh.data<T>(), dweight ? dweight->data<float>() : nullptr,
+                                                    dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
+                                                    weight.data<T>(), h.data<T>(), N, F, OC)),
+              (void)sizeof(T); unsupported(op, h));
 }
 
 // ---------------------------------------------------------------- embedding
@@ -556,6 +592,42 @@ void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const 
               (cuda::qkv_split_backward_cuda<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
                                                 cuda_shape(s))),
               cpu::qkv_split_backward_cpu<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), s));
+}
+
+void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, double theta, int64_t position_offset) {
+  const char* op = "qkv_split_rope_forward";
+  const cpu::AttnShape s = attn_shape(op, q, k, v);
+  like_rows(op, q, qkv, "qkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
+  check_rope(op, q, theta);
+  if (q.device() == Device::CPU) {  // the reference: split, then rotate q and k
+    qkv_split_forward(q, k, v, qkv);
+    rope_forward(q, theta, position_offset);
+    rope_forward(k, theta, position_offset);
+    return;
+  }
+  MT_DISPATCH(op, q,
+              (cuda::qkv_split_rope_forward_cuda<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(),
+                                                    cuda_shape(s), theta, position_offset)),
+              (void)sizeof(T); unsupported(op, q));
+}
+
+void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, double theta,
+                             int64_t position_offset) {
+  const char* op = "qkv_split_rope_backward";
+  const cpu::AttnShape s = attn_shape(op, dq, dk, dv);
+  like_rows(op, dq, dqkv, "dqkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
+  check_rope(op, dq, theta);
+  if (dq.device() == Device::CPU) {  // the reference: rotate copies of dq and dk back, then the inverse split
+    Tensor dq_r = dq.clone(), dk_r = dk.clone();
+    rope_backward(dq_r, theta, position_offset);
+    rope_backward(dk_r, theta, position_offset);
+    qkv_split_backward(dqkv, dq_r, dk_r, dv);
+    return;
+  }
+  MT_DISPATCH(op, dq,
+              (cuda::qkv_split_rope_backward_cuda<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
+                                                     cuda_shape(s), theta, position_offset)),
+              (void)sizeof(T); unsupported(op, dq));
 }
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v) {

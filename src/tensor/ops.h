@@ -41,6 +41,12 @@ void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tens
 // (linear_backward's dinp then gelu_backward, fused where possible); dweight, dbias as linear_backward (+=).
 void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight, const Tensor& pre);
+// Backward of the linear that follows a SwiGLU (llama's fc2), through the SwiGLU, without the linear's input:
+// inp = swiglu(h) (N, F) is recomputed here (in the SwiGLU backward's pass over h), so the forward need not keep
+// it. dh (N, 2F) (=) = swiglu'(h) . (dout @ weight); dweight (OC, F) += dout^T @ swiglu(h); dbias (OC) += column
+// sums of dout. dh may alias h (h is then overwritten by its gradient).
+void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& weight,
+                            const Tensor& h);
 
 // ---------------------------------------------------------------- embedding (vocab-parallel ready)
 // tokens int32 (N); table (Vl, C) holds global rows [vocab_start, vocab_start + Vl).
@@ -80,6 +86,12 @@ void rope_backward(Tensor& dx, double theta, int64_t position_offset);
 // head (Megatron's grouped layout; R = H / G). Splits into q (B,T,H,D), k (B,T,G,D), v (B,T,G,D).
 void qkv_split_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// The same with rotary embeddings on q and k (llama), in one pass over the projection:
+// qkv_split_rope_forward = qkv_split_forward, then rope_forward on q and on k;
+// qkv_split_rope_backward = rope_backward on (copies of) dq and dk, then qkv_split_backward (dq, dk unchanged).
+void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, double theta, int64_t position_offset);
+void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, double theta,
+                             int64_t position_offset);
 
 // Causal attention with grouped queries: query head h reads key/value head h / (H / G).
 // out (B, T, H, D); lse (B, H, T): log-sum-exp of the scaled, masked scores (scale = 1/sqrt(D)),

@@ -45,6 +45,7 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
                                  r.iteration, cfg_->training.train_iters, r.consumed_samples, r.lr, r.loss,
                                  r.grad_norm, r.ms_per_iter, tok_s);
   if (gpu_) line += fmt::format(" | {:.1f} TFLOP/s/GPU | MFU {:.1f}% | mem {:.2f} GiB", tflops, 100 * mfu, mem_gib);
+  if (gpu_ && d_->world_size > 1) line += fmt::format(" | comm exposed {:.1f} ms", r.comm_exposed_ms);
   if (r.skipped) line += fmt::format(" | skipped {}", r.skipped);
   if (cfg_->training.precision == "fp16") line += fmt::format(" | loss scale {:g}", r.loss_scale);
   line += " | ETA " + hms(eta);
@@ -54,8 +55,10 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
       "{{\"iteration\": {}, \"consumed_samples\": {}, \"loss\": {:.17g}, \"grad_norm\": {:.17g}, \"lr\": {:.9g}, "
       "\"tokens_per_s\": {:.6g}, \"ms_per_iter\": {:.6g}, \"skipped\": {}",
       r.iteration, r.consumed_samples, r.loss, r.grad_norm, r.lr, tok_s, r.ms_per_iter, r.skipped);
-  if (gpu_) json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}", tflops, mfu, mem_gib);
-  if (cfg_->training.precision == "fp16") json += fmt::format(", \"loss_scale\": {:g}", r.loss_scale);
+  if (gpu_)
+    json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}, \"comm_exposed_ms\": {:.6g}",
+                        tflops, mfu, mem_gib, r.comm_exposed_ms);
+  if (cfg_->training.precision == "fp16") json += fmt::format(", \"loss_scale\": {:.17g}", r.loss_scale);
   json += "}\n";
   std::fputs(json.c_str(), file_);
   std::fflush(file_);

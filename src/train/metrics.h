@@ -24,12 +24,14 @@ struct IterationRecord {
   double ms_per_iter = 0;
   int64_t skipped = 0;   // iterations skipped (NaN/Inf or fp16 overflow) in the interval
   double loss_scale = 0; // fp16 only
+  double comm_exposed_ms = 0;  // per iteration: the GPU compute stream waiting on communication (this rank)
 };
 
 class MetricsWriter {
  public:
   MetricsWriter(const Config& cfg, const DerivedConfig& d, int64_t flops_per_token, bool gpu, bool write);
   ~MetricsWriter();
+  // mem_gib: peak device memory, the largest over the ranks.
   void train(const IterationRecord& r, double mem_gib);
   void eval(int64_t iteration, double val_loss);
 

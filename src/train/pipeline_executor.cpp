@@ -1,6 +1,7 @@
 #include "train/pipeline_executor.h"
 
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "parallel/pipeline_schedule.h"
@@ -40,6 +41,22 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
   const std::vector<pp::Action> actions = pp::pipeline_schedule(p, s, static_cast<int>(mbs.size()), v);
   std::map<Key, GPTModel::MicroState> states;
   std::map<Key, Tensor> act_in, act_out, grad_in, grad_out;
+  std::map<Key, std::shared_ptr<Work>> arriving;  // receives in flight, by the key they fill
+  // Sends of the last batch: the tensors stay alive until their transfer is waited for.
+  std::vector<std::pair<std::shared_ptr<Work>, Tensor>> sending;
+  auto take = [&](std::map<Key, Tensor>& from, const Key& key) {
+    if (auto w = arriving.find(key); w != arriving.end()) {
+      w->second->wait();
+      arriving.erase(w);
+    }
+    Tensor t = from.at(key);
+    from.erase(key);
+    return t;
+  };
+  auto drain_sends = [&] {
+    for (auto& s : sending) s.first->wait();
+    sending.clear();
+  };
   double loss = 0;
   for (size_t i = 0; i < actions.size();) {
     const pp::Action& a = actions[i];
@@ -48,10 +65,7 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
     const StepContext step = step_for(mb, seed, true);
     if (a.kind == pp::ActionKind::Forward) {
       Tensor in;
-      if (!first_virtual(a.chunk)) {
-        in = act_in.at(key);
-        act_in.erase(key);
-      }
+      if (!first_virtual(a.chunk)) in = take(act_in, key);
       double ls = 0;
       Tensor out = chunks_[a.chunk]->forward(states[key], mb.tokens.data(), mb.labels.data(), mb.rows, mb.seq_length,
                                             in, step, &ls);
@@ -64,10 +78,7 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
     }
     if (a.kind == pp::ActionKind::Backward) {
       Tensor dout;
-      if (!last_virtual(a.chunk)) {
-        dout = grad_in.at(key);
-        grad_in.erase(key);
-      }
+      if (!last_virtual(a.chunk)) dout = take(grad_in, key);
       Tensor dx = chunks_[a.chunk]->backward(states[key], dout, dloss, step);
       states.erase(key);
       if (!first_virtual(a.chunk)) grad_out[key] = dx;
@@ -77,6 +88,7 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
     // A batch of sends and receives, issued together.
     std::vector<P2POp> ops;
     std::vector<std::pair<std::map<Key, Tensor>*, Key>> sent;
+    std::vector<Key> received;
     for (; i < actions.size() && actions[i].batch == a.batch && actions[i].batch >= 0; ++i) {
       const pp::Action& c = actions[i];
       const Key k{c.microbatch, c.chunk};
@@ -93,19 +105,28 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
         case pp::ActionKind::RecvForward:
           act_in[k] = activation_buffer(mbs[c.microbatch]);
           ops.push_back({P2POp::Kind::Recv, &act_in[k], peer, tag});
+          received.push_back(k);
           break;
         case pp::ActionKind::RecvBackward:
           grad_in[k] = activation_buffer(mbs[c.microbatch]);
           ops.push_back({P2POp::Kind::Recv, &grad_in[k], peer, tag});
+          received.push_back(k);
           break;
         default: MT_INTERNAL_ASSERT(false, "compute action inside a communication batch");
       }
     }
     MT_INTERNAL_ASSERT(!ops.empty(), "empty communication batch");
-    ps.pp->batch_p2p(ops);
-    for (auto& [map, k] : sent) map->erase(k);
+    drain_sends();
+    std::shared_ptr<Work> work = ps.pp->batch_p2p_async(ops);
+    for (const Key& k : received) arriving[k] = work;
+    for (auto& [map, k] : sent) {
+      sending.emplace_back(work, map->at(k));
+      map->erase(k);
+    }
   }
-  MT_INTERNAL_ASSERT(states.empty() && act_in.empty() && grad_in.empty(), "pipeline schedule left work behind");
+  drain_sends();
+  MT_INTERNAL_ASSERT(states.empty() && act_in.empty() && grad_in.empty() && arriving.empty(),
+                     "pipeline schedule left work behind");
   return loss;
 }
 

@@ -2,6 +2,10 @@
 // (src/parallel/pipeline_schedule.h) lists them: forwards, backwards, and the batched sends and
 // receives of activations and gradients between stages. With one stage it is plain gradient
 // accumulation. Evaluation runs forwards only, micro-batch by micro-batch.
+//
+// Transfers are asynchronous (Communicator::batch_p2p_async): a received tensor is waited for only
+// when the forward or backward that reads it starts, and a sent tensor is kept until the next batch
+// is issued, so that (on GPUs) the transfers run on the pipeline group's stream beside compute.
 #pragma once
 
 #include <vector>

@@ -5,21 +5,25 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <thread>
 
 #include "checkpoint/checkpoint.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "cuda/cuda_runtime.h"
+#include "cuda/nccl_communicator.h"
 #endif
 #include "config/config_loader.h"
 #include "core/log.h"
 #include "data/dataset.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/grad_sync.h"
 #include "parallel/layer_split.h"
 #include "runtime/mesh.h"
 #include "runtime/mpi_communicator.h"
+#include "runtime/watchdog.h"
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "train/metrics.h"
@@ -71,9 +75,7 @@ DType activation_dtype(const TrainingConfig& t, Device device) {
   if (t.precision == "fp32") return DType::F32;
   MT_CHECK(device == Device::CUDA, "training.precision: ", t.precision, " needs a GPU and this run is on the CPU ",
            "(training.device: ", t.device, "); set training.precision: fp32 to train on the CPU");
-  MT_CHECK(t.precision == "bf16", "training.precision: fp16 (dynamic loss scaling) is not implemented yet; "
-                                  "set training.precision: bf16");
-  return DType::BF16;
+  return t.precision == "fp16" ? DType::F16 : DType::BF16;
 }
 
 double peak_memory_gib(Device device) {
@@ -82,6 +84,27 @@ double peak_memory_gib(Device device) {
 #endif
   (void)device;
   return 0.0;
+}
+
+// Milliseconds the GPU's compute stream waited on communication since the last call (0 on the CPU,
+// where communication is not overlapped).
+double take_exposed_comm_ms(Device device) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (device == Device::CUDA) return cuda::take_exposed_comm_ms();
+#endif
+  (void)device;
+  return 0.0;
+}
+
+// Testing the hang watchdog: MT_DEBUG_STALL_RANK=r MT_DEBUG_STALL_ITERATION=i make world rank r
+// stop before iteration i's step, forever (its peers then wait in their next collective).
+void debug_stall(int world_rank, int64_t iteration) {
+  const char* rank = std::getenv("MT_DEBUG_STALL_RANK");
+  const char* at = std::getenv("MT_DEBUG_STALL_ITERATION");
+  if (!rank || std::atoi(rank) != world_rank || (at ? std::atoll(at) : 1) != iteration) return;
+  log::warn("MT_DEBUG_STALL_RANK={}: rank {} stalls before iteration {} (testing the hang watchdog)", rank, world_rank,
+            iteration);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 RecomputePolicy recompute_policy(const TrainingConfig& t) {
@@ -105,6 +128,7 @@ struct Run {
   std::vector<std::unique_ptr<GPTModel>> chunks;  // this rank's model chunks (virtual pipeline)
   std::unique_ptr<PipelineExecutor> exec;
   std::unique_ptr<AdamW> opt;
+  std::unique_ptr<GradSync> grad_sync;
   data::Datasets data;
   std::string config_yaml;
   int64_t flops_per_token = 0;
@@ -125,13 +149,16 @@ struct Run {
 
   double evaluate() {
     if (!data.valid || cfg.training.eval_iters <= 0) return -1;
+    grad_sync->wait_params();
     // The same first eval_iters global batches of the validation split every time, so that
     // validation losses are comparable across evaluations and across resumes.
     data::BatchLoader loader(data.valid, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
                              d.data_parallel_size, 0, cfg.data.prefetch);
     double sum = 0;
     for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += exec->evaluate(loader.next());
-    return global_mean(sum, cfg.training.eval_iters);
+    const double mean = global_mean(sum, cfg.training.eval_iters);
+    take_exposed_comm_ms(ctx.device);  // evaluation's waits are not a training step's
+    return mean;
   }
 };
 
@@ -159,8 +186,24 @@ TrainResult run_training(const Config& cfg) {
   run.world = make_world_communicator();
   run.d = derive_config(cfg, run.world->size());
   const DerivedConfig& d = run.d;
-  run.mesh = std::make_unique<Mesh>(cfg.parallel, d, *run.world);
+  run.ctx.device = resolve_device(cfg.training, run.world->rank());
+  Mesh::Wrap wrap;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  // One process per GPU: every group carries device tensors over NCCL, host values over MPI.
+  if (run.ctx.device == Device::CUDA && run.world->size() > 1) wrap = cuda::make_nccl_communicator;
+#endif
+  run.mesh = std::make_unique<Mesh>(cfg.parallel, d, *run.world, wrap);
   const ParallelState& ps = run.ps();
+  if (ps.world_size > 1) watchdog::start(cfg.training.collective_timeout_s, run.mesh->coords());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  // The groups that carry device tensors get their NCCL communicators now, in one order everywhere.
+  if (wrap)
+    for (Communicator* g : {ps.tp, ps.pp, ps.dp, ps.embedding})
+      if (g) cuda::init_nccl(*g);
+#endif
+  struct StopWatchdog {
+    ~StopWatchdog() { watchdog::stop(); }
+  } stop_watchdog;
   run.config_yaml = config_to_yaml(cfg);
   log::info("megatrain {} | config {} | resolved:\n{}", MEGATRAIN_VERSION, cfg.source_file, run.config_yaml);
 
@@ -170,11 +213,7 @@ TrainResult run_training(const Config& cfg) {
   run.ctx.model = &cfg.model;
   run.ctx.derived = &run.d;
   run.ctx.ps = &ps;
-  run.ctx.device = resolve_device(cfg.training, ps.world_rank);
   run.ctx.dtype = activation_dtype(cfg.training, run.ctx.device);
-  MT_CHECK(run.ctx.device == Device::CPU || ps.world_size == 1, "training on ", ps.world_size,
-           " GPUs needs the NCCL communicators, which are not implemented yet: run one rank on one GPU, or the "
-           "layout on the CPU backend (training.device: cpu)");
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (run.ctx.device == Device::CUDA) log::info("device: {} | {}", cuda::device_description(), cuda::library_versions());
 #endif
@@ -193,6 +232,14 @@ TrainResult run_training(const Config& cfg) {
   run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
   run.exec = std::make_unique<PipelineExecutor>(chunk_ptrs, run.ctx);
   run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer, ps, distributed);
+  GradSyncOptions sync;
+  sync.distributed_optimizer = distributed;
+  sync.tied_embeddings = cfg.model.arch == "gpt2";
+  sync.overlap_grad_reduce = cfg.parallel.overlap_grad_reduce;
+  sync.overlap_param_gather = cfg.parallel.overlap_param_gather;
+  sync.num_microbatches = static_cast<int>(d.num_microbatches);
+  run.grad_sync = std::make_unique<GradSync>(*run.store, ps, sync);
+  run.ctx.hooks = run.grad_sync.get();
   run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model);
   log::info("model: {} layers, {} parameters on rank 0 ({:.2f} M), padded vocab {}, {} micro-batches of {} per iteration "
             "and data-parallel rank",
@@ -201,6 +248,7 @@ TrainResult run_training(const Config& cfg) {
 
   // State, possibly restored.
   int64_t iteration = 0, consumed = 0, skipped_total = 0;
+  LossScaler scaler(cfg.optimizer);  // used with fp16 only
   const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
   if (!load.empty()) {
     ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
@@ -209,6 +257,7 @@ TrainResult run_training(const Config& cfg) {
     consumed = ck.state.at("consumed_train_samples").get<int64_t>();
     skipped_total = ck.state.value("skipped_iterations", int64_t{0});
     run.opt->set_step_count(ck.state.at("optimizer_step").get<int64_t>());
+    scaler.load_state(ck.state);
     log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
   }
 
@@ -223,11 +272,13 @@ TrainResult run_training(const Config& cfg) {
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
   auto save = [&](int64_t it) {
     if (cfg.checkpoint.dir.empty()) return;
+    run.grad_sync->wait_params();
     nlohmann::json state = {{"iteration", it},
                             {"consumed_train_samples", loader.consumed_samples()},
                             {"optimizer_step", run.opt->step_count()},
                             {"skipped_iterations", skipped_total},
                             {"seed", cfg.training.seed}};
+    if (run.ctx.dtype == DType::F16) scaler.save_state(state);
     std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
                                                 *run.opt, ps, state, run.config_yaml);
     log::info("saved checkpoint {}", path);
@@ -243,15 +294,23 @@ TrainResult run_training(const Config& cfg) {
     auto t0 = Clock::now();
     const int64_t it = iteration + 1;
     std::vector<data::MicroBatch> batches = loader.next();
+    debug_stall(ps.world_rank, it);
+    watchdog::iteration_begin(it);
     run.store->zero_grads();
+    run.grad_sync->start_iteration();
+    // fp16: the backward runs on loss * loss_scale; the gradient norm and the update undo the scale.
+    const bool fp16 = run.ctx.dtype == DType::F16;
+    const double loss_scale = fp16 ? scaler.scale() : 1.0;
     const double loss_sum =
-        run.exec->train(batches, run.dropout_seed(it), 1.0 / static_cast<double>(d.tokens_per_iteration));
-    finalize_gradients(*run.store, ps, distributed, cfg.model.arch == "gpt2");
+        run.exec->train(batches, run.dropout_seed(it), loss_scale / static_cast<double>(d.tokens_per_iteration));
+    run.grad_sync->finish();
     const double loss = run.global_mean(loss_sum);
-    const double gnorm = global_grad_norm(*run.store, ps, run.opt->shard(), run.opt->distributed());
+    const double gnorm = global_grad_norm(*run.store, ps, run.opt->shard(), run.opt->distributed()) / loss_scale;
     const double lr = learning_rate(cfg.optimizer, decay_iters, it);
     bool skip = false;
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+    // A non-finite loss is divergence (training.nan_policy); with fp16 a non-finite gradient alone is
+    // an overflow of the scaled gradients: the loss scaler's business, never nan_policy's.
+    if (!std::isfinite(loss) || (!fp16 && !std::isfinite(gnorm))) {
       MT_CHECK(cfg.training.nan_policy == "skip", "iteration ", it, ": loss ", loss, ", gradient norm ", gnorm,
                " is not finite; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
                "training.nan_policy: skip to skip such iterations");
@@ -259,16 +318,31 @@ TrainResult run_training(const Config& cfg) {
       ++skipped_total;
       ++rec.skipped;
       log::warn("iteration {}: non-finite loss/gradient norm, update skipped", it);
+    } else if (fp16) {
+      const bool overflow = !std::isfinite(gnorm);
+      scaler.update(overflow);
+      if (overflow) {
+        skip = true;
+        ++skipped_total;
+        ++rec.skipped;
+        log::warn("iteration {}: fp16 gradient overflow at loss scale {:g}, update skipped; loss scale now {:g}", it,
+                  loss_scale, scaler.scale());
+        interval_loss += loss;  // the forward was fine: its loss counts
+        ++interval_iters;
+      }
     }
     if (!skip) {
       const double clip = cfg.optimizer.clip_grad;
       const double scale = (clip > 0 && gnorm > clip) ? clip / (gnorm + 1e-6) : 1.0;
-      run.opt->step(lr, scale);
+      run.opt->step(lr, scale / loss_scale);
+      run.grad_sync->gather_params();
       interval_loss += loss;
       ++interval_iters;
     }
     iteration = it;
+    rec.comm_exposed_ms += take_exposed_comm_ms(run.ctx.device);
     interval_ms += ms_since(t0);
+    watchdog::iteration_end(it);
     result.last_iteration = it;
     result.last_loss = loss;
 
@@ -279,10 +353,14 @@ TrainResult run_training(const Config& cfg) {
       rec.loss = interval_iters ? interval_loss / interval_iters : NAN;
       rec.grad_norm = gnorm;
       rec.lr = lr;
+      rec.loss_scale = scaler.scale();
       const int64_t n_iters = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval
                                                                  : it % cfg.logging.log_interval;
       rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
-      metrics.train(rec, peak_memory_gib(run.ctx.device));
+      rec.comm_exposed_ms /= static_cast<double>(n_iters);
+      double mem = peak_memory_gib(run.ctx.device);
+      if (ps.world_size > 1) mem = run.world->all_reduce_scalar(mem, ReduceOp::Max);
+      metrics.train(rec, mem);
       rec = IterationRecord{};
       interval_loss = interval_ms = 0;
       interval_iters = 0;

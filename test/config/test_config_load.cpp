@@ -62,6 +62,8 @@ parallel:
   expert: 1
   sequence_parallel: true
   distributed_optimizer: true
+  overlap_grad_reduce: false
+  overlap_param_gather: false
   decoder_first_pipeline_num_layers: 2
   decoder_last_pipeline_num_layers: 2
 training:
@@ -78,6 +80,7 @@ training:
   recompute_num_layers: 2
   nan_policy: skip
   exit_interval: 77
+  collective_timeout_s: 45.5
 optimizer:
   lr: 6.0e-4
   min_lr: 6.0e-5

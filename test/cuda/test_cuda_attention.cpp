@@ -1,10 +1,13 @@
 // CUDA causal grouped-query attention against the CPU reference (fp64 on the same rounded inputs):
-// MHA, GQA and MQA, T not a multiple of the tiles (16 to 128 rows), D = 64 and 128, fp32 (CUDA-core path) and
-// bf16 (tensor cores); forward out and lse, backward dq, dk, dv; the backward is deterministic.
+// MHA, GQA and MQA, T not a multiple of the tiles (16 to 128 rows), D = 64 and 128, fp32 (CUDA-core path),
+// bf16 (tensor cores) and fp16 (cuDNN at T % 128 == 0, else the fp32 kernels on fp32 copies); forward out
+// and lse, backward dq, dk, dv; the backward is deterministic.
 // A hidden benchmark ("[.bench]") times the bf16 kernels at a training size.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include <cstdlib>
+
 #include "test_cuda_util.h"
 
 using namespace mt;
@@ -25,14 +28,14 @@ TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") 
       {1, 130, 2, 2, 128},  // MHA, one row past two tiles
       {1, 333, 6, 3, 64},   // GQA R = 2, several tiles
       {1, 1, 2, 1, 128},    // a single token
-      // T % 128 == 0: bf16 runs on cuDNN's fused attention (attention_cudnn.cu) where it is available
+      // T % 128 == 0: bf16 and fp16 run on cuDNN's fused attention (attention_cudnn.cu) where it is available
       {2, 256, 8, 2, 64},   // GQA R = 4, D = 64 (llama-1b's head layout)
       {1, 128, 4, 4, 128},  // MHA, D = 128
       {2, 256, 6, 2, 128},  // GQA R = 3, D = 128 (llama-3b's)
       {2, 128, 4, 4, 64},   // MHA, D = 64 (gpt2's)
   };
   uint64_t seed = 900;
-  for (DType dt : {DType::F32, DType::BF16})
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (const AttnDims& d : dims) {
       INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
       const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
@@ -44,7 +47,7 @@ TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") 
       Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
       ops::attention_forward(out_r, lse_r, q64, k64, v64);
       check_close("attention_forward out", out, out_r, dt);
-      check_close("attention_forward lse", lse, lse_r, dt, dt == DType::BF16 ? 1e-3 : kTolF32);
+      check_close("attention_forward lse", lse, lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
       // Backward from the GPU's own out and lse (what training does); the reference from its own.
       Tensor dq[2], dk[2], dv[2];
       for (int run = 0; run < 2; ++run) {
@@ -67,10 +70,10 @@ TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") 
 
 TEST_CASE("cuda attention on the fused projection matches the CPU", "[cuda][attention_fused]") {
   init();
-  // MHA in bf16 with T % 128 == 0 runs on cuDNN reading/writing the heads in place; the rest splits.
+  // MHA in bf16 / fp16 with T % 128 == 0 runs on cuDNN reading/writing the heads in place; the rest splits.
   const AttnDims dims[] = {{2, 128, 4, 4, 64}, {1, 256, 2, 2, 128}, {2, 77, 4, 4, 64}, {2, 128, 8, 2, 64}};
   uint64_t seed = 1900;
-  for (DType dt : {DType::F32, DType::BF16})
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (const AttnDims& d : dims) {
       INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
       const int64_t W = d.G * (d.H / d.G + 2) * d.D;
@@ -82,7 +85,7 @@ TEST_CASE("cuda attention on the fused projection matches the CPU", "[cuda][atte
       Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
       ops::attention_forward_qkv(out_r, lse_r, qkv64, d.G);
       check_close("attention_forward_qkv out", out, out_r, dt);
-      check_close("attention_forward_qkv lse", lse, lse_r, dt, dt == DType::BF16 ? 1e-3 : kTolF32);
+      check_close("attention_forward_qkv lse", lse, lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
       Tensor dqkv[2];
       for (int run = 0; run < 2; ++run) {
         dqkv[run] = poisoned(ws, dt);
@@ -130,5 +133,34 @@ TEST_CASE("cuda attention bf16 timing", "[.bench][cuda][attention]") {
                 (long long)d.B, (long long)d.T, (long long)d.H, (long long)d.G, (long long)d.D, fwd,
                 flops / fwd * 1e-9, bwd, 2.5 * flops / bwd * 1e-9);
   }
+}
+TEST_CASE("cuda attention backward in batch chunks (bounded cuDNN workspace) matches the CPU", "[cuda][attention]") {
+  init();
+  // cuDNN's deterministic backward needs B H T^2 2 bytes of workspace (1 MiB per sample here): caps of 1 and
+  // 2 MiB run it on 1 and 2 samples at a time (MT_ATTENTION_BWD_WORKSPACE_MIB); other dtypes ignore the cap.
+  const AttnDims dims[] = {{4, 256, 8, 2, 64}, {2, 256, 8, 8, 128}};
+  uint64_t seed = 2900;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const AttnDims& d : dims)
+      for (const char* cap : {"1", "2"}) {
+        INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D << " cap " << cap);
+        const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+        const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
+        const Tensor v64 = rounded(randn64(ks, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
+        const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
+        Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
+        ops::attention_forward(out, lse, q, k, v);
+        Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
+        setenv("MT_ATTENTION_BWD_WORKSPACE_MIB", cap, 1);
+        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+        unsetenv("MT_ATTENTION_BWD_WORKSPACE_MIB");
+        const Tensor out_r64 = to_host64(out), lse_r64 = to_host64(lse);
+        Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
+               dv_r = Tensor::empty(ks, DType::F64);
+        ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r64, lse_r64);
+        check_close("chunked attention_backward dq", dq, dq_r, dt);
+        check_close("chunked attention_backward dk", dk, dk_r, dt);
+        check_close("chunked attention_backward dv", dv, dv_r, dt);
+      }
 }
 #endif

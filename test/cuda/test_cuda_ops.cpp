@@ -1,17 +1,19 @@
 // CUDA ops against the CPU reference: elementwise, sum_squares, linear, embedding, norms, activations,
-// rope, qkv split, cross-entropy, dropout, AdamW, in fp32 and bf16, on fresh random inputs, with odd
+// rope, qkv split, cross-entropy, dropout, AdamW, in fp32, bf16 and fp16, on fresh random inputs, with odd
 // sizes and shifted views that take the scalar (non-vector) paths. test_cuda_util.h explains the
 // tolerances. Attention is in test_cuda_attention.cpp.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include <iterator>
+
 #include "test_cuda_util.h"
 
 using namespace mt;
 using namespace mt::gpu_test;
 
 namespace {
-const DType kDTypes[] = {DType::F32, DType::BF16};
+const DType kDTypes[] = {DType::F32, DType::BF16, DType::F16};
 }
 
 TEST_CASE("cuda elementwise ops match the CPU", "[cuda][ops]") {
@@ -40,7 +42,7 @@ TEST_CASE("cuda elementwise ops match the CPU", "[cuda][ops]") {
         check_close("scale_", sc, ref_s, dt);
         // fill_
         Tensor f = poisoned({n}, dt);
-        ops::fill_(f, 0.3125);  // exact in bf16
+        ops::fill_(f, 0.3125);  // exact in bf16 and fp16
         Tensor ref_f = Tensor::empty({n}, DType::F64);
         ops::fill_(ref_f, 0.3125);
         CHECK(rel_err(to_host64(f), ref_f) == 0.0);
@@ -53,16 +55,28 @@ TEST_CASE("cuda cast and copy are exact", "[cuda][ops]") {
     for (int64_t shift : {int64_t(0), int64_t(3)}) {
       const Tensor x32 = cast_host(randn64({n}, 7 + n, 3.0), DType::F32);
       Tensor d32 = to_device_shifted(x32, DType::F32, shift);
-      Tensor d16 = poisoned({n}, DType::BF16);
-      ops::cast(d16, d32);  // fp32 -> bf16: round to nearest even, like the CPU
-      CHECK(bitwise_equal(d16, to_device(cast_host(x32, DType::BF16), DType::BF16)));
-      Tensor back = poisoned({n}, DType::F32);
-      ops::cast(back, d16);  // bf16 -> fp32: exact
-      CHECK(bitwise_equal(back, to_device(cast_host(cast_host(x32, DType::BF16), DType::F32), DType::F32)));
+      for (DType h : {DType::BF16, DType::F16}) {
+        INFO(dtype_name(h));
+        Tensor d16 = poisoned({n}, h);
+        ops::cast(d16, d32);  // fp32 -> bf16 / fp16: round to nearest even, like the CPU
+        CHECK(bitwise_equal(d16, to_device(cast_host(x32, h), h)));
+        Tensor back = poisoned({n}, DType::F32);
+        ops::cast(back, d16);  // -> fp32: exact
+        CHECK(bitwise_equal(back, to_device(cast_host(cast_host(x32, h), DType::F32), DType::F32)));
+      }
       Tensor copy = poisoned({n}, DType::F32);
       ops::cast(copy, d32);
       CHECK(bitwise_equal(copy, d32));
     }
+  // fp16's edges: the largest finite value, ties at the overflow threshold, subnormals, signed zero, inf.
+  const float edges[] = {65504.f, 65519.f, 65520.f, -65536.f, 1e5f, 6.1035156e-5f, 6.0e-5f, 5.9604645e-8f,
+                         2.9802322e-8f, 2.9802326e-8f, 8.940697e-8f, 1e-9f, -0.f, INFINITY, -INFINITY, 1.f / 3};
+  const int64_t ne = static_cast<int64_t>(std::size(edges));
+  Tensor e32 = Tensor::empty({ne}, DType::F32);
+  std::memcpy(e32.raw(), edges, sizeof edges);
+  Tensor e16 = poisoned({ne}, DType::F16);
+  ops::cast(e16, to_device(e32, DType::F32));
+  CHECK(bitwise_equal(e16, to_device(cast_host(e32, DType::F16), DType::F16)));
   Tensor i = to_device(randint32({10}, 3, -5, 5), DType::I32);
   Tensor i2 = Tensor::empty({10}, DType::I32, Device::CUDA);
   ops::cast(i2, i);
@@ -317,6 +331,57 @@ TEST_CASE("cuda rope and qkv split match the CPU", "[cuda][attention]") {
       ops::qkv_split_backward(dqkv, q, k, v);
       check_close("qkv_split_backward", dqkv, qkv64, dt, 0.0);
     }
+  // split + rope in one pass (llama): against the CPU's split-then-rope, and against the GPU's own split and rope
+  for (DType dt : kDTypes)
+    for (QDims d : {QDims{2, 37, 8, 2, 64}, QDims{1, 300, 6, 2, 128}, QDims{3, 7, 6, 1, 128}, QDims{2, 5, 4, 4, 6}}) {
+      INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
+      const int64_t W = d.G * (d.H / d.G + 2) * d.D;
+      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+      const Tensor qkv64 = rounded(randn64({d.B, d.T, W}, ++seed), dt);
+      const Tensor qkv = to_device(qkv64, dt);
+      Tensor q = poisoned(qs, dt), k = poisoned(ks, dt), v = poisoned(ks, dt);
+      Tensor qr = Tensor::empty(qs, DType::F64), kr = Tensor::empty(ks, DType::F64), vr = Tensor::empty(ks, DType::F64);
+      ops::qkv_split_rope_forward(q, k, v, qkv, 10000.0, 11);
+      ops::qkv_split_rope_forward(qr, kr, vr, qkv64, 10000.0, 11);
+      check_close("qkv_split_rope_forward q", q, qr, dt);
+      check_close("qkv_split_rope_forward k", k, kr, dt);
+      check_close("qkv_split_rope_forward v", v, vr, dt, 0.0);
+      Tensor q2 = poisoned(qs, dt), k2 = poisoned(ks, dt), v2 = poisoned(ks, dt);
+      ops::qkv_split_forward(q2, k2, v2, qkv);
+      ops::rope_forward(q2, 10000.0, 11);
+      ops::rope_forward(k2, 10000.0, 11);
+      check_close("qkv_split_rope_forward q vs split + rope", q, to_host64(q2), dt, dt == DType::F32 ? kTolF32 : 5e-3);
+      const Tensor dq64 = rounded(randn64(qs, ++seed), dt), dk64 = rounded(randn64(ks, ++seed), dt),
+                   dv64 = rounded(randn64(ks, ++seed), dt);
+      Tensor dqkv = poisoned({d.B, d.T, W}, dt), dqkv_r = Tensor::empty({d.B, d.T, W}, DType::F64);
+      ops::qkv_split_rope_backward(dqkv, to_device(dq64, dt), to_device(dk64, dt), to_device(dv64, dt), 10000.0, 11);
+      ops::qkv_split_rope_backward(dqkv_r, dq64, dk64, dv64, 10000.0, 11);
+      check_close("qkv_split_rope_backward", dqkv, dqkv_r, dt);
+    }
+}
+
+TEST_CASE("cuda linear + SwiGLU backward (recomputed SwiGLU output) matches the CPU", "[cuda][linear_swiglu]") {
+  init();
+  struct Dims { int64_t N, F, OC; };
+  uint64_t seed = 2600;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{64, 128, 96}, Dims{37, 45, 19}, Dims{256, 1024, 512}})
+      for (bool in_place : {false, true}) {
+        INFO("N " << d.N << " F " << d.F << " OC " << d.OC << " in place " << in_place);
+        const Tensor h64 = rounded(randn64({d.N, 2 * d.F}, ++seed, 2.0), dt);
+        const Tensor w64 = rounded(randn64({d.OC, d.F}, ++seed, 0.05), dt), g64 = rounded(randn64({d.N, d.OC}, ++seed), dt);
+        const Tensor dw0 = randn64({d.OC, d.F}, ++seed), db0 = randn64({d.OC}, ++seed);
+        Tensor h = to_device(h64, dt);
+        Tensor dh = in_place ? h : poisoned({d.N, 2 * d.F}, dt);
+        Tensor dw = to_device(dw0, DType::F32), db = to_device(db0, DType::F32);
+        Tensor dh_ref = Tensor::empty({d.N, 2 * d.F}, DType::F64), dw_ref = rounded(dw0, DType::F32),
+               db_ref = rounded(db0, DType::F32);
+        ops::linear_backward_swiglu(dh, &dw, &db, to_device(g64, dt), to_device(w64, dt), h);
+        ops::linear_backward_swiglu(dh_ref, &dw_ref, &db_ref, g64, w64, h64);
+        check_close("linear_backward_swiglu dh", dh, dh_ref, dt);
+        check_close("linear_backward_swiglu dweight(fp32 +=)", dw, dw_ref, dt);
+        check_close("linear_backward_swiglu dbias(fp32 +=)", db, db_ref, dt, kTolF32);
+      }
 }
 
 TEST_CASE("cuda cross-entropy matches the CPU", "[cuda][cross_entropy]") {

@@ -1,10 +1,19 @@
 // The whole model on the GPU against the CPU backend, through the megatrain binary: 10 iterations
 // of a small Llama-style and GPT-2-style config (head dim 64) give the CPU's losses to 1e-4
-// relative in fp32, and track them within 2% in bf16 (fp32 master weights and gradients).
+// relative in fp32, and track them within 2% in bf16 and in fp16 (fp32 master weights and
+// gradients; fp16 with dynamic loss scaling). An fp16 run started at a loss scale far too large
+// overflows, skips those updates, halves the scale until it fits, then trains; stopped and resumed
+// in the middle of that, it continues with the same scale and the same skips.
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "catch.h"
 #include "common/run_binary.h"
+#include "optim/loss_scaler.h"
 
 using namespace mt::test;
 
@@ -29,22 +38,71 @@ void compare(const std::string& config, const std::string& extra, const std::str
       args(config, tag + "-bf16", extra + " --set training.device=cuda --set training.precision=bf16"), tag + "-bf16");
   INFO(b16.err.substr(0, 2000));
   REQUIRE(b16.code == 0);
+  RunResult h16 = run_megatrain(
+      args(config, tag + "-fp16", extra + " --set training.device=cuda --set training.precision=fp16"), tag + "-fp16");
+  INFO(h16.err.substr(0, 2000));
+  REQUIRE(h16.code == 0);
   auto cpu = read_metrics(temp_dir() / (tag + "-cpu.jsonl"));
   auto gf = read_metrics(temp_dir() / (tag + "-f32.jsonl"));
   auto gb = read_metrics(temp_dir() / (tag + "-bf16.jsonl"));
+  auto gh = read_metrics(temp_dir() / (tag + "-fp16.jsonl"));
   REQUIRE(cpu.size() == 10);
   REQUIRE(gf.size() == 10);
   REQUIRE(gb.size() == 10);
-  double worst_f32 = 0, worst_bf16 = 0;
+  REQUIRE(gh.size() == 10);
+  double worst_f32 = 0, worst_bf16 = 0, worst_fp16 = 0;
   for (auto& [it, c] : cpu) {
-    INFO(tag << " iteration " << it << ": cpu " << c.loss << ", gpu fp32 " << gf[it].loss << ", gpu bf16 " << gb[it].loss);
+    INFO(tag << " iteration " << it << ": cpu " << c.loss << ", gpu fp32 " << gf[it].loss << ", gpu bf16 "
+             << gb[it].loss << ", gpu fp16 " << gh[it].loss);
     CHECK(rel(gf[it].loss, c.loss) < 1e-4);
     CHECK(rel(gb[it].loss, c.loss) < 0.02);
+    CHECK(rel(gh[it].loss, c.loss) < 0.02);
     worst_f32 = std::max(worst_f32, rel(gf[it].loss, c.loss));
     worst_bf16 = std::max(worst_bf16, rel(gb[it].loss, c.loss));
+    worst_fp16 = std::max(worst_fp16, rel(gh[it].loss, c.loss));
   }
   WARN(tag << ": largest relative loss difference to the CPU over 10 iterations: fp32 " << worst_f32 << ", bf16 "
-           << worst_bf16);
+           << worst_bf16 << ", fp16 " << worst_fp16);
+}
+
+// One training record of an fp16 run's metrics file.
+struct Fp16Record {
+  double loss = 0, loss_scale = 0;
+  int64_t skipped = 0;
+  bool operator==(const Fp16Record& o) const {
+    return loss == o.loss && loss_scale == o.loss_scale && skipped == o.skipped;
+  }
+};
+
+// iteration -> record; an overflowed iteration's grad norm is inf or nan, which JSON cannot spell.
+std::map<int64_t, Fp16Record> read_fp16_metrics(const fs::path& file) {
+  std::map<int64_t, Fp16Record> m;
+  std::ifstream f(file);
+  std::string line;
+  while (std::getline(f, line)) {
+    for (const char* bad : {": -inf", ": inf", ": -nan", ": nan"})
+      for (size_t pos; (pos = line.find(bad)) != std::string::npos;) line.replace(pos, std::strlen(bad), ": null");
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    REQUIRE(j.contains("loss_scale"));
+    m[j["iteration"].get<int64_t>()] = {j["loss"].get<double>(), j["loss_scale"].get<double>(),
+                                        j["skipped"].get<int64_t>()};
+  }
+  return m;
+}
+
+// The small llama in fp16 from a loss scale of 2^40 (the backward overflows fp16 until the scale is
+// below ~2^20), 40 iterations, default hysteresis (2) and window (1000).
+std::string overflow_args(const std::string& name, const std::string& extra) {
+  const fs::path d = temp_dir() / name;
+  return "train --config " + source_path("configs/ci/tiny-llama.yaml") +
+         " --set model.hidden_size=256 --set model.num_attention_heads=4 --set model.ffn_hidden_size=512"
+         " --set model.vocab_size=500 --set model.seq_length=128 --set model.num_query_groups=2"
+         " --set training.train_iters=40 --set logging.log_interval=1 --set training.eval_iters=0"
+         " --set training.device=cuda --set training.precision=fp16"
+         " --set optimizer.initial_loss_scale=1099511627776 --set checkpoint.save_interval=0"
+         " --set checkpoint.dir=" + (d / "ckpt").string() +
+         " --set logging.metrics_file=" + (d / "metrics.jsonl").string() + " " + extra;
 }
 
 }  // namespace
@@ -55,4 +113,58 @@ TEST_CASE("llama on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cud
 
 TEST_CASE("gpt2 on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training]") {
   compare("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2");
+}
+
+TEST_CASE("fp16 overflow skips the update and halves the loss scale, then trains; resume keeps the scale",
+          "[cuda][training][fp16]") {
+  RunResult a = run_megatrain(overflow_args("ovf-a", ""), "ovf-a");
+  INFO(a.err.substr(0, 3000));
+  REQUIRE(a.code == 0);  // training.nan_policy is stop: an overflow is not a NaN matter
+  const std::string log = a.out + a.err;
+  CHECK(log.find("iteration 1: fp16 gradient overflow at loss scale 1.09951e+12, update skipped; loss scale now") !=
+        std::string::npos);
+  auto m = read_fp16_metrics(temp_dir() / "ovf-a" / "metrics.jsonl");
+  REQUIRE(m.size() == 40);
+  // The logged scales follow the scaler's rules for the logged skips (the metrics file prints the
+  // scale to 6 significant digits). Hysteresis 2: the first overflow keeps 2^40, each later one halves it.
+  mt::OptimizerConfig o;
+  o.initial_loss_scale = std::ldexp(1.0, 40);
+  mt::LossScaler expect(o);
+  int64_t skipped = 0, last_skip = 0;
+  for (auto& [it, r] : m) {
+    INFO("iteration " << it << ": loss " << r.loss << ", loss scale " << r.loss_scale << ", skipped " << r.skipped);
+    CHECK(std::isfinite(r.loss));
+    expect.update(r.skipped > 0);
+    CHECK(rel(r.loss_scale, expect.scale()) < 1e-5);
+    skipped += r.skipped;
+    if (r.skipped) last_skip = it;
+  }
+  CHECK(m[1].skipped == 1);
+  CHECK(m[2].skipped == 1);
+  CHECK(skipped >= 10);
+  CHECK(last_skip <= 35);  // then it trains
+  CHECK(m[40].skipped == 0);
+  CHECK(expect.scale() < std::ldexp(1.0, 30));
+  CHECK(m[40].loss < m[1].loss - 0.2);
+  WARN("fp16 from loss scale 2^40: " << skipped << " iterations skipped (the last at " << last_skip
+                                     << "), final loss scale 2^" << std::ilogb(expect.scale()) << ", loss "
+                                     << m[1].loss << " -> " << m[40].loss);
+
+  // Stopped at iteration 8 (in the middle of the skips), then resumed: the same scales and skips.
+  REQUIRE(run_megatrain(overflow_args("ovf-b", "--set training.exit_interval=8"), "ovf-b1").code == 0);
+  RunResult b = run_megatrain(overflow_args("ovf-b", ""), "ovf-b2");
+  INFO(b.err.substr(0, 3000));
+  REQUIRE(b.code == 0);
+  auto r = read_fp16_metrics(temp_dir() / "ovf-b" / "metrics.jsonl");
+  REQUIRE(r.size() == 40);
+  int64_t identical = 0;
+  for (int64_t it = 1; it <= 40; ++it) {
+    INFO("iteration " << it << ": loss " << m[it].loss << " vs resumed " << r[it].loss << ", loss scale "
+                      << m[it].loss_scale << " vs " << r[it].loss_scale);
+    CHECK(r[it].loss_scale == m[it].loss_scale);
+    CHECK(r[it].skipped == m[it].skipped);
+    CHECK(rel(r[it].loss, m[it].loss) < 1e-6);
+    identical += r[it] == m[it];
+  }
+  WARN("fp16 resume at iteration 8: " << identical << " of 40 records bit-identical to the uninterrupted run");
 }

@@ -7,6 +7,8 @@
 //   bf16: 1e-2. Outputs are rounded to bf16 (2^-9 = 2e-3 relative, i.e. ~1.1e-3 in norm for uniform
 //         rounding), and tensor-core kernels feed bf16-rounded intermediates (attention's P and dS) into
 //         a second product: a few such roundings stay under 1e-2.
+//   fp16: 1.25e-3, the bf16 bound scaled by fp16's 8x finer rounding (2^-12 vs 2^-9 relative, 3 more
+//         mantissa bits), the same kernels and the same number of roundings: the same headroom.
 // Outputs are poisoned (NaN) before each run and every element must be finite afterwards: an element a
 // kernel forgot to write stays NaN and fails the check.
 #pragma once
@@ -33,7 +35,8 @@ namespace mt::gpu_test {
 
 inline constexpr double kTolF32 = 1e-5;
 inline constexpr double kTolBF16 = 1e-2;
-inline double tol(DType dt) { return dt == DType::BF16 ? kTolBF16 : kTolF32; }
+inline constexpr double kTolF16 = kTolBF16 / 8;
+inline double tol(DType dt) { return dt == DType::BF16 ? kTolBF16 : dt == DType::F16 ? kTolF16 : kTolF32; }
 
 inline void init() {
   static const bool once = [] {

@@ -136,7 +136,7 @@ TEST_CASE("full recompute keeps only the group inputs", "[model][recompute]") {
   m.model->forward(st, b.tokens.data(), b.labels.data(), b.B, b.T, Tensor(), StepContext{}, &loss);
   REQUIRE(st.layers.size() == 4);
   CHECK(st.layers[0].x_in.defined());
-  CHECK_FALSE(st.layers[0].ln1_out.defined());
+  CHECK_FALSE(st.layers[0].x_mid.defined());
   CHECK_FALSE(st.layers[1].x_in.defined());
   CHECK(st.layers[2].x_in.defined());
   CHECK_FALSE(st.layers[3].x_in.defined());

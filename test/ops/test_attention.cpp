@@ -210,3 +210,34 @@ TEST_CASE("attention rejects a head count that is not a multiple of the groups",
   Tensor out = Tensor::empty(x.q.shape(), DType::F64), lse = Tensor::empty({1, 3, 4}, DType::F64);
   CHECK_THROWS_AS(ops::attention_forward(out, lse, x.q, x.k, x.v), InternalError);
 }
+
+TEST_CASE("qkv_split_rope is the split, then rope on q and k (forward and backward)", "[ops][attention]") {
+  for (int64_t G : {1, 2, 4}) {
+    const int64_t B = 2, T = 5, H = 4, D = 6, W = G * (H / G + 2) * D;
+    INFO("G " << G);
+    const Tensor qkv = randn({B, T, W}, 60 + G);
+    Tensor q = Tensor::empty({B, T, H, D}, DType::F64), k = Tensor::empty({B, T, G, D}, DType::F64),
+           v = Tensor::empty({B, T, G, D}, DType::F64);
+    ops::qkv_split_rope_forward(q, k, v, qkv, 100.0, 3);
+    Tensor qr = q.clone(), kr = k.clone(), vr = v.clone();
+    ops::qkv_split_forward(qr, kr, vr, qkv);
+    ops::rope_forward(qr, 100.0, 3);
+    ops::rope_forward(kr, 100.0, 3);
+    CHECK(bitwise_equal(q, qr));
+    CHECK(bitwise_equal(k, kr));
+    CHECK(bitwise_equal(v, vr));
+    const Tensor dq = randn(q.shape(), 70 + G), dk = randn(k.shape(), 80 + G), dv = randn(v.shape(), 90 + G);
+    const Tensor dq0 = dq.clone(), dk0 = dk.clone();
+    Tensor dqkv = Tensor::empty({B, T, W}, DType::F64);
+    ops::qkv_split_rope_backward(dqkv, dq, dk, dv, 100.0, 3);
+    CHECK(bitwise_equal(dq, dq0));  // inputs untouched
+    CHECK(bitwise_equal(dk, dk0));
+    // The gradient of L = <dq, q> + <dk, k> + <dv, v> with respect to qkv.
+    Tensor x = qkv.clone();
+    auto L = [&] {
+      ops::qkv_split_rope_forward(q, k, v, x, 100.0, 3);
+      return dot(dq, q) + dot(dk, k) + dot(dv, v);
+    };
+    check_grad("dqkv", dqkv, x, L);
+  }
+}

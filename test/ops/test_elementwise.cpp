@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <cfloat>
+#include <iterator>
 
 #include "gradcheck.h"
 
@@ -57,6 +58,37 @@ TEST_CASE("cast round trips fp32 / fp64 / bf16 and int32 / int64", "[ops][elemen
   for (int64_t i = 0; i < 50; ++i) CHECK(i64.data<int64_t>()[i] == i32.data<int32_t>()[i]);
   CHECK(bitwise_equal(to(i64, DType::I32), i32));
   CHECK_THROWS_WITH(to(i32, DType::F32), "op cast is not supported on device cpu for int32 -> fp32");
+}
+
+TEST_CASE("fp16 casts round to nearest even, once, with IEEE overflow and subnormals", "[ops][elementwise]") {
+  // Every finite fp16 value survives fp16 -> fp32 -> fp16 and fp16 -> fp64 -> fp16; NaNs stay NaN.
+  Tensor all = Tensor::empty({65536}, DType::F16);
+  for (int i = 0; i < 65536; ++i) all.data<f16>()[i].bits = static_cast<uint16_t>(i);
+  const Tensor via32 = to(to(all, DType::F32), DType::F16), via64 = to(to(all, DType::F64), DType::F16);
+  int64_t wrong = 0;
+  for (int i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7c00) == 0x7c00 && (i & 0x3ff) != 0;
+    const uint16_t a = via32.data<f16>()[i].bits, b = via64.data<f16>()[i].bits;
+    wrong += nan ? !std::isnan(static_cast<float>(via32.data<f16>()[i])) : (a != i || b != i);
+  }
+  CHECK(wrong == 0);
+
+  // 1 + 2^-11 is a tie (-> 1), 1 + 3 * 2^-11 a tie (-> 1 + 2^-9), 1 + 2^-11 + 2^-40 just above the tie
+  // (-> 1 + 2^-10; through a rounded fp32 it would be 1); 65519.99 -> 65504, 65520 (a tie with 2^16)
+  // -> inf; 2^-25 (a tie with 0) -> 0, 3 * 2^-25 -> 2^-23 (subnormals round to nearest even too).
+  const double in[] = {1 + std::ldexp(1, -11), 1 + 3 * std::ldexp(1, -11), 1 + std::ldexp(1, -11) + std::ldexp(1, -40),
+                       65519.99, 65520, -1e300, std::ldexp(1, -25), 3 * std::ldexp(1, -25), std::ldexp(1, -24)};
+  const double want[] = {1, 1 + std::ldexp(1, -9), 1 + std::ldexp(1, -10), 65504, INFINITY, -INFINITY, 0,
+                         std::ldexp(1, -23), std::ldexp(1, -24)};
+  const int64_t n = static_cast<int64_t>(std::size(in));
+  Tensor d = Tensor::empty({n}, DType::F64);
+  std::copy(in, in + n, d.data<double>());
+  const Tensor r64 = to(to(d, DType::F16), DType::F64), r32 = to(to(to(d, DType::F32), DType::F16), DType::F64);
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("input " << in[i]);
+    CHECK(r64.data<double>()[i] == want[i]);
+    if (i != 2) CHECK(r32.data<double>()[i] == want[i]);  // from fp32 too (i = 2 is not an fp32 value)
+  }
 }
 
 TEST_CASE("sum_squares is exact enough and bit-identical for any thread count", "[ops][elementwise]") {

@@ -165,3 +165,33 @@ TEST_CASE("linear + GELU: forward is linear then gelu, backward matches finite d
   CHECK(bitwise_equal(dw2, dw2_ref));
   CHECK(bitwise_equal(db2, db2_ref));
 }
+
+TEST_CASE("linear + SwiGLU backward recomputes swiglu(h): linear then swiglu backward, in place too", "[ops][linear]") {
+  const int64_t N = 6, F = 5, C = 3;
+  const Tensor h = randn({N, 2 * F}, 31), w2 = randn({C, F}, 32), wts = randn({N, C}, 33);
+  const Tensor dw0 = randn({C, F}, 34), db0 = randn({C}, 35);
+  // The reference: keep a = swiglu(h), linear backward with it, then the SwiGLU's backward.
+  Tensor a = Tensor::empty({N, F}, DType::F64), da = Tensor::empty({N, F}, DType::F64);
+  Tensor dh_ref = Tensor::empty({N, 2 * F}, DType::F64), dw_ref = dw0.clone(), db_ref = db0.clone();
+  ops::swiglu_forward(a, h);
+  ops::linear_backward(&da, &dw_ref, &db_ref, wts, a, w2);
+  ops::swiglu_backward(dh_ref, da, h);
+  Tensor dh = Tensor::empty({N, 2 * F}, DType::F64), dw = dw0.clone(), db = db0.clone();
+  ops::linear_backward_swiglu(dh, &dw, &db, wts, w2, h);
+  CHECK(bitwise_equal(dh, dh_ref));
+  CHECK(bitwise_equal(dw, dw_ref));  // accumulated onto dw0
+  CHECK(bitwise_equal(db, db_ref));
+  // dh written over h
+  Tensor hh = h.clone();
+  ops::linear_backward_swiglu(hh, nullptr, nullptr, wts, w2, hh);
+  CHECK(bitwise_equal(hh, dh_ref));
+  // and against finite differences of L = <wts, swiglu(h) w2^T>
+  Tensor hx = h.clone();
+  auto L = [&] {
+    Tensor ax = Tensor::empty({N, F}, DType::F64), y = Tensor::empty({N, C}, DType::F64);
+    ops::swiglu_forward(ax, hx);
+    ops::linear_forward(y, ax, w2, nullptr);
+    return dot(wts, y);
+  };
+  check_grad("dh", dh, hx, L);
+}

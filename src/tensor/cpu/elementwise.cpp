@@ -4,7 +4,7 @@
 //   sum_squares = sum_i x[i]^2, accumulated in fp64 in a fixed order: the input is cut into
 //   fixed-size chunks (independent of the thread count), each chunk is summed sequentially, and the
 //   chunk sums are added in chunk order, so the result is bit-identical for any number of threads.
-// Casting double -> bf16 rounds once (to nearest even) by going through a round-to-odd float.
+// Casting double -> bf16 / fp16 rounds once (to nearest even) by going through a round-to-odd float.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -21,14 +21,16 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 15;  // below this, loops run on one thread
 constexpr int64_t kChunk = 1 << 14;        // sum_squares chunk (elements)
 
-// Converts between the element types. bf16 from double: double -> float with round-to-odd
-// (truncate, then set the lowest mantissa bit if inexact), then float -> bf16 round-to-nearest-even;
-// float keeps 16 more bits than bf16, so the two steps round like one.
+template <typename T> constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+// Converts between the element types. bf16 / fp16 from double: double -> float with round-to-odd
+// (truncate, then set the lowest mantissa bit if inexact), then float -> bf16 / fp16
+// round-to-nearest-even; float keeps at least 13 more bits, so the two steps round like one.
 template <typename To, typename From>
 To convert(From x) {
-  if constexpr (std::is_same_v<To, bf16>) {
+  if constexpr (is_half_v<To>) {
     if constexpr (std::is_same_v<From, double>) {
-      if (std::isnan(x) || std::isinf(x)) return bf16(static_cast<float>(x));
+      if (std::isnan(x) || std::isinf(x)) return To(static_cast<float>(x));
       // Beyond FLT_MAX, FLT_MAX with the sticky bit rounds to inf like x itself (no UB cast).
       float f = std::fabs(x) > FLT_MAX ? (x > 0 ? FLT_MAX : -FLT_MAX) : static_cast<float>(x);
       if (static_cast<double>(f) != x) {
@@ -38,11 +40,11 @@ To convert(From x) {
         u |= 1u;  // sticky: inexact
         std::memcpy(&f, &u, 4);
       }
-      return bf16(f);
+      return To(f);
     } else {
-      return bf16(static_cast<float>(x));
+      return To(static_cast<float>(x));
     }
-  } else if constexpr (std::is_same_v<From, bf16>) {
+  } else if constexpr (is_half_v<From>) {
     return static_cast<To>(static_cast<float>(x));
   } else {
     return static_cast<To>(x);
@@ -117,6 +119,10 @@ template void cast_cpu<bf16, float>(bf16*, const float*, int64_t);
 template void cast_cpu<bf16, double>(bf16*, const double*, int64_t);
 template void cast_cpu<float, bf16>(float*, const bf16*, int64_t);
 template void cast_cpu<double, bf16>(double*, const bf16*, int64_t);
+template void cast_cpu<f16, float>(f16*, const float*, int64_t);
+template void cast_cpu<f16, double>(f16*, const double*, int64_t);
+template void cast_cpu<float, f16>(float*, const f16*, int64_t);
+template void cast_cpu<double, f16>(double*, const f16*, int64_t);
 template void cast_cpu<int32_t, int64_t>(int32_t*, const int64_t*, int64_t);
 template void cast_cpu<int64_t, int32_t>(int64_t*, const int32_t*, int64_t);
 

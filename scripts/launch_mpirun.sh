@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Starts megatrain under mpirun, one process per GPU.
+#   scripts/launch_mpirun.sh -n 4 -- train --config configs/llama-1b.yaml [--set key=value ...]
+#   scripts/launch_mpirun.sh -n 16 --hostfile hosts --per-node 8 -- train --config configs/llama-7b.yaml
+# Options (before --):
+#   -n N             ranks in all (= GPUs)
+#   --per-node K     ranks per node (default: N on one node); several nodes need --hostfile or -H
+#   --hostfile FILE, -H HOSTS   passed to mpirun
+#   --mpi ARG        one more mpirun argument (repeatable), e.g. --mpi --report-bindings
+#   --no-bind        do not pin each rank's threads to the cores next to its GPU
+#   --dry-run        print the mpirun command, start nothing
+# Each rank takes GPU (local rank mod visible GPUs): megatrain reads OMPI_COMM_WORLD_LOCAL_RANK
+# (SLURM_LOCALID under srun). This script pins the rank's threads to the CPUs local to that GPU
+# (the PCI device's local_cpulist, through taskset; skipped when unknown or not allowed), sets
+# OMP_NUM_THREADS to cores / ranks per node unless set, keeps NVLink multicast off
+# (NCCL_NVLS_ENABLE=0) unless set, and exports NCCL_*, MT_*, MEGATRAIN_*, CUDA_*, OMP_*, UCX_*,
+# OPENBLAS_*, PATH and LD_LIBRARY_PATH to every rank (-x), also on other nodes. As root it allows
+# Open MPI to run as root. The binary: $MEGATRAIN_BIN, else build/megatrain, else megatrain on PATH.
+set -euo pipefail
+
+self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+repo="$(cd "$(dirname "$self")/.." && pwd)"
+
+# Internal: run on each rank by mpirun as `launch_mpirun.sh --rank-exec BIN ARGS...`.
+rank_exec() {
+  local bin=$1
+  shift
+  local lr=${OMPI_COMM_WORLD_LOCAL_RANK:-${SLURM_LOCALID:-0}}
+  if [[ ${MT_LAUNCH_BIND:-1} == 1 ]] && command -v taskset >/dev/null && command -v nvidia-smi >/dev/null; then
+    local -a gpus=()
+    if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+      IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
+    else
+      mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true)
+    fi
+    if ((${#gpus[@]} > 0)); then
+      local dev=${gpus[lr % ${#gpus[@]}]} bus cpus=""
+      bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "${dev// /}" 2>/dev/null | head -1 || true)
+      bus=${bus,,}
+      bus=${bus// /}
+      ((${#bus} >= 12)) && bus=${bus: -12}  # 00000000:19:00.0 -> 0000:19:00.0 (the sysfs name)
+      [[ -n $bus && -r /sys/bus/pci/devices/$bus/local_cpulist ]] && cpus=$(</sys/bus/pci/devices/"$bus"/local_cpulist)
+      if [[ -n $cpus ]] && taskset -c "$cpus" true 2>/dev/null; then
+        exec taskset -c "$cpus" "$bin" "$@"
+      fi
+    fi
+  fi
+  exec "$bin" "$@"
+}
+if [[ ${1:-} == --rank-exec ]]; then
+  shift
+  rank_exec "$@"
+fi
+
+usage() { sed -n '2,22p' "$self" | sed 's/^# \{0,1\}//'; }
+die() {
+  echo "launch_mpirun.sh: $*" >&2
+  exit 2
+}
+
+np="" per_node="" dry=0
+hosts=() extra=()
+while (($#)); do
+  case $1 in
+    -n | -np) np=${2:?-n needs a number}; shift 2 ;;
+    --per-node) per_node=${2:?--per-node needs a number}; shift 2 ;;
+    --hostfile) hosts+=(--hostfile "${2:?--hostfile needs a file}"); shift 2 ;;
+    -H | --host) hosts+=(--host "${2:?-H needs hosts}"); shift 2 ;;
+    --mpi) extra+=("${2:?--mpi needs an argument}"); shift 2 ;;
+    --no-bind) export MT_LAUNCH_BIND=0; shift ;;
+    --dry-run) dry=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) die "unknown option '$1' (megatrain's own arguments go after --); see --help" ;;
+  esac
+done
+[[ $np =~ ^[1-9][0-9]*$ ]] || die "-n N (the number of ranks, one per GPU) is required"
+(($#)) || die "nothing to run: give megatrain's arguments after --, e.g. -- train --config X.yaml"
+[[ -z $per_node || $per_node =~ ^[1-9][0-9]*$ ]] || die "--per-node must be a positive number, not '$per_node'"
+
+bin=${MEGATRAIN_BIN:-}
+if [[ -z $bin ]]; then
+  if [[ -x $repo/build/megatrain ]]; then
+    bin=$repo/build/megatrain
+  else
+    bin=$(command -v megatrain || true)
+  fi
+fi
+[[ -n $bin && -x $bin ]] || die "megatrain binary not found (looked at \$MEGATRAIN_BIN, $repo/build/megatrain, PATH): build it first"
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+if [[ $(id -u) == 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+fi
+ranks_here=${per_node:-$np}
+((ranks_here <= np)) || ranks_here=$np
+cores=$(nproc 2>/dev/null || echo 1)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / ranks_here > 0 ? cores / ranks_here : 1))}
+
+cmd=(mpirun -np "$np" --bind-to none "${hosts[@]}")
+[[ -n $per_node ]] && cmd+=(--map-by "ppr:$per_node:node")
+while read -r v; do cmd+=(-x "$v"); done < <(compgen -e | grep -E '^(NCCL_|MT_|MEGATRAIN_|CUDA_|OMP_|UCX_|OPENBLAS_)' || true)
+cmd+=(-x PATH)
+[[ -n ${LD_LIBRARY_PATH:-} ]] && cmd+=(-x LD_LIBRARY_PATH)
+cmd+=("${extra[@]}" "$self" --rank-exec "$bin" "$@")
+
+echo "+ ${cmd[*]}" >&2
+((dry)) && exit 0
+exec "${cmd[@]}"

@@ -1,0 +1,39 @@
+// Test main for the multi-GPU tests: they start `mpirun -np 2|4 megatrain` on as many GPUs, so
+// without the CUDA backend or with fewer than 4 visible GPUs it prints why and exits 77, which
+// ctest reports as "Skipped" (SKIP_RETURN_CODE); a multi-GPU test never passes silently.
+// The environment every run inherits is set here, so that the binary behaves the same under ctest
+// (which already sets the Open MPI variables) and when started by hand: NCCL_NVLS_ENABLE=0 always
+// (NVLink multicast must stay off on the shared GPU machines), mpirun allowed as root.
+#if __has_include(<catch2/catch_session.hpp>)
+#include <catch2/catch_session.hpp>
+#else
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#endif
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_runtime.h"
+#endif
+
+int main(int argc, char** argv) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  constexpr int kGpusNeeded = 4;  // the largest layouts here: tensor 2 x pipeline 2, data 2 x tensor 2
+  std::string why;
+  const int n = mt::cuda::device_count(&why);  // cudaGetDeviceCount
+  if (n < kGpusNeeded) {
+    std::printf("SKIPPED: the multi-GPU tests need %d GPUs, %d visible%s%s\n", kGpusNeeded, n,
+                why.empty() ? "" : ": ", why.c_str());
+    return 77;
+  }
+#else
+  std::printf("SKIPPED: built without the CUDA backend (MEGATRAIN_CUDA=OFF or no CUDA toolkit)\n");
+  return 77;
+#endif
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  return Catch::Session().run(argc, argv);
+}
