@@ -29,6 +29,7 @@
 # communication (when the binary reports it); all averaged over the iterations after the warm-up.
 # Environment (defaults): MT_BENCH_ITERS (dp 14, layouts 12), MT_BENCH_WARMUP (4: iterations left
 # out of the averages), MT_BENCH_ACCUM (4), MT_BENCH_GPUS ("1 2 4"), MT_BENCH_CONFIGS (per mode),
+# MT_BENCH_REF_GPUS (as MT_BENCH_GPUS: the GPU counts the reference runs at),
 # MT_BENCH_LAYOUTS ("TP2xDP2 PP2xDP2 TP2xPP2"), MT_BENCH_REF_STEPS (10) / MT_BENCH_REF_WARMUP (3)
 # (timed / warm-up steps of the reference), MT_BENCH_DEADLINE_S (dp 450, layouts 510: seconds from
 # the script's start, a build included; no run starts within 30 s of it and each is cut at it, so the
@@ -59,6 +60,7 @@ fi
 warm=${MT_BENCH_WARMUP:-4}
 accum=${MT_BENCH_ACCUM:-4}
 read -ra gpus <<<"${MT_BENCH_GPUS:-1 2 4}"
+ref_gpus=" ${MT_BENCH_REF_GPUS:-${gpus[*]}} "  # GPU counts the reference runs at (dp mode)
 read -ra layouts <<<"${MT_BENCH_LAYOUTS:-TP2xDP2 PP2xDP2 TP2xPP2}"
 read -ra extra <<<"${MT_BENCH_EXTRA:-}"
 ref_steps=${MT_BENCH_REF_STEPS:-10} ref_warm=${MT_BENCH_REF_WARMUP:-3}
@@ -208,7 +210,7 @@ PY
       printf '%s\t%s\tDP%s acc%s\t%s\n' "$name" "$c" "$n" "$accum" "$n" >>"$out/rows.tsv"
       mt_run "$name" "$n" --config "configs/$c.yaml" "${common[@]}" \
         --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size=$((mbs[$c] * n * accum))
-      if [[ -f $ref ]]; then ref_run "$c" "$n"; fi
+      if [[ -f $ref && $ref_gpus == *" $n "* ]]; then ref_run "$c" "$n"; fi
     done
   done
 else
