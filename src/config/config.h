@@ -37,6 +37,7 @@ struct ParallelConfig {
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = true;     // reduce gradient buckets during backward
   bool overlap_param_gather = true;    // distributed optimizer: all-gather parameters during the next forward
+  bool tp_comm_overlap = false;        // column-parallel backward: TP communication beside the GEMMs
   // Uneven pipeline split, only when stated: layers on the first / last stage (0 = even split).
   int decoder_first_pipeline_num_layers = 0;
   int decoder_last_pipeline_num_layers = 0;

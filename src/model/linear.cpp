@@ -54,6 +54,7 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, Tensor* pre) const {
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx) const {
   const ParallelState& ps = *ctx_->ps;
+  if (ctx_->tp_comm_overlap && ps.tp_size > 1) return backward_overlapped(dy, x, need_dx);
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   Tensor dxf;
   if (need_dx) dxf = ctx_->empty(xf.shape());
@@ -63,6 +64,37 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool ne
   if (ps.sequence_parallel) return GatherFromSP::backward(dxf, ps);
   CopyToTP::backward(dxf, ps);
   return dxf;
+}
+
+// parallel.tp_comm_overlap: the same result, with the communication beside the GEMMs (Megatron's
+// overlap of the input-gradient all-reduce / reduce-scatter with the weight-gradient GEMM). On the
+// TP group's stream: under SP the all-gather of the input rows runs while dX = dY W is computed,
+// then the reduction of dX (all-reduce, or reduce-scatter under SP) while dW += dY^T X is.
+Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, const Tensor& x, bool need_dx) const {
+  const ParallelState& ps = *ctx_->ps;
+  const bool sp = ps.sequence_parallel;
+  Tensor xf = x;
+  std::unique_ptr<Work> gather, reduce;
+  if (sp) {
+    xf = ctx_->empty({x.size(0) * ps.tp_size, x.size(1)});
+    gather = ps.tp->all_gather_async(xf, x);
+  }
+  Tensor dx;
+  if (need_dx) {
+    Tensor dxf = ctx_->empty(xf.shape());
+    ops::linear_backward(&dxf, nullptr, nullptr, dy, xf, weight_->value);  // reads dy and W only
+    if (sp) {
+      dx = ctx_->empty(x.shape());
+      reduce = ps.tp->reduce_scatter_async(dx, dxf, ReduceOp::Sum);
+    } else {
+      dx = dxf;
+      reduce = ps.tp->all_reduce_async(dx, ReduceOp::Sum);
+    }
+  }
+  if (gather) gather->wait();
+  ops::linear_backward(nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf, weight_->value);
+  if (reduce) reduce->wait();
+  return dx;
 }
 
 // ---------------------------------------------------------------- row parallel

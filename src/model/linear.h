@@ -32,6 +32,7 @@ class ColumnParallelLinear {
   Tensor forward_gelu(const Tensor& x, Tensor* pre) const;
   // dy (rows_full, out_local) -> dx shaped like x (skipped when need_dx is false: returns undefined).
   Tensor backward(const Tensor& dy, const Tensor& x, bool need_dx = true) const;
+  Tensor backward_overlapped(const Tensor& dy, const Tensor& x, bool need_dx) const;
   int64_t local_out() const { return weight_->local_shape[0]; }
   Param* weight() const { return weight_; }
 

@@ -40,6 +40,7 @@ struct ModelContext {
   Device device = Device::CPU;
   RecomputePolicy recompute;
   ParamSyncHooks* hooks = nullptr;  // null: nobody listens (single rank, inference)
+  bool tp_comm_overlap = false;     // parallel.tp_comm_overlap (column-parallel backward)
   bool llama() const { return model->arch == "llama"; }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
   Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }

@@ -218,6 +218,7 @@ TrainResult run_training(const Config& cfg) {
   if (run.ctx.device == Device::CUDA) log::info("device: {} | {}", cuda::device_description(), cuda::library_versions());
 #endif
   run.ctx.recompute = recompute_policy(cfg.training);
+  run.ctx.tp_comm_overlap = cfg.parallel.tp_comm_overlap;
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
   std::vector<const GPTModel*> chunk_ptrs;
   for (int c = 0; c < cfg.parallel.virtual_pipeline; ++c) {

@@ -64,6 +64,7 @@ parallel:
   distributed_optimizer: true
   overlap_grad_reduce: false
   overlap_param_gather: false
+  tp_comm_overlap: true
   decoder_first_pipeline_num_layers: 2
   decoder_last_pipeline_num_layers: 2
 training:

@@ -90,6 +90,11 @@ TEST_CASE("tensor 2 with sequence parallel matches 1 GPU", "[multigpu][parity][t
   check_layout("tp2-sp", 2, "--set parallel.tensor=2 --set parallel.sequence_parallel=true");
 }
 
+TEST_CASE("tensor 2 with sequence parallel and TP communication overlap matches 1 GPU", "[multigpu][parity][tp][sp]") {
+  check_layout("tp2-sp-overlap", 2,
+               "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.tp_comm_overlap=true");
+}
+
 TEST_CASE("pipeline 2 x virtual 2 (interleaved 1F1B) matches 1 GPU", "[multigpu][parity][pp]") {
   check_layout("pp2-vp2", 2, "--set parallel.pipeline=2 --set parallel.virtual_pipeline=2");
 }
