@@ -12,6 +12,7 @@
 
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
+#include "cuda/rope_common.cuh"
 
 namespace mt::ops::cuda {
 
@@ -56,14 +57,7 @@ __global__ void qkv_split_rope_kernel(D* __restrict__ qkv, D* __restrict__ q, D*
     const int64_t bt = idx / per_tok, i0 = (idx % per_tok) * VEC;
     const double p = static_cast<double>(position_offset + bt % T_);
     float c[VEC], sn[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const double inv_freq = exp(-2.0 * static_cast<double>(i0 + j) / static_cast<double>(Dh) * log_theta);
-      double sd, cd;
-      sincos(p * inv_freq, &sd, &cd);
-      c[j] = static_cast<float>(cd);
-      sn[j] = sign * static_cast<float>(sd);
-    }
+    rope_angles<VEC>(c, sn, p, i0, Dh, log_theta, sign);
 #pragma unroll 2
     for (int slot = 0; slot < slots; ++slot) {
       const int g = slot / (R + 2), r = slot % (R + 2);
@@ -74,14 +68,7 @@ __global__ void qkv_split_rope_kernel(D* __restrict__ qkv, D* __restrict__ q, D*
       D a[VEC], b[VEC];
       load_vec<VEC>(a, src + i0);
       load_vec<VEC>(b, src + i0 + half);
-      if (r <= R) {  // a query or key head: rotate the pairs (rope.cu's arithmetic)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float x1 = to_float(a[j]), x2 = to_float(b[j]);
-          a[j] = from_float<D>(x1 * c[j] - x2 * sn[j]);
-          b[j] = from_float<D>(x2 * c[j] + x1 * sn[j]);
-        }
-      }
+      if (r <= R) rope_rotate<VEC>(a, b, c, sn);  // a query or key head
       store_vec<VEC>(dst + i0, a);
       store_vec<VEC>(dst + i0 + half, b);
     }

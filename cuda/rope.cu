@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
+#include "cuda/rope_common.cuh"
 
 namespace mt::ops::cuda {
 
@@ -25,25 +26,13 @@ __global__ void rope_kernel(D* x, int64_t BT, int64_t T_, int64_t heads, int64_t
     const int64_t bt = idx / per_tok, i0 = (idx % per_tok) * VEC;
     const double p = static_cast<double>(position_offset + bt % T_);
     float c[VEC], s[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const double inv_freq = exp(-2.0 * static_cast<double>(i0 + k) / static_cast<double>(Dh) * log_theta);
-      double sd, cd;
-      sincos(p * inv_freq, &sd, &cd);
-      c[k] = static_cast<float>(cd);
-      s[k] = sign * static_cast<float>(sd);
-    }
+    rope_angles<VEC>(c, s, p, i0, Dh, log_theta, sign);
     for (int64_t h = 0; h < heads; ++h) {
       D* v = x + (bt * heads + h) * Dh + i0;
       D a[VEC], b[VEC];
       load_vec<VEC>(a, v);
       load_vec<VEC>(b, v + half);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float x1 = to_float(a[k]), x2 = to_float(b[k]);
-        a[k] = from_float<D>(x1 * c[k] - x2 * s[k]);
-        b[k] = from_float<D>(x2 * c[k] + x1 * s[k]);
-      }
+      rope_rotate<VEC>(a, b, c, s);
       store_vec<VEC>(v, a);
       store_vec<VEC>(v + half, b);
     }

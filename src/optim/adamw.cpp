@@ -119,10 +119,11 @@ Tensor AdamW::gather(const Tensor& buf) const {
   Tensor full = Tensor::empty({store_->padded_numel()}, buf.dtype(), buf.device());
   int64_t offset = 0;
   for (const ShardRange& b : grad_buckets(store_->padded_numel(), dp)) {
-    const int64_t chunk = b.size() / dp;
-    for (int q = 0; q < dp; ++q)
-      full.slice(b.begin + q * chunk, chunk).copy_from(all.slice(q * shard_numel_ + offset, chunk));
-    offset += chunk;
+    for (int q = 0; q < dp; ++q) {
+      const ShardRange c = bucket_chunk(b, dp, q);
+      full.slice(c.begin, c.size()).copy_from(all.slice(q * shard_numel_ + offset, c.size()));
+    }
+    offset += b.size() / dp;
   }
   return full;
 }

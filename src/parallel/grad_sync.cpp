@@ -16,10 +16,7 @@ std::vector<ShardRange> optimizer_shard(const ParamStore& store, const ParallelS
   const int64_t n = store.padded_numel();
   if (!distributed || ps.dp_size == 1) return {{0, n}};
   std::vector<ShardRange> out;
-  for (const ShardRange& b : grad_buckets(n, ps.dp_size)) {
-    const int64_t chunk = b.size() / ps.dp_size;
-    out.push_back({b.begin + ps.dp_rank * chunk, b.begin + (ps.dp_rank + 1) * chunk});
-  }
+  for (const ShardRange& b : grad_buckets(n, ps.dp_size)) out.push_back(bucket_chunk(b, ps.dp_size, ps.dp_rank));
   return out;
 }
 
@@ -40,10 +37,6 @@ GradSync::GradSync(ParamStore& store, const ParallelState& ps, const GradSyncOpt
     const int64_t b = static_cast<int64_t>(tied_->flat_offset), e = b + tied_->value.numel();
     for (Bucket& k : buckets_) k.deferred = k.range.begin < e && b < k.range.end;
   }
-}
-
-GradSync::~GradSync() {
-  // Pending work makes the compute stream wait in its destructor; nothing else to release.
 }
 
 void GradSync::start_iteration() {
@@ -68,8 +61,8 @@ void GradSync::launch_grad(Bucket& b) {
     return;
   }
   // In place: this rank's chunk of the bucket receives the sum of everyone's chunk.
-  const int64_t chunk = b.range.size() / ps_->dp_size;
-  Tensor mine = flat.slice(b.range.begin + ps_->dp_rank * chunk, chunk);
+  const ShardRange c = bucket_chunk(b.range, ps_->dp_size, ps_->dp_rank);
+  Tensor mine = flat.slice(c.begin, c.size());
   b.grad_work = ps_->dp->reduce_scatter_async(mine, whole, ReduceOp::Sum);
 }
 
@@ -111,9 +104,9 @@ void GradSync::gather_params() {
   wait_params();
   Tensor& values = store_->flat_values();
   for (Bucket& b : buckets_) {
-    const int64_t chunk = b.range.size() / ps_->dp_size;
+    const ShardRange c = bucket_chunk(b.range, ps_->dp_size, ps_->dp_rank);
     Tensor whole = values.slice(b.range.begin, b.range.size());
-    Tensor mine = values.slice(b.range.begin + ps_->dp_rank * chunk, chunk);
+    Tensor mine = values.slice(c.begin, c.size());
     b.param_work = ps_->dp->all_gather_async(whole, mine);
     ++pending_param_gathers_;
   }

@@ -43,6 +43,11 @@ struct ShardRange {
 
 // The buckets of a flat buffer of `padded_numel` elements (a multiple of dp_size).
 std::vector<ShardRange> grad_buckets(int64_t padded_numel, int dp_size);
+// Chunk `rank` of the dp equal chunks of `bucket`: what that DP rank owns of it in the optimizer.
+inline ShardRange bucket_chunk(const ShardRange& bucket, int dp_size, int rank) {
+  const int64_t chunk = bucket.size() / dp_size;
+  return {bucket.begin + rank * chunk, bucket.begin + (rank + 1) * chunk};
+}
 
 // The element ranges of the flat buffers this DP rank owns in the optimizer: chunk dp_rank of every
 // bucket under the distributed optimizer, the whole buffer otherwise.
@@ -59,7 +64,6 @@ struct GradSyncOptions {
 class GradSync final : public ParamSyncHooks {
  public:
   GradSync(ParamStore& store, const ParallelState& ps, const GradSyncOptions& opt);
-  ~GradSync() override;
 
   // Before the first micro-batch of an iteration.
   void start_iteration();
