@@ -15,7 +15,10 @@
 #   sequence, accumulation, GPUs and tokens per optimizer step; one torchrun per config and GPU
 #   count (the reference cannot hold two compiled DDP models in one process). MT_BENCH_ACCUM=1
 #   compares one micro-batch per step instead, against the reference's own loop, unchanged.
-#   Scaling efficiency = tok/s(N) / (N x tok/s(1)), of megatrain and of DDP.
+#   Scaling efficiency = tok/s(N) / (N x tok/s(1)), of megatrain and of DDP. MT_BENCH_DISTOPT=1 adds,
+#   for every GPU count above 1, a megatrain row with the distributed optimizer (ZeRO-1: gradients
+#   reduce-scattered, Adam on 1/N of the parameters, bf16 parameters all-gathered during the next
+#   forward), compared against the same DDP run.
 # MODE layouts: llama-3b (micro-batch 2, global batch 32) and llama-7b (configs/llama-7b.yaml,
 #   micro-batch 1, global batch 16, sequence 4096) on 4 GPUs as
 #     TP2xDP2  tensor 2, sequence parallel, data 2 (8 micro-batches per data rank)
@@ -29,7 +32,7 @@
 # communication (when the binary reports it); all averaged over the iterations after the warm-up.
 # Environment (defaults): MT_BENCH_ITERS (dp 14, layouts 12), MT_BENCH_WARMUP (4: iterations left
 # out of the averages), MT_BENCH_ACCUM (4), MT_BENCH_GPUS ("1 2 4"), MT_BENCH_CONFIGS (per mode),
-# MT_BENCH_REF_GPUS (as MT_BENCH_GPUS: the GPU counts the reference runs at),
+# MT_BENCH_REF_GPUS (as MT_BENCH_GPUS: the GPU counts the reference runs at), MT_BENCH_DISTOPT (0),
 # MT_BENCH_LAYOUTS ("TP2xDP2 PP2xDP2 TP2xPP2"), MT_BENCH_REF_STEPS (10) / MT_BENCH_REF_WARMUP (3)
 # (timed / warm-up steps of the reference), MT_BENCH_DEADLINE_S (dp 450, layouts 510: seconds from
 # the script's start, a build included; no run starts within 30 s of it and each is cut at it, so the
@@ -211,6 +214,11 @@ PY
       mt_run "$name" "$n" --config "configs/$c.yaml" "${common[@]}" \
         --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size=$((mbs[$c] * n * accum))
       if [[ -f $ref && $ref_gpus == *" $n "* ]]; then ref_run "$c" "$n"; fi
+      if [[ ${MT_BENCH_DISTOPT:-0} == 1 ]] && ((n > 1)); then
+        printf '%s\t%s\tDP%s acc%s distopt\t%s\t%s\n' "$name-distopt" "$c" "$n" "$accum" "$n" "$name" >>"$out/rows.tsv"
+        mt_run "$name-distopt" "$n" --config "configs/$c.yaml" "${common[@]}" --set parallel.distributed_optimizer=true \
+          --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size=$((mbs[$c] * n * accum))
+      fi
     done
   done
 else
@@ -263,9 +271,10 @@ def reference(name):
 fmt = lambda v, spec, unit="": "-" if v is None or v != v else format(v, spec) + unit
 rows = [l.rstrip("\n").split("\t") for l in open(os.path.join(out, "rows.tsv")) if l.strip()]
 res = {r[0]: megatrain(r[0]) for r in rows}
-ref = {r[0]: reference(r[0]) if mode == "dp" else {} for r in rows}
-one = {c: ((res[n] or {}).get("tok", nan), ref[n].get("tokens_per_s", nan)) for n, c, _, g in rows if g == "1"}
-cols = [("config", "<10"), ("layout", "<13"), ("GPUs", ">4"), ("tokens/s", ">10"), ("TFLOP/s/GPU", ">11"),
+# A row's reference run: its own name, or the 5th field (the distributed-optimizer rows share DDP's).
+ref = {r[0]: reference(r[4] if len(r) > 4 else r[0]) if mode == "dp" else {} for r in rows}
+one = {r[1]: ((res[r[0]] or {}).get("tok", nan), ref[r[0]].get("tokens_per_s", nan)) for r in rows if r[3] == "1"}
+cols = [("config", "<10"), ("layout", "<20"), ("GPUs", ">4"), ("tokens/s", ">10"), ("TFLOP/s/GPU", ">11"),
         ("MFU/GPU", ">7"), ("peak GiB", ">8"), ("comm ms/it", ">10")]
 if mode == "dp":
     cols += [("scaling", ">7"), ("DDP tok/s", ">10"), ("DDP MFU", ">7"), ("DDP GiB", ">7"), ("DDP scal.", ">9"), ("vs DDP", ">6")]
@@ -273,7 +282,7 @@ line = lambda cells: " ".join(format(str(c), spec) for c, (_, spec) in zip(cells
 print(f"\nmegatrain multi-GPU benchmark ({mode}): means over the iterations after the first {warm}")
 print(line([c for c, _ in cols]))
 summary = []
-for name, config, layout, g in rows:
+for name, config, layout, g, *_ in rows:
     s, n, r = res[name] or {}, int(g), ref[name]
     cells = [config, layout, n, fmt(s.get("tok"), ",.0f"), fmt(s.get("tf"), ".1f"), fmt(s.get("mfu"), ".1f", "%"),
              fmt(s.get("mem"), ".1f"), fmt(s.get("comm"), ".1f")]

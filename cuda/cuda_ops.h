@@ -30,7 +30,8 @@ template <typename T> double sum_squares_cuda(const T* x, int64_t n);
 // ---------------------------------------------------------------- gemm.cu (cuBLASLt)
 // out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC)   (bias may be null)
 template <typename T>
-void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC);
+void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC,
+                         const T* residual = nullptr);
 // dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += dout^T @ inp;
 // dbias (fp32) += column sums of dout. Null outputs are skipped.
 template <typename T>

@@ -1,5 +1,6 @@
 // Linear layers on CUDA through cuBLASLt (tensor/cpu/linear.cpp has the math):
-//   forward:  out(N, OC) = inp(N, IC) @ W(OC, IC)^T + b(OC)                    (bias fused: EPILOGUE_BIAS)
+//   forward:  out(N, OC) = inp(N, IC) @ W(OC, IC)^T + b(OC) [+ residual(N, OC)]   (bias fused: EPILOGUE_BIAS;
+//             the residual is the GEMM's C operand with beta 1, D = out: one rounding, no add pass)
 //   backward: dinp(N, IC) = dout(N, OC) @ W            (beta 0, or 1 with GradMode::Accumulate)
 //             dW(OC, IC) (fp32) += dout^T @ inp         (beta 1: main grads accumulate)
 //             db(OC)     (fp32) += column sums of dout  (deterministic two-pass reduction: per-chunk
@@ -83,7 +84,8 @@ void column_sum_accumulate(float* out, const D* x, int64_t N, int64_t C) {
 }
 
 // ---------------------------------------------------------------- cuBLASLt wrapper
-// Column-major D(m, n) = alpha op(A) op(B) + beta C with C = D (+ bias(m) per row when bias).
+// Column-major D(m, n) = alpha op(A) op(B) + beta C (+ bias(m) per row when bias); D is C, or writes to C while
+// reading c_in as the C operand when c_in is set (same layout).
 struct GemmArgs {
   bool trans_a, trans_b;
   int64_t m, n, k;
@@ -101,6 +103,7 @@ struct GemmArgs {
   enum Epilogue { kPlain = 0, kGeluAux = 1, kDGelu = 2 } epilogue = kPlain;
   const void* aux = nullptr;
   int64_t aux_ld = 0;
+  const void* c_in = nullptr;
 };
 
 struct GemmPlan {
@@ -110,7 +113,7 @@ struct GemmPlan {
   bool usable = true;  // false: cuBLASLt has no kernel for this epilogue
 };
 
-using GemmKey = std::array<int64_t, 16>;
+using GemmKey = std::array<int64_t, 17>;
 
 int alignment_of(const void* p) {
   const auto u = reinterpret_cast<uintptr_t>(p);
@@ -181,7 +184,8 @@ bool gemm(const char* what, const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return true;
   const GemmKey key{g.trans_a,  g.trans_b,  g.m,        g.n,   g.k,   g.lda, g.ldb, g.ldc, g.ab_type, g.c_type,
                     g.bias != nullptr, alignment_of(g.A), alignment_of(g.B), alignment_of(g.C), g.epilogue,
-                    g.epilogue != GemmArgs::kPlain ? alignment_of(g.aux) * 1000000 + g.aux_ld : 0};
+                    g.epilogue != GemmArgs::kPlain ? alignment_of(g.aux) * 1000000 + g.aux_ld : 0,
+                    g.c_in ? alignment_of(g.c_in) : 0};
   static std::mutex mu;
   static std::map<GemmKey, GemmPlan> cache;
   GemmPlan plan;
@@ -201,8 +205,8 @@ bool gemm(const char* what, const GemmArgs& g) {
   }
   const Context& ctx = context();
   const float alpha = 1.f;
-  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &g.beta, g.C, plan.c, g.C,
-                                 plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
+  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, g.A, plan.a, g.B, plan.b, &g.beta, g.c_in ? g.c_in : g.C,
+                                 plan.c, g.C, plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
   return true;
 }
 
@@ -227,15 +231,18 @@ constexpr cudaDataType_t cuda_type() {
 // ---------------------------------------------------------------- launchers
 
 template <typename T>
-void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC) {
+void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC,
+                         const T* residual) {
   if (N == 0 || OC == 0) return;
   if (IC == 0) {  // an empty sum: out = bias (or 0)
+    MT_CHECK(bias == nullptr && residual == nullptr, "linear_forward_cuda: IC = 0 with a bias or residual is not supported");
     fill_cuda(out, N * OC, 0.0);
-    MT_CHECK(bias == nullptr, "linear_forward_cuda: IC = 0 with a bias is not supported");
     return;
   }
   constexpr cudaDataType_t t = cuda_type<T>();
-  gemm("linear_forward_cuda", {true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, t, bias, 0.f});
+  GemmArgs g{true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, t, bias, residual ? 1.f : 0.f};
+  g.c_in = residual;
+  gemm("linear_forward_cuda", g);
 }
 
 template <typename T>
@@ -300,7 +307,7 @@ void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* d
   template void linear_gelu_forward_cuda<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);      \
   template void linear_backward_gelu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, const T*, int64_t,  \
                                              int64_t, int64_t);                                                  \
-  template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);            \
+  template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, const T*); \
   template void linear_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
                                         bool);
 MT_INSTANTIATE(float)

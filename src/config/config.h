@@ -38,6 +38,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = true;     // reduce gradient buckets during backward
   bool overlap_param_gather = true;    // distributed optimizer: all-gather parameters during the next forward
   bool tp_comm_overlap = false;        // column-parallel backward: TP communication beside the GEMMs
+  int64_t grad_bucket_size = 40000000;  // elements per DP gradient / parameter bucket (Megatron's default)
   // Uneven pipeline split, only when stated: layers on the first / last stage (0 = even split).
   int decoder_first_pipeline_num_layers = 0;
   int decoder_last_pipeline_num_layers = 0;

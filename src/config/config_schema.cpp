@@ -111,6 +111,9 @@ std::vector<ConfigField> build_schema() {
           .doc("distributed optimizer: all-gather updated parameters bucket by bucket during the next forward"),
       MT_CONFIG_KEY(parallel, tp_comm_overlap)
           .doc("column-parallel layers' backward: all-gather the input (SP) during the input-gradient GEMM and reduce the input gradient during the weight-gradient GEMM (GPU: on the TP group's stream)"),
+      MT_CONFIG_KEY(parallel, grad_bucket_size).min(1)
+          .doc("elements per data-parallel communication bucket (gradient reduce, parameter all-gather): larger buckets mean fewer, more efficient collectives but a longer tail after the last layer's backward")
+          .megatron({"ddp_bucket_size"}),
       MT_CONFIG_KEY(parallel, decoder_first_pipeline_num_layers).min(0)
           .doc("layers on the first pipeline stage (uneven split; the rest split evenly over the other stages); 0 = even split"),
       MT_CONFIG_KEY(parallel, decoder_last_pipeline_num_layers).min(0)

@@ -30,7 +30,7 @@ SelfAttention::SelfAttention(const std::string& prefix, const ModelContext& ctx,
 // reads the heads in place); the CPU keeps the reference path (split, then attention): same math.
 bool SelfAttention::fused(const ModelContext& c) { return !c.llama() && c.device != Device::CPU; }
 
-Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const {
+Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   Tensor qkv = linear_qkv_.forward(x);  // (B*T, G_l*(R+2)*D): rows gathered under SP
   if (fused(c)) {
@@ -38,7 +38,7 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) c
     s.out = c.empty({B, T, heads_local_, head_dim_});
     s.lse = Tensor::empty({B, heads_local_, T}, DType::F32, c.device);
     ops::attention_forward_qkv(s.out, s.lse, s.q, groups_local_);
-    Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}));
+    Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual);
     if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
     return y;
   }
@@ -52,7 +52,7 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T) c
   s.out = c.empty({B, T, heads_local_, head_dim_});
   s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
   ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
-  Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}));
+  Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual);
   if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
   return y;
 }
@@ -95,16 +95,16 @@ MLP::MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
       linear_fc2_(prefix + ".linear_fc2", ctx.derived->ffn_hidden_size, ctx.model->hidden_size, !ctx.llama(),
                   ParamInit::ScaledNormal, ctx, store) {}
 
-Tensor MLP::forward(Saved& s, const Tensor& x) const {
+Tensor MLP::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   if (c.llama()) {
     s.h = linear_fc1_.forward(x);
     Tensor a = c.empty({s.h.size(0), ffn_local_});  // not kept: backward recomputes it from h
     ops::swiglu_forward(a, s.h);
-    return linear_fc2_.forward(a);
+    return linear_fc2_.forward(a, residual);
   }
   s.a = linear_fc1_.forward_gelu(x, &s.h);  // GELU in the GEMM's epilogue where possible
-  return linear_fc2_.forward(s.a);
+  return linear_fc2_.forward(s.a, residual);
 }
 
 Tensor MLP::backward(const Tensor& dy, Saved& s, const Tensor& x) const {

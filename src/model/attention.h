@@ -17,8 +17,8 @@ class SelfAttention {
   struct Saved {
     Tensor q, k, v, out, lse;
   };
-  // x (rows_local, C) -> y (rows_local, C); rows_local = B*T, or B*T/tp under sequence parallelism.
-  Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T) const;
+  // x (rows_local, C) -> y (rows_local, C) [+ *residual]; rows_local = B*T, or B*T/tp under sequence parallelism.
+  Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual = nullptr) const;
   // Returns dL/dx (rows_local, C).
   Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
 
@@ -42,7 +42,8 @@ class MLP {
   struct Saved {
     Tensor h, a;
   };
-  Tensor forward(Saved& s, const Tensor& x) const;
+  // y [+ *residual] (the residual added by fc2, see RowParallelLinear::forward).
+  Tensor forward(Saved& s, const Tensor& x, const Tensor* residual = nullptr) const;
   // Consumes s (llama: h is overwritten by its gradient).
   Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
 

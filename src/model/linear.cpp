@@ -106,14 +106,22 @@ RowParallelLinear::RowParallelLinear(const std::string& name, int64_t in, int64_
   if (bias) bias_ = add_param(store, name + ".bias", {out}, -1, 1, ParamInit::Zeros, ParamKind::Bias);
 }
 
-Tensor RowParallelLinear::forward(const Tensor& x) const {
+Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual) const {
   const ParallelState& ps = *ctx_->ps;
   // The replicated bias is added by TP rank 0 only, before the sum over ranks.
   const Tensor* b = (bias_ && ps.tp_rank == 0) ? &bias_->value : nullptr;
   Tensor y = ctx_->empty({x.size(0), weight_->local_shape[0]});
+  if (ps.tp_size == 1) {
+    ops::linear_forward(y, x, weight_->value, b, residual);
+    return y;
+  }
   ops::linear_forward(y, x, weight_->value, b);
-  if (ps.sequence_parallel) return ReduceScatterToSP::forward(y, ps);
-  ReduceFromTP::forward(y, ps);
+  if (ps.sequence_parallel) {
+    y = ReduceScatterToSP::forward(y, ps);
+  } else {
+    ReduceFromTP::forward(y, ps);
+  }
+  if (residual) ops::add(y, y, *residual);
   return y;
 }
 

@@ -46,8 +46,9 @@ class RowParallelLinear {
  public:
   RowParallelLinear(const std::string& name, int64_t in, int64_t out, bool bias, ParamInit init,
                     const ModelContext& ctx, ParamStore& store);
-  // x (rows_full, in_local) -> y (rows_local, out)
-  Tensor forward(const Tensor& x) const;
+  // x (rows_full, in_local) -> y (rows_local, out), + *residual (rows_local, out) when given: inside the GEMM
+  // when no TP reduction comes between (tp 1), else added after it.
+  Tensor forward(const Tensor& x, const Tensor* residual = nullptr) const;
   // dy (rows_local, out) -> dx (rows_full, in_local)
   Tensor backward(const Tensor& dy, const Tensor& x) const;
   // When x = gelu(pre): returns dL/dpre = gelu'(pre) * dx (fused into the dx GEMM where possible).

@@ -89,9 +89,14 @@ class ParamStore {
   void sync_values_from_master(int64_t begin, int64_t n);
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  // Elements per data-parallel communication bucket of the flat buffers (parallel.grad_bucket_size;
+  // parallel/grad_sync.h cuts the buckets). Set before the optimizer and GradSync are built.
+  int64_t grad_bucket_elements() const { return grad_bucket_elements_; }
+  void set_grad_bucket_elements(int64_t n) { grad_bucket_elements_ = n; }
 
  private:
   int tp_rank_, tp_size_;
+  int64_t grad_bucket_elements_ = 40000000;  // parallel.grad_bucket_size's default
   std::vector<std::unique_ptr<Param>> params_;
   int64_t total_ = 0;
   Tensor flat_values_, flat_grads_, flat_master_;

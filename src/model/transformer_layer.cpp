@@ -1,5 +1,8 @@
 #include "model/transformer_layer.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/ops.h"
 
@@ -7,6 +10,15 @@ namespace mt {
 
 namespace {
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer); }
+
+// MT_FUSE_RESIDUAL=0: separate residual adds even without dropout (for comparisons).
+bool residual_fusion_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_FUSE_RESIDUAL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
 }  // namespace
 
 TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store)
@@ -44,21 +56,31 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   const double p = step.training ? c.model->dropout : 0.0;
   const uint64_t offset = dropout_offset(step, T, rows);
   s.x_in = x;
+  // Without dropout the residual adds happen inside the output projections (x_mid = proj + x,
+  // out = fc2 + x_mid); with dropout, dropout comes first and the adds are separate.
+  const bool fuse = p == 0 && residual_fusion_enabled();
   Tensor ln1_out = c.empty({rows, C});
   input_layernorm_.forward(ln1_out, s.n1, x);
-  Tensor attn_y = self_attention_.forward(s.attn, ln1_out, B, T);
+  if (!fuse) {
+    Tensor attn_y = self_attention_.forward(s.attn, ln1_out, B, T);
+    if (p > 0) ops::dropout_forward(attn_y, attn_y, p, dropout_seed(step, 0), offset);
+    s.x_mid = c.empty({rows, C});
+    ops::add(s.x_mid, x, attn_y);
+  } else {
+    s.x_mid = self_attention_.forward(s.attn, ln1_out, B, T, &x);
+  }
   ln1_out = Tensor();
-  if (p > 0) ops::dropout_forward(attn_y, attn_y, p, dropout_seed(step, 0), offset);
-  s.x_mid = c.empty({rows, C});
-  ops::add(s.x_mid, x, attn_y);
-  attn_y = Tensor();
   Tensor ln2_out = c.empty({rows, C});
   pre_mlp_layernorm_.forward(ln2_out, s.n2, s.x_mid);
-  Tensor mlp_y = mlp_.forward(s.mlp, ln2_out);
-  ln2_out = Tensor();
-  if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, dropout_seed(step, 1), offset);
-  Tensor out = c.empty({rows, C});
-  ops::add(out, s.x_mid, mlp_y);
+  Tensor out;
+  if (!fuse) {
+    Tensor mlp_y = mlp_.forward(s.mlp, ln2_out);
+    if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, dropout_seed(step, 1), offset);
+    out = c.empty({rows, C});
+    ops::add(out, s.x_mid, mlp_y);
+  } else {
+    out = mlp_.forward(s.mlp, ln2_out, &s.x_mid);
+  }
   s.complete = true;
   return out;
 }

@@ -118,7 +118,7 @@ Tensor AdamW::gather(const Tensor& buf) const {
   ps_->dp->all_gather(all, buf);
   Tensor full = Tensor::empty({store_->padded_numel()}, buf.dtype(), buf.device());
   int64_t offset = 0;
-  for (const ShardRange& b : grad_buckets(store_->padded_numel(), dp)) {
+  for (const ShardRange& b : grad_buckets(*store_, dp)) {
     for (int q = 0; q < dp; ++q) {
       const ShardRange c = bucket_chunk(b, dp, q);
       full.slice(c.begin, c.size()).copy_from(all.slice(q * shard_numel_ + offset, c.size()));

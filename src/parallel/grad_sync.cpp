@@ -4,9 +4,10 @@
 
 namespace mt {
 
-std::vector<ShardRange> grad_buckets(int64_t n, int dp) {
+std::vector<ShardRange> grad_buckets(const ParamStore& store, int dp) {
+  const int64_t n = store.padded_numel();
   MT_INTERNAL_ASSERT(n % dp == 0, "flat buffer of ", n, " elements is not padded to a multiple of dp ", dp);
-  const int64_t size = std::max<int64_t>(kGradBucketElements / dp, 1) * dp;
+  const int64_t size = std::max<int64_t>(store.grad_bucket_elements() / dp, 1) * dp;
   std::vector<ShardRange> out;
   for (int64_t b = 0; b < n; b += size) out.push_back({b, std::min(n, b + size)});
   return out;
@@ -16,14 +17,14 @@ std::vector<ShardRange> optimizer_shard(const ParamStore& store, const ParallelS
   const int64_t n = store.padded_numel();
   if (!distributed || ps.dp_size == 1) return {{0, n}};
   std::vector<ShardRange> out;
-  for (const ShardRange& b : grad_buckets(n, ps.dp_size)) out.push_back(bucket_chunk(b, ps.dp_size, ps.dp_rank));
+  for (const ShardRange& b : grad_buckets(store, ps.dp_size)) out.push_back(bucket_chunk(b, ps.dp_size, ps.dp_rank));
   return out;
 }
 
 GradSync::GradSync(ParamStore& store, const ParallelState& ps, const GradSyncOptions& opt)
     : store_(&store), ps_(&ps), opt_(opt), reduce_dp_(ps.dp_size > 1) {
   opt_.distributed_optimizer = opt.distributed_optimizer && reduce_dp_;
-  for (const ShardRange& r : grad_buckets(store.padded_numel(), opt_.distributed_optimizer ? ps.dp_size : 1)) {
+  for (const ShardRange& r : grad_buckets(store, opt_.distributed_optimizer ? ps.dp_size : 1)) {
     buckets_.emplace_back();
     buckets_.back().range = r;
   }

@@ -31,18 +31,15 @@
 
 namespace mt {
 
-// Elements per DP communication bucket of the flat gradient buffer (rounded down to a multiple of
-// the data-parallel size).
-inline constexpr int64_t kGradBucketElements = int64_t(1) << 22;
-
 // An element range [begin, end) of the flat buffers.
 struct ShardRange {
   int64_t begin = 0, end = 0;
   int64_t size() const { return end - begin; }
 };
 
-// The buckets of a flat buffer of `padded_numel` elements (a multiple of dp_size).
-std::vector<ShardRange> grad_buckets(int64_t padded_numel, int dp_size);
+// The buckets of the store's flat buffers (padded_numel elements, a multiple of dp_size): consecutive
+// ranges of grad_bucket_elements (rounded down to a multiple of dp_size), the last one shorter.
+std::vector<ShardRange> grad_buckets(const ParamStore& store, int dp_size);
 // Chunk `rank` of the dp equal chunks of `bucket`: what that DP rank owns of it in the optimizer.
 inline ShardRange bucket_chunk(const ShardRange& bucket, int dp_size, int rank) {
   const int64_t chunk = bucket.size() / dp_size;

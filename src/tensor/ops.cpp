@@ -266,18 +266,21 @@ std::array<int64_t, 3> linear_dims(const char* op, const Tensor& inp, const Tens
 }
 }  // namespace
 
-void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias, const Tensor* residual) {
   const char* op = "linear_forward";
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, out, "out", N, OC);
   if (bias) like(op, inp, *bias, "bias", {OC});
+  if (residual) like_rows(op, inp, *residual, "residual", N, OC);
   std::string pname;  // the profile's key names the output features too
-  if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
+  if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC, residual ? " +residual" : "")).c_str();
   MT_DISPATCH(op, inp,
               (cuda::linear_forward_cuda<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
-                                            bias ? bias->data<T>() : nullptr, N, IC, OC)),
+                                            bias ? bias->data<T>() : nullptr, N, IC, OC,
+                                            residual ? residual->data<T>() : nullptr)),
               cpu::linear_forward_cpu<T>(out.data<T>(), inp.data<T>(), weight.data<T>(),
-                                         bias ? bias->data<T>() : nullptr, N, IC, OC));
+                                         bias ? bias->data<T>() : nullptr, N, IC, OC);
+              if (residual) add(out, out, *residual));  // the CPU's reference: y + residual, a second pass
 }
 
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,

@@ -27,8 +27,10 @@ void cast(Tensor& out, const Tensor& in);                  // dtype conversion, 
 double sum_squares(const Tensor& x);                       // sum of x^2, accumulated in fp64
 
 // ---------------------------------------------------------------- linear (GEMM)
-// out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC)   (bias may be null)
-void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias);
+// out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC) [+ residual(N, OC)]   (bias, residual may be null)
+// CUDA adds the residual in the GEMM (read as its C operand: one rounding, no separate add pass).
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
+                    const Tensor* residual = nullptr);
 // dinp(N, IC) (=, or += with Accumulate) = dout(N, OC) @ weight(OC, IC)
 // dweight(OC, IC) += dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped.
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,

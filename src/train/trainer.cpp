@@ -230,6 +230,7 @@ TrainResult run_training(const Config& cfg) {
   }
   const bool distributed = cfg.parallel.distributed_optimizer && ps.dp_size > 1;
   run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? ps.dp_size : 1);
+  run.store->set_grad_bucket_elements(cfg.parallel.grad_bucket_size);
   run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
   run.exec = std::make_unique<PipelineExecutor>(chunk_ptrs, run.ctx);
   run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer, ps, distributed);

@@ -65,6 +65,7 @@ parallel:
   overlap_grad_reduce: false
   overlap_param_gather: false
   tp_comm_overlap: true
+  grad_bucket_size: 1000000
   decoder_first_pipeline_num_layers: 2
   decoder_last_pipeline_num_layers: 2
 training:

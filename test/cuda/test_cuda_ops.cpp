@@ -113,6 +113,14 @@ TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "
         ops::linear_forward(y, x, w, with_bias ? &b : nullptr);
         ops::linear_forward(y_ref, x64, w64, with_bias ? &b64 : nullptr);
         check_close("linear_forward", y, y_ref, dt);
+        // forward + residual (the GEMM's C operand on the GPU; the residual is left untouched)
+        const Tensor r64 = rounded(randn64({d.N, d.OC}, ++seed), dt);
+        const Tensor r = to_device(r64, dt);
+        Tensor yr = poisoned({d.N, d.OC}, dt), yr_ref = Tensor::empty({d.N, d.OC}, DType::F64);
+        ops::linear_forward(yr, x, w, with_bias ? &b : nullptr, &r);
+        ops::linear_forward(yr_ref, x64, w64, with_bias ? &b64 : nullptr, &r64);
+        check_close("linear_forward + residual", yr, yr_ref, dt);
+        check_close("linear_forward residual unchanged", r, r64, dt);
         // backward: dinp overwritten; dweight, dbias (fp32) accumulate onto their initial values
         const Tensor dw0 = randn64({d.OC, d.IC}, ++seed), db0 = randn64({d.OC}, ++seed);
         Tensor dx = poisoned({d.N, d.IC}, dt), dw = to_device(dw0, DType::F32), db = to_device(db0, DType::F32);

@@ -31,11 +31,14 @@ const Layout kLayouts[] = {
      "--set parallel.pipeline=4 --set parallel.decoder_first_pipeline_num_layers=1 "
      "--set parallel.decoder_last_pipeline_num_layers=3"},
     {"dp2", 2, ""},
-    {"dp2-distopt", 2, "--set parallel.distributed_optimizer=true"},
-    {"tp2-pp2-dp2", 8, "--set parallel.tensor=2 --set parallel.pipeline=2"},
+    // Small DP buckets (the models have ~270K parameters): several buckets, cut across parameters,
+    // reduced during backward; the distributed optimizer owns a chunk of each.
+    {"dp2-distopt-buckets", 2, "--set parallel.distributed_optimizer=true --set parallel.grad_bucket_size=30000"},
+    {"tp2-pp2-dp2-buckets", 8, "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.grad_bucket_size=25000"},
     {"tp2sp-pp2vp2-dp2distopt-recompute", 8,
      "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 "
-     "--set parallel.virtual_pipeline=2 --set parallel.distributed_optimizer=true --set training.recompute=full"},
+     "--set parallel.virtual_pipeline=2 --set parallel.distributed_optimizer=true --set training.recompute=full "
+     "--set parallel.grad_bucket_size=20000"},
 };
 
 // 8 layers so that PP4 x VP2 has a layer per virtual stage; global batch 8 = 4 micro-batches of 2.
