@@ -34,6 +34,10 @@ std::string hms(double seconds) {
   std::snprintf(buf, sizeof buf, "%02ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
   return buf;
 }
+
+// A JSON number, or null where the value is not finite (a skipped iteration's loss or gradient norm):
+// the metrics file stays strict JSON, one object per line.
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.17g}", v) : "null"; }
 }  // namespace
 
 void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
@@ -52,9 +56,10 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
   log::info("{}", line);
   if (!file_) return;
   std::string json = fmt::format(
-      "{{\"iteration\": {}, \"consumed_samples\": {}, \"loss\": {:.17g}, \"grad_norm\": {:.17g}, \"lr\": {:.9g}, "
+      "{{\"iteration\": {}, \"consumed_samples\": {}, \"loss\": {}, \"grad_norm\": {}, \"lr\": {:.9g}, "
       "\"tokens_per_s\": {:.6g}, \"ms_per_iter\": {:.6g}, \"skipped\": {}",
-      r.iteration, r.consumed_samples, r.loss, r.grad_norm, r.lr, tok_s, r.ms_per_iter, r.skipped);
+      r.iteration, r.consumed_samples, json_number(r.loss), json_number(r.grad_norm), r.lr, tok_s, r.ms_per_iter,
+      r.skipped);
   if (gpu_)
     json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}, \"comm_exposed_ms\": {:.6g}",
                         tflops, mfu, mem_gib, r.comm_exposed_ms);
@@ -67,7 +72,7 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
 void MetricsWriter::eval(int64_t iteration, double val_loss) {
   log::info("validation at iter {} | val loss {:.6f} | val ppl {:.3f}", iteration, val_loss, std::exp(val_loss));
   if (!file_) return;
-  std::fprintf(file_, "{\"iteration\": %lld, \"val_loss\": %.9g}\n", static_cast<long long>(iteration), val_loss);
+  std::fputs(fmt::format("{{\"iteration\": {}, \"val_loss\": {}}}\n", iteration, json_number(val_loss)).c_str(), file_);
   std::fflush(file_);
 }
 

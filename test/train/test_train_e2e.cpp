@@ -130,3 +130,30 @@ TEST_CASE("--version and --help", "[e2e][cli]") {
   CHECK(run_megatrain("train --help", "help").code == 0);
   CHECK(run_megatrain("train", "nocfg").code != 0);
 }
+
+TEST_CASE("skipped iterations keep the metrics file strict JSON (null for a non-finite loss or norm)",
+          "[e2e][metrics]") {
+  // lr 1e30: the first update blows the weights up, every later loss is NaN and nan_policy skip skips it.
+  RunResult r = run_megatrain(train_args("nanskip", "--set training.train_iters=4 --set optimizer.lr=1e30 "
+                                                    "--set optimizer.warmup_iters=0 --set training.nan_policy=skip "
+                                                    "--set checkpoint.dir="),
+                              "nanskip");
+  REQUIRE(r.code == 0);
+  std::ifstream f(temp_dir() / "nanskip" / "metrics.jsonl");
+  std::string line;
+  int records = 0, skipped = 0;
+  while (std::getline(f, line)) {
+    INFO(line);
+    const auto j = nlohmann::json::parse(line);  // throws on inf / nan
+    ++records;
+    if (j["skipped"].get<int64_t>() == 0) {
+      CHECK(j["loss"].is_number());
+      continue;
+    }
+    ++skipped;
+    CHECK(j["loss"].is_null());
+    CHECK(j["grad_norm"].is_null());
+  }
+  CHECK(records == 4);
+  CHECK(skipped >= 1);
+}
