@@ -100,13 +100,14 @@ TEST_CASE("pipeline 2 x virtual 2 (interleaved 1F1B) matches 1 GPU", "[multigpu]
 }
 
 TEST_CASE("data 2 with the distributed optimizer matches 1 GPU", "[multigpu][parity][dp]") {
-  check_layout("dp2-distopt", 2, "--set parallel.distributed_optimizer=true");
+  // Buckets of 1M elements: several reduce-scatters / all-gathers in flight, cut across parameters.
+  check_layout("dp2-distopt", 2, "--set parallel.distributed_optimizer=true --set parallel.grad_bucket_size=1000000");
 }
 
-TEST_CASE("tensor 2 x pipeline 2 matches 1 GPU", "[multigpu][parity][tp][pp]") {
+TEST_CASE("tensor 2 x pipeline 2 matches 1 GPU", "[multigpu][parity][tp][pp][4gpu]") {
   check_layout("tp2-pp2", 4, "--set parallel.tensor=2 --set parallel.pipeline=2");
 }
 
-TEST_CASE("data 2 x tensor 2 matches 1 GPU", "[multigpu][parity][tp][dp]") {
+TEST_CASE("data 2 x tensor 2 matches 1 GPU", "[multigpu][parity][tp][dp][4gpu]") {
   check_layout("dp2-tp2", 4, "--set parallel.tensor=2");
 }
