@@ -18,9 +18,8 @@
 // fp32 copies of its operands (exact but for the fp16 rounding of the results; slower, and 4 (forward)
 // or 8 (backward) fp32 scratch tensors): the tensor-core kernels of this file are bf16-only mma code.
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
+#include "core/env.h"
 #include "cuda/attention_common.cuh"
 
 namespace mt::ops::cuda {
@@ -279,10 +278,7 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
 namespace {
 // MT_ATTENTION_FUSED=0: always split the projection first (for comparisons).
 bool fused_reads_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MT_ATTENTION_FUSED");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_equals("MT_ATTENTION_FUSED", "0");
   return on;
 }
 }  // namespace

@@ -24,13 +24,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "cuda/attention_common.cuh"
 
 namespace mt::ops::cuda::attn {
@@ -369,8 +369,7 @@ struct Cache {
 Cache& cache() {
   static Cache* c = [] {
     auto* c = new Cache();  // lives for the process (destroying handles at exit races the driver)
-    const char* env = std::getenv("MT_ATTENTION");
-    if (env && std::strcmp(env, "own") == 0) c->disabled = true;
+    if (env_equals("MT_ATTENTION", "own")) c->disabled = true;
     if (!c->disabled && cudnnGetVersion() < 90500) c->disabled = true;  // graphs measured on 9.14
     if (!c->disabled && cudnnCreate(&c->handle) != CUDNN_STATUS_SUCCESS) {
       std::fprintf(stderr, "megatrain: cuDNN handle creation failed; attention runs on our own kernels\n");

@@ -13,11 +13,10 @@
 // which is plain fp32 (TF32 off, for parity runs). Matmul descriptors, layouts and the heuristic's
 // algorithm are cached per (shape, types, transposes, epilogue, pointer alignment).
 #include <array>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 
+#include "core/env.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -212,10 +211,7 @@ bool gemm(const char* what, const GemmArgs& g) {
 
 // MT_GEMM_GELU=0: never fuse GELU into the GEMM (for comparisons).
 bool gelu_epilogue_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MT_GEMM_GELU");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_equals("MT_GEMM_GELU", "0");
   return on;
 }
 

@@ -17,10 +17,9 @@
 // backward runs one warp per row instead (norm_backward_kernel_warp_rows): no block barrier per row,
 // and every thread busy at small C (the block kernel used 96 of its 256 threads at C = 768).
 #include <algorithm>
-#include <cstdlib>
 #include <initializer_list>
-#include <string>
 
+#include "core/env.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -329,10 +328,7 @@ bool warp_rows_dispatch(int64_t nc, unsigned blocks, size_t smem, D* dinp, float
 
 // MT_NORM_BWD=rows selects the block-per-rows kernel everywhere (for comparisons).
 bool warp_rows_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MT_NORM_BWD");
-    return !(v && std::string(v) == "rows");
-  }();
+  static const bool on = !env_equals("MT_NORM_BWD", "rows");
   return on;
 }
 

@@ -1,8 +1,8 @@
 #include "model/transformer_layer.h"
 
-#include <cstdlib>
 #include <string>
 
+#include "core/env.h"
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/ops.h"
 
@@ -13,10 +13,7 @@ std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(
 
 // MT_FUSE_RESIDUAL=0: separate residual adds even without dropout (for comparisons).
 bool residual_fusion_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MT_FUSE_RESIDUAL");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_equals("MT_FUSE_RESIDUAL", "0");
   return on;
 }
 }  // namespace
