@@ -8,7 +8,8 @@
 #        rank, 4), AB_EXTRA (more arguments for every run)
 # A variant is a space-separated list of words: VAR=value (environment), --set=key=value (a config
 # override), np=N (N processes, one per GPU, through scripts/launch_mpirun.sh; the global batch grows
-# with N: pure data parallelism unless the variant sets the layout and the batch), or "base" (none).
+# with N: pure data parallelism unless the variant sets the layout and the batch), bin=PATH (another megatrain
+# binary, e.g. one built from an older commit), or "base" (none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$1
@@ -22,18 +23,19 @@ for round in $(seq 1 "$rounds"); do
   for c in "${configs[@]}"; do
     v=0
     for variant in "$@"; do
-      envs=() sets=() np=1
+      envs=() sets=() np=1 bin=$BIN
       for w in $variant; do
         case $w in
           base) ;;
           np=*) np=${w#np=} ;;
+          bin=*) bin=${w#bin=} ;;
           --set=*) sets+=(--set "${w#--set=}") ;;
           *=*) envs+=("$w") ;;
         esac
       done
       mb=${mbs[$c]:-8}
-      launch=("$BIN")
-      ((np == 1)) || launch=(env MEGATRAIN_BIN="$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")" scripts/launch_mpirun.sh -n "$np" --)
+      launch=("$bin")
+      ((np == 1)) || launch=(env MEGATRAIN_BIN="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")" scripts/launch_mpirun.sh -n "$np" --)
       # shellcheck disable=SC2086
       env "${envs[@]}" timeout 300 "${launch[@]}" train --config "configs/$c.yaml" --set training.device=cuda \
         --set data.mock=true --set training.micro_batch_size="$mb" --set training.global_batch_size=$((mb * accum * np)) \

@@ -6,8 +6,9 @@
 // linear_backward_swiglu: the llama MLP's fc2 backward without fc2's input a = swiglu(h): da = dout W (GEMM), then
 //   one pass over h writes dh and recomputes a (the forward's expression, so the same bits), then dW += dout^T a.
 //   a is never kept between forward and backward: the pass costs one extra write of (N, F).
-// Memory-bound: GELU through launch_map (16-byte accesses); SwiGLU with VEC columns per thread when
-// F and the pointers allow 16-byte accesses, else one column per thread.
+// Memory-bound: GELU through launch_map (16-byte accesses); SwiGLU by rows (swiglu_rows_kernel), 16-byte
+// chunks when F and the pointers allow, else one column at a time.
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <type_traits>
@@ -61,58 +62,107 @@ struct GeluBackwardOp {
   }
 };
 
-// One thread per VEC consecutive columns of one row (F % VEC == 0 when VEC > 1). I: the index type, 32-bit
-// where N * F fits (its division by the row length is several times cheaper than a 64-bit one).
-template <typename I, int VEC, typename D>
-__global__ void swiglu_forward_kernel(D* out, const D* inp, I N, I F) {
-  const I per_row = F / VEC, total = N * per_row, stride = I(gridDim.x) * blockDim.x;
-  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const I n = idx / per_row, f = (idx % per_row) * VEC;
-    D g[VEC], u[VEC], o[VEC];
-    load_vec<VEC>(g, inp + n * 2 * F + f);
-    load_vec<VEC>(u, inp + n * 2 * F + F + f);
+// SwiGLU kernels walk rows: block (x, y) covers columns [x * kTile, (x + 1) * kTile) of rows y, y + gridDim.y,
+// ...; each thread kUnroll chunks of VEC columns, kThreads * VEC apart (coalesced), every load of a row issued
+// before its math (more bytes in flight per thread than one chunk at a time, no index division).
+constexpr int kSwiThreads = 256, kSwiUnroll = 2;
+
+// g, u: the row's gate and up halves (N, 2F); o: the output row (N, F).
+template <int VEC, typename D>
+struct SwigluForward {
+  D* __restrict__ out;
+  const D* __restrict__ inp;
+  struct Regs { D g[VEC], u[VEC]; };
+  __device__ void load(Regs& r, int64_t n, int64_t F, int64_t f) const {
+    load_vec<VEC>(r.g, inp + n * 2 * F + f);
+    load_vec<VEC>(r.u, inp + n * 2 * F + F + f);
+  }
+  __device__ void finish(const Regs& r, int64_t n, int64_t F, int64_t f) const {
+    D o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const float gf = to_float(g[k]);
-      o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * to_float(u[k]));
+      const float gf = to_float(r.g[k]);
+      o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * to_float(r.u[k]));
     }
     store_vec<VEC>(out + n * F + f, o);
   }
-}
+};
 
-// kRecompute: also out (N, F) = swiglu(inp), the forward kernel's expression. Each thread reads its inp elements
-// before writing the same elements of dinp, so dinp may alias inp.
-template <bool kRecompute, typename I, int VEC, typename D>
-__global__ void swiglu_backward_kernel(D* dinp, D* out, const D* dout, const D* inp, I N, I F) {
-  const I per_row = F / VEC, total = N * per_row, stride = I(gridDim.x) * blockDim.x;
-  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const I n = idx / per_row, f = (idx % per_row) * VEC;
-    D g[VEC], u[VEC], dy[VEC], dg[VEC], du[VEC], o[VEC];
-    load_vec<VEC>(g, inp + n * 2 * F + f);
-    load_vec<VEC>(u, inp + n * 2 * F + F + f);
-    load_vec<VEC>(dy, dout + n * F + f);
+// kRecompute: also out (N, F) = swiglu(inp), the forward's expression (same bits). A thread reads its inp
+// elements before writing the same elements of dinp, so dinp may alias inp (no __restrict__ on those two).
+template <bool kRecompute, int VEC, typename D>
+struct SwigluBackward {
+  D* dinp;
+  D* __restrict__ out;
+  const D* __restrict__ dout;
+  const D* inp;
+  struct Regs { D g[VEC], u[VEC], dy[VEC]; };
+  __device__ void load(Regs& r, int64_t n, int64_t F, int64_t f) const {
+    load_vec<VEC>(r.g, inp + n * 2 * F + f);
+    load_vec<VEC>(r.u, inp + n * 2 * F + F + f);
+    load_vec<VEC>(r.dy, dout + n * F + f);
+  }
+  __device__ void finish(const Regs& r, int64_t n, int64_t F, int64_t f) const {
+    D dg[VEC], du[VEC], o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const float gf = to_float(g[k]), uf = to_float(u[k]), d = to_float(dy[k]), s = sigmoid_t<D>(gf);
+      const float gf = to_float(r.g[k]), uf = to_float(r.u[k]), d = to_float(r.dy[k]), s = sigmoid_t<D>(gf);
       dg[k] = from_float<D>(d * uf * s * (1.f + gf * (1.f - s)));
       du[k] = from_float<D>(d * gf * s);
-      if constexpr (kRecompute) o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * uf);  // the forward's expression
+      if constexpr (kRecompute) o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * uf);
     }
     store_vec<VEC>(dinp + n * 2 * F + f, dg);
     store_vec<VEC>(dinp + n * 2 * F + F + f, du);
     if constexpr (kRecompute) store_vec<VEC>(out + n * F + f, o);
   }
+};
+
+template <int VEC, typename Op>
+__global__ void __launch_bounds__(kSwiThreads) swiglu_rows_kernel(Op op, int64_t N, int64_t F) {
+  const int64_t f0 = (int64_t(blockIdx.x) * kSwiUnroll * kSwiThreads + threadIdx.x) * VEC;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    typename Op::Regs r[kSwiUnroll];
+#pragma unroll
+    for (int k = 0; k < kSwiUnroll; ++k) {
+      const int64_t f = f0 + int64_t(k) * kSwiThreads * VEC;
+      if (f < F) op.load(r[k], n, F, f);
+    }
+#pragma unroll
+    for (int k = 0; k < kSwiUnroll; ++k) {
+      const int64_t f = f0 + int64_t(k) * kSwiThreads * VEC;
+      if (f < F) op.finish(r[k], n, F, f);
+    }
+  }
 }
 
-// 16-byte path when F is a multiple of the vector width and every pointer is 16-byte aligned.
+// 16-byte chunks when F is a multiple of the vector width and every pointer is 16-byte aligned.
 template <typename D>
 bool swiglu_vec_ok(int64_t F, std::initializer_list<const void*> ptrs) {
   constexpr int kVec = 16 / sizeof(D);
   if (F % kVec != 0) return false;
   for (const void* p : ptrs)
-    if (!aligned(p, 16)) return false;
+    if (p && !aligned(p, 16)) return false;
   return true;
 }
+
+// Launches Op<VEC> over (N, F): VEC = 16 bytes of D when vec, else 1.
+template <template <int> class Op, typename D, typename... Ptrs>
+void swiglu_launch(const char* what, bool vec, int64_t N, int64_t F, Ptrs... ptrs) {
+  if (N * F == 0) return;
+  constexpr int kVec = 16 / sizeof(D);
+  const int v = vec ? kVec : 1;
+  const dim3 grid(static_cast<unsigned>(ceil_div(F, int64_t(v) * kSwiThreads * kSwiUnroll)),
+                  static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+  cudaStream_t s = current_stream();
+  if (vec)
+    swiglu_rows_kernel<kVec><<<grid, kSwiThreads, 0, s>>>(Op<kVec>{ptrs...}, N, F);
+  else
+    swiglu_rows_kernel<1><<<grid, kSwiThreads, 0, s>>>(Op<1>{ptrs...}, N, F);
+  MT_CUDA_CHECK_LAUNCH(what);
+}
+
+template <typename D> struct SwiFwd { template <int V> using type = SwigluForward<V, D>; };
+template <bool R, typename D> struct SwiBwd { template <int V> using type = SwigluBackward<R, V, D>; };
 
 }  // namespace
 
@@ -133,20 +183,8 @@ void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n) {
 template <typename T>
 void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F) {
   using D = dev_t<T>;
-  if (N * F == 0) return;
-  constexpr int kVec = 16 / sizeof(D), kThreads = 256;
-  cudaStream_t s = current_stream();
-  const bool vec = swiglu_vec_ok<D>(F, {out, inp});
-  const unsigned grid = grid_for(vec ? N * F / kVec : N * F, kThreads);
-  // 32-bit indices while every intermediate (up to 2 N F, plus a grid stride) stays below 2^31
-  const bool small = 2 * N * F + int64_t(grid) * kThreads < (int64_t(1) << 31);
-  if (vec && small)
-    swiglu_forward_kernel<int32_t, kVec><<<grid, kThreads, 0, s>>>(dev(out), dev(inp), int32_t(N), int32_t(F));
-  else if (vec)
-    swiglu_forward_kernel<int64_t, kVec><<<grid, kThreads, 0, s>>>(dev(out), dev(inp), N, F);
-  else
-    swiglu_forward_kernel<int64_t, 1><<<grid, kThreads, 0, s>>>(dev(out), dev(inp), N, F);
-  MT_CUDA_CHECK_LAUNCH("swiglu_forward_cuda");
+  swiglu_launch<SwiFwd<D>::template type, D>("swiglu_forward_cuda", swiglu_vec_ok<D>(F, {out, inp}), N, F, dev(out),
+                                             dev(inp));
 }
 
 namespace {
@@ -154,30 +192,11 @@ namespace {
 template <typename T>
 void swiglu_backward_launch(const char* what, T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F) {
   using D = dev_t<T>;
-  if (N * F == 0) return;
-  constexpr int kVec = 16 / sizeof(D), kThreads = 256;
-  cudaStream_t s = current_stream();
-  const bool vec = swiglu_vec_ok<D>(F, {dinp, dout, inp}) && (!out || aligned(out, 16));
-  const unsigned grid = grid_for(vec ? N * F / kVec : N * F, kThreads);
-  const bool small = 2 * N * F + int64_t(grid) * kThreads < (int64_t(1) << 31);  // as in the forward
-  const int32_t n32 = static_cast<int32_t>(small ? N : 0), f32 = static_cast<int32_t>(small ? F : 0);
-  if (out && vec && small)
-    swiglu_backward_kernel<true, int32_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
-                                                                         n32, f32);
-  else if (out && vec)
-    swiglu_backward_kernel<true, int64_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
-                                                                         N, F);
-  else if (out)
-    swiglu_backward_kernel<true, int64_t, 1><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp), N, F);
-  else if (vec && small)
-    swiglu_backward_kernel<false, int32_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
-                                                                          n32, f32);
-  else if (vec)
-    swiglu_backward_kernel<false, int64_t, kVec><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp),
-                                                                          N, F);
+  const bool vec = swiglu_vec_ok<D>(F, {dinp, out, dout, inp});
+  if (out)
+    swiglu_launch<SwiBwd<true, D>::template type, D>(what, vec, N, F, dev(dinp), dev(out), dev(dout), dev(inp));
   else
-    swiglu_backward_kernel<false, int64_t, 1><<<grid, kThreads, 0, s>>>(dev(dinp), dev(out), dev(dout), dev(inp), N, F);
-  MT_CUDA_CHECK_LAUNCH(what);
+    swiglu_launch<SwiBwd<false, D>::template type, D>(what, vec, N, F, dev(dinp), dev(out), dev(dout), dev(inp));
 }
 }  // namespace
 

@@ -179,6 +179,21 @@ void ensure_dynamic_smem(Kernel kernel, size_t bytes) {
   have = bytes;
 }
 
+// Blocks of `threads` threads with `smem` bytes of dynamic shared memory that fit on one SM (at least 1),
+// queried once per kernel and size.
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, std::unordered_map<size_t, int>> done;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& per = done[reinterpret_cast<const void*>(kernel)];
+  auto it = per.find(smem * 4096 + static_cast<size_t>(threads));
+  if (it != per.end()) return it->second;
+  int n = 0;
+  MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return per[smem * 4096 + static_cast<size_t>(threads)] = n < 1 ? 1 : n;
+}
+
 // ---------------------------------------------------------------- grids
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Blocks for a grid-stride loop over `work` items with `threads` per block: enough to fill the GPU.

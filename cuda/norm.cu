@@ -5,17 +5,18 @@
 //     dx = r (gh - xh mean_c(gh xh));  dw += sum_n dy xh.
 // Math in fp32 whatever T is; dw, db are fp32 main grads (+=); dx is T (= or += by GradMode).
 //
-// Forward: one warp per row, three passes over the row (mean, centred variance, output; the row is
-// re-read from L1/L2), VEC elements per lane (16-byte loads) when C and the pointers allow.
-// Backward, deterministic (no float atomics): the N rows are cut into one contiguous chunk per block;
-// a block walks its rows one at a time with all its threads, each thread owning fixed columns, so it
-// accumulates its columns' dw/db partials in shared memory without conflicts. Each block writes its
-// partial row to scratch; sum_partials adds the partials of all blocks in a fixed order into dw/db.
-// dx is computed per row after a block-wide reduction of (sum gh, sum gh xh); each element of dout is
-// read before dinp's same element is written, so dinp may alias dout.
-// Where the dw/db partials of a row fit in registers (C <= 2048 LayerNorm, 4096 RMSNorm, bf16) the
-// backward runs one warp per row instead (norm_backward_kernel_warp_rows): no block barrier per row,
-// and every thread busy at small C (the block kernel used 96 of its 256 threads at C = 768).
+// Forward: one warp per row, VEC elements per lane (16-byte loads) when C and the pointers allow; the row is
+// held in registers (norm_forward_kernel_regs, C <= 16 x 32 x VEC: one read of memory), else re-read per pass.
+// Backward, deterministic (no float atomics): every kernel writes one partial dw/db row per block, and
+// sum_partials adds them in block order into dw/db. dx per row after two row sums (sum gh, sum gh xh); each
+// element of dout is read before dinp's same element is written, so dinp may alias dout. Three kernels, the first
+// that fits (bf16 C: <= 3072, <= 4096 RMSNorm / 2048 LayerNorm, any):
+//   1. norm_backward_kernel_regs: a warp per row, the row's dout and x in registers, partials in shared memory.
+//   2. norm_backward_kernel_warp_rows: a warp per row, the partials in registers, the row re-read from L1/L2.
+//   3. norm_backward_kernel_block_rows: a block walks a contiguous range of rows with all its threads, each
+//      thread owning fixed columns (partials in shared memory); one block barrier per row.
+// Measured (1 H200, bf16, dx +=; benchmarks/kernels/cuda_kernels.md): 16384 x 2048 0.109 ms (1.) vs 0.120 (2.),
+// 16384 x 3072 0.178 vs 0.279.
 #include <algorithm>
 #include <initializer_list>
 
@@ -31,7 +32,7 @@ namespace {
 
 constexpr int kFwdWarps = 8;         // rows per forward block
 constexpr int kBwdThreads = 256;
-constexpr int kBwdBlocksPerSM = 2;
+constexpr int kBwdBlocksPerSM = 2;  // block-per-rows kernel
 
 template <bool kLayerNorm, int VEC, typename D>
 __global__ void norm_forward_kernel_warp_row(D* out, float* mean, float* rstd, const D* inp, const D* weight,
@@ -71,6 +72,65 @@ __global__ void norm_forward_kernel_warp_row(D* out, float* mean, float* rstd, c
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       float t = (to_float(v[k]) - mu) * r * to_float(w[k]);
+      if constexpr (kLayerNorm) t += to_float(b[k]);
+      o[k] = from_float<D>(t);
+    }
+    store_vec<VEC>(y + c, o);
+  }
+  if (lane == 0) {
+    if constexpr (kLayerNorm) mean[n] = mu;
+    rstd[n] = r;
+  }
+}
+
+// Forward with the row held in registers (C <= NC * 32 * VEC): every load of the row is issued at once and
+// the row is read from memory once. Same sums in the same order as norm_forward_kernel_warp_row (lane l adds
+// its chunks j = 0, 1, ... in order), so the same bits.
+template <bool kLayerNorm, int VEC, int NC, typename D>
+__global__ void norm_forward_kernel_regs(D* __restrict__ out, float* mean, float* rstd, const D* __restrict__ inp,
+                                         const D* __restrict__ weight, const D* __restrict__ bias, int64_t N,
+                                         int64_t C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = int64_t(blockIdx.x) * kFwdWarps + threadIdx.x / 32;
+  if (n >= N) return;
+  const D* x = inp + n * C;
+  D v[NC][VEC];
+#pragma unroll
+  for (int j = 0; j < NC; ++j) {
+    const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+    if (c < C) load_vec<VEC>(v[j], x + c);
+  }
+  float mu = 0.f;
+  if constexpr (kLayerNorm) {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NC; ++j)
+      if ((int64_t(j) * 32 + lane) * VEC < C)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s += to_float(v[j][k]);
+    mu = warp_sum(s) / static_cast<float>(C);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < NC; ++j)
+    if ((int64_t(j) * 32 + lane) * VEC < C)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float d = to_float(v[j][k]) - mu;
+        ss += d * d;
+      }
+  const float r = 1.f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
+  D* y = out + n * C;
+#pragma unroll
+  for (int j = 0; j < NC; ++j) {
+    const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+    if (c >= C) continue;
+    D w[VEC], b[VEC], o[VEC];
+    load_vec<VEC>(w, weight + c);
+    if constexpr (kLayerNorm) load_vec<VEC>(b, bias + c);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      float t = (to_float(v[j][k]) - mu) * r * to_float(w[k]);
       if constexpr (kLayerNorm) t += to_float(b[k]);
       o[k] = from_float<D>(t);
     }
@@ -165,8 +225,8 @@ __global__ void norm_backward_kernel_block_rows(D* dinp, float* partial, const D
 // sum_partials adds up in block order: deterministic, no atomics.
 template <bool kLayerNorm, int VEC, int NC, typename D>
 __global__ void __launch_bounds__(kBwdThreads)
-    norm_backward_kernel_warp_rows(D* dinp, float* partial, const D* dout, const D* inp, const D* weight,
-                                   const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate) {
+    norm_backward_kernel_warp_rows(D* dinp, const D* dout, const D* inp, const D* weight, const float* mean,
+                                   const float* rstd, bool accumulate, float* partial, int64_t N, int64_t C) {
   extern __shared__ float smem[];
   float* sw = smem;
   float* sb = smem + C;
@@ -247,6 +307,88 @@ __global__ void __launch_bounds__(kBwdThreads)
   }
 }
 
+// Backward with one warp per row, the row's dout and x held in registers between the two passes (read from
+// memory once), the dw/db partials in shared memory: each warp owns kParts x C floats laid out lane-major,
+// [part][j * VEC + k][lane] for column (j * 32 + lane) * VEC + k, so a lane's updates never conflict with
+// another's and a warp needs no barrier per row. Rows: warp w of the grid takes w, w + W, ... (W = warps in the
+// grid). At the end the block adds its warps' partials in warp order into its row of `partial`
+// (sum_partials adds the rows in block order): deterministic for a given grid, no atomics.
+constexpr int kBwdRegsWarps = 4;
+constexpr int kBwdRegsMaxNC = 12;  // 16 spills (255 registers)
+template <bool kLayerNorm, int VEC, int NC, typename D>
+__global__ void __launch_bounds__(kBwdRegsWarps * 32)
+    norm_backward_kernel_regs(D* dinp, const D* dout, const D* inp, const D* __restrict__ weight, const float* mean,
+                              const float* rstd, bool accumulate, float* partial, int64_t N, int64_t C) {
+  constexpr int kParts = kLayerNorm ? 2 : 1, kCols = NC * VEC;  // partial floats per lane and part
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* pw = smem + int64_t(warp) * kParts * kCols * 32;  // this warp's partials; db at pw + kCols * 32
+  for (int i = lane; i < kParts * kCols * 32; i += 32) pw[i] = 0.f;
+  const float inv_c = 1.f / static_cast<float>(C);
+  const int64_t total_warps = int64_t(gridDim.x) * kBwdRegsWarps;
+  for (int64_t n = int64_t(blockIdx.x) * kBwdRegsWarps + warp; n < N; n += total_warps) {
+    const D* g = dout + n * C;
+    const D* x = inp + n * C;
+    D gv[NC][VEC], xv[NC][VEC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c < C) {
+        load_vec<VEC>(gv[j], g + c);
+        load_vec<VEC>(xv[j], x + c);
+      }
+    }
+    const float mu = kLayerNorm ? mean[n] : 0.f, r = rstd[n];
+    float s_gh = 0.f, s_ghxh = 0.f;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c < C) {
+        D wv[VEC];
+        load_vec<VEC>(wv, weight + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float gh = to_float(gv[j][k]) * to_float(wv[k]);
+          s_gh += gh;
+          s_ghxh += gh * (to_float(xv[j][k]) - mu) * r;
+        }
+      }
+    }
+    s_gh = warp_sum(s_gh);
+    s_ghxh = warp_sum(s_ghxh);
+    const float m1 = kLayerNorm ? s_gh * inv_c : 0.f, m2 = s_ghxh * inv_c;
+    D* dx = dinp + n * C;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c < C) {
+        D wv[VEC], o[VEC];
+        load_vec<VEC>(wv, weight + c);
+        if (accumulate) load_vec<VEC>(o, dx + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float gf = to_float(gv[j][k]), xh = (to_float(xv[j][k]) - mu) * r, gh = gf * to_float(wv[k]);
+          pw[(j * VEC + k) * 32 + lane] += gf * xh;
+          if constexpr (kLayerNorm) pw[(kCols + j * VEC + k) * 32 + lane] += gf;
+          const float v = r * (gh - m1 - xh * m2);
+          o[k] = from_float<D>(accumulate ? to_float(o[k]) + v : v);
+        }
+        store_vec<VEC>(dx + c, o);
+      }
+    }
+  }
+  __syncthreads();
+  // The block's partial row: column c = (j * 32 + l) * VEC + k sits at [j * VEC + k][l] of every warp.
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const int64_t j = c / (32 * VEC), l = (c / VEC) % 32, k = c % VEC, at = (j * VEC + k) * 32 + l;
+    for (int p = 0; p < kParts; ++p) {
+      float acc = 0.f;
+      for (int w = 0; w < kBwdRegsWarps; ++w) acc += smem[(int64_t(w) * kParts + p) * kCols * 32 + at];
+      partial[(int64_t(p) * gridDim.x + blockIdx.x) * C + c] = acc;
+    }
+  }
+}
+
 // dw[c] += sum_b partial[b, c], db[c] += sum_b partial[blocks + b, c] (fixed order: kernel_utils.cuh).
 void sum_partials(float* dw, float* db, const float* partial, int blocks, int64_t C) {
   sum_rows_accumulate(dw, partial, blocks, C, current_stream());
@@ -261,6 +403,31 @@ bool norm_vec_ok(int64_t C, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// Returns f.template operator()<NC>() (true: launched) for the smallest instantiated NC >= nc (1, 2, 3, 4, 6, 8,
+// 12, 16); false when nc > kMaxNC.
+template <int kMaxNC, typename F>
+bool with_nc(int64_t nc, F&& f) {
+  if (nc > kMaxNC) return false;
+  auto call = [&]<int NC>() -> bool { return f.template operator()<NC>(); };
+  if (nc <= 1) return call.template operator()<1>();
+  if (nc <= 2) return call.template operator()<2>();
+  if (nc <= 3) return call.template operator()<3>();
+  if (nc <= 4) return call.template operator()<4>();
+  if (nc <= 6) return call.template operator()<6>();
+  if (nc <= 8) return call.template operator()<8>();
+  if constexpr (kMaxNC >= 12)
+    if (nc <= 12) return call.template operator()<12>();
+  if constexpr (kMaxNC >= 16)
+    if (nc <= 16) return call.template operator()<16>();
+  return false;
+}
+
+// MT_NORM_FWD=loop selects the row-loop forward kernel everywhere (for comparisons).
+bool fwd_regs_enabled() {
+  static const bool on = !env_equals("MT_NORM_FWD", "loop");
+  return on;
+}
+
 template <bool kLayerNorm, typename T>
 void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
                   int64_t N, int64_t C, double eps) {
@@ -270,12 +437,19 @@ void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* i
   const unsigned blocks = static_cast<unsigned>(ceil_div(N, kFwdWarps));
   cudaStream_t s = current_stream();
   const float e = static_cast<float>(eps);
-  if (norm_vec_ok<D>(C, {out, inp, weight, bias}))
-    norm_forward_kernel_warp_row<kLayerNorm, kVec><<<blocks, kFwdWarps * 32, 0, s>>>(
-        dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
-  else
+  if (norm_vec_ok<D>(C, {out, inp, weight, bias})) {
+    const bool done = fwd_regs_enabled() && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
+      norm_forward_kernel_regs<kLayerNorm, kVec, NC><<<blocks, kFwdWarps * 32, 0, s>>>(
+          dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
+      return true;
+    });
+    if (!done)
+      norm_forward_kernel_warp_row<kLayerNorm, kVec><<<blocks, kFwdWarps * 32, 0, s>>>(
+          dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
+  } else {
     norm_forward_kernel_warp_row<kLayerNorm, 1><<<blocks, kFwdWarps * 32, 0, s>>>(
         dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
+  }
   MT_CUDA_CHECK_LAUNCH(what);
 }
 
@@ -289,46 +463,29 @@ void launch_norm_backward(unsigned blocks, size_t smem, D* dinp, float* partial,
                                                           acc);
 }
 
-// The warp-per-row kernel with NC column chunks per lane (C <= NC * 32 * VEC); false when NC is not
-// one of the instantiated sizes (the caller uses the block-per-rows kernel).
-template <bool kLayerNorm, int VEC, int NC, typename D>
-void launch_warp_rows(unsigned blocks, size_t smem, D* dinp, float* partial, const D* dout, const D* inp,
-                      const D* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
-  auto kernel = norm_backward_kernel_warp_rows<kLayerNorm, VEC, NC, D>;
+// Launches a backward kernel whose warps each take rows w, w + W, ... and whose blocks each write one partial row
+// (kParts of them: dw, then db): as many blocks as fit on the GPU at once (a second wave would only add a tail),
+// at most one warp per row; then adds the partials into dw (and db).
+template <typename Kernel, typename... Args>
+void launch_resident_rows(Kernel kernel, int warps_per_block, size_t smem, int kParts, float* dweight, float* dbias,
+                          int64_t N, int64_t C, Args... args) {
   ensure_dynamic_smem(kernel, smem);
-  kernel<<<blocks, kBwdThreads, smem, current_stream()>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C, acc);
+  const int64_t fit = int64_t(blocks_per_sm(kernel, warps_per_block * 32, smem)) * context().sm_count;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min(ceil_div(N, warps_per_block), fit)));
+  Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * kParts);
+  kernel<<<grid, warps_per_block * 32, smem, current_stream()>>>(args..., partial.as<float>(), N, C);
+  MT_CUDA_CHECK_LAUNCH("norm backward (rows)");
+  sum_partials(dweight, dbias, partial.as<float>(), static_cast<int>(grid), C);
 }
 
-template <bool kLayerNorm, int VEC, typename D>
-bool warp_rows_dispatch(int64_t nc, unsigned blocks, size_t smem, D* dinp, float* partial, const D* dout,
-                        const D* inp, const D* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
-                        bool acc) {
-  // Register budget: NC * VEC fp32 partials for dw (and as many for db) per lane, at most 128.
-  constexpr int kMaxPartials = 128 / (kLayerNorm ? 2 : 1);
-#define MT_NC_CASE(NCV)                                                                                 \
-  if (nc <= NCV) {                                                                                      \
-    if constexpr (NCV * VEC <= kMaxPartials) {                                                          \
-      launch_warp_rows<kLayerNorm, VEC, NCV>(blocks, smem, dinp, partial, dout, inp, weight, mean, rstd, N, C, \
-                                             acc);                                                      \
-      return true;                                                                                      \
-    }                                                                                                   \
-    return false;                                                                                       \
-  }
-  MT_NC_CASE(1)
-  MT_NC_CASE(2)
-  MT_NC_CASE(3)
-  MT_NC_CASE(4)
-  MT_NC_CASE(6)
-  MT_NC_CASE(8)
-  MT_NC_CASE(12)
-  MT_NC_CASE(16)
-#undef MT_NC_CASE
-  return false;
-}
-
-// MT_NORM_BWD=rows selects the block-per-rows kernel everywhere (for comparisons).
+// MT_NORM_BWD=rows selects the block-per-rows kernel everywhere, MT_NORM_BWD=warp the warp-per-row kernel with
+// register partials (for comparisons).
 bool warp_rows_enabled() {
   static const bool on = !env_equals("MT_NORM_BWD", "rows");
+  return on;
+}
+bool bwd_regs_enabled() {
+  static const bool on = warp_rows_enabled() && !env_equals("MT_NORM_BWD", "warp");
   return on;
 }
 
@@ -341,21 +498,29 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
   const size_t smem = sizeof(float) * static_cast<size_t>(C) * (kLayerNorm ? 2 : 1);
   MT_CHECK(smem + 1024 <= ctx.smem_optin, what, ": C = ", C, " needs ", smem,
            " bytes of shared memory, the device allows ", ctx.smem_optin);
-  constexpr int kVec = 16 / sizeof(D);
-  if (warp_rows_enabled() && norm_vec_ok<D>(C, {dinp, dout, inp, weight})) {
-    const int64_t warps_per_block = kBwdThreads / 32;
-    const unsigned grid = static_cast<unsigned>(
-        std::min<int64_t>(ceil_div(N, warps_per_block), int64_t(ctx.sm_count) * kBwdBlocksPerSM));
-    Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * (kLayerNorm ? 2 : 1));
-    const int64_t nc = ceil_div(C, 32 * kVec);
-    if (warp_rows_dispatch<kLayerNorm, kVec>(nc, grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
-                                             dev(weight), mean, rstd, N, C, acc)) {
-      MT_CUDA_CHECK_LAUNCH(what);
-      sum_partials(dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
-      MT_CUDA_CHECK_LAUNCH(what);
-      return;
-    }
-  }
+  constexpr int kVec = 16 / sizeof(D), kParts = kLayerNorm ? 2 : 1;
+  float* db = kLayerNorm ? dbias : nullptr;
+  const bool vec = norm_vec_ok<D>(C, {dinp, dout, inp, weight});
+  const int64_t nc = ceil_div(C, 32 * kVec);
+  // 1. Rows in registers, partials in shared memory (up to kBwdRegsMaxNC chunks per lane).
+  if (bwd_regs_enabled() && vec && with_nc<kBwdRegsMaxNC>(nc, [&]<int NC>() {
+        launch_resident_rows(norm_backward_kernel_regs<kLayerNorm, kVec, NC, D>, kBwdRegsWarps,
+                             sizeof(float) * kBwdRegsWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C,
+                             dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
+        return true;
+      }))
+    return;
+  // 2. Partials in registers (NC * VEC fp32 per lane and part, at most 128 in all).
+  if (warp_rows_enabled() && vec && with_nc<16>(nc, [&]<int NC>() {
+        if constexpr (NC * kVec * kParts <= 128) {
+          launch_resident_rows(norm_backward_kernel_warp_rows<kLayerNorm, kVec, NC, D>, kBwdThreads / 32, smem, kParts,
+                               dweight, db, N, C, dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
+          return true;
+        }
+        return false;
+      }))
+    return;
+  // 3. Any C: a block walks a contiguous range of rows.
   const int64_t blocks = std::min<int64_t>(N, int64_t(ctx.sm_count) * kBwdBlocksPerSM);
   const int64_t rows = ceil_div(N, blocks);
   const unsigned grid = static_cast<unsigned>(ceil_div(N, rows));

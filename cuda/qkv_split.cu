@@ -6,8 +6,7 @@
 // when D and the pointers allow), walking the qkv layout.
 // qkv_split_rope (llama): the same split with rope.cu's rotation of q and k applied on the way (backward: the
 // inverse rotation of dq and dk on the way back), so the projection is read once and q, k, v written once
-// instead of a split and then two in-place rotations. One thread per (token, VEC pairs (i, i + D/2)): it
-// computes its cos/sin once (fp64, as rope.cu) and walks every head slot of the token.
+// instead of a split and then two in-place rotations (qkv_split_rope_kernel has the work split).
 #include <cmath>
 
 #include "cuda/cuda_ops.h"
@@ -45,33 +44,39 @@ __global__ void qkv_split_kernel(D* qkv, D* q, D* k, D* v, int64_t BT, int64_t H
 }
 
 // kForward: qkv -> q, k (rotated by +a), v; else dq, dk (rotated by -a), dv -> dqkv.
+// A block takes kRopeTokens tokens: first its threads compute the tokens' cos/sin (D/2 angles each, fp64 as
+// rope.cu, same bits) into shared memory, then every thread moves (token, head slot, VEC pairs) items, so all
+// the block's threads stream memory (one thread per token walking 48 head slots left the GPU a quarter full).
+constexpr int kRopeTokens = 8, kRopeThreads = 256;
 template <bool kForward, int VEC, typename D>
-__global__ void qkv_split_rope_kernel(D* __restrict__ qkv, D* __restrict__ q, D* __restrict__ k, D* __restrict__ v,
-                                      int64_t BT, int64_t T_, int H, int G, int64_t Dh, double log_theta,
-                                      int64_t position_offset) {
-  const int R = H / G, slots = G * (R + 2);
-  const int64_t half = Dh / 2, per_tok = half / VEC, total = BT * per_tok, W = slots * Dh;
-  const float sign = kForward ? 1.f : -1.f;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int64_t bt = idx / per_tok, i0 = (idx % per_tok) * VEC;
-    const double p = static_cast<double>(position_offset + bt % T_);
-    float c[VEC], sn[VEC];
-    rope_angles<VEC>(c, sn, p, i0, Dh, log_theta, sign);
-#pragma unroll 2
-    for (int slot = 0; slot < slots; ++slot) {
-      const int g = slot / (R + 2), r = slot % (R + 2);
-      D* other = r < R ? q + (bt * H + g * R + r) * Dh : (r == R ? k : v) + (bt * G + g) * Dh;
-      D* packed = qkv + bt * W + int64_t(slot) * Dh;
-      const D* src = kForward ? packed : other;
-      D* dst = kForward ? other : packed;
-      D a[VEC], b[VEC];
-      load_vec<VEC>(a, src + i0);
-      load_vec<VEC>(b, src + i0 + half);
-      if (r <= R) rope_rotate<VEC>(a, b, c, sn);  // a query or key head
-      store_vec<VEC>(dst + i0, a);
-      store_vec<VEC>(dst + i0 + half, b);
-    }
+__global__ void __launch_bounds__(kRopeThreads)
+    qkv_split_rope_kernel(D* __restrict__ qkv, D* __restrict__ q, D* __restrict__ k, D* __restrict__ v, int64_t BT,
+                          int64_t T_, int H, int G, int Dh, double log_theta, int64_t position_offset) {
+  extern __shared__ float cs[];  // [kRopeTokens][half] cos, then [kRopeTokens][half] sin
+  const int R = H / G, slots = G * (R + 2), half = Dh / 2, chunks = half / VEC, W = slots * Dh;
+  const int64_t bt0 = int64_t(blockIdx.x) * kRopeTokens;
+  const int tokens = static_cast<int>(BT - bt0 < kRopeTokens ? BT - bt0 : kRopeTokens);
+  for (int i = threadIdx.x; i < tokens * half; i += blockDim.x) {
+    const int t = i / half, j = i % half;
+    rope_angles<1>(cs + i, cs + kRopeTokens * half + i, static_cast<double>(position_offset + (bt0 + t) % T_), j, Dh,
+                   log_theta, kForward ? 1.f : -1.f);
+  }
+  __syncthreads();
+  const int per_tok = slots * chunks;
+  for (int it = threadIdx.x; it < tokens * per_tok; it += blockDim.x) {
+    const int t = it / per_tok, rem = it % per_tok, slot = rem / chunks, i0 = (rem % chunks) * VEC;
+    const int g = slot / (R + 2), r = slot % (R + 2);
+    const int64_t bt = bt0 + t;
+    D* other = r < R ? q + (bt * H + g * R + r) * Dh : (r == R ? k : v) + (bt * G + g) * Dh;
+    D* packed = qkv + bt * W + int64_t(slot) * Dh;
+    const D* src = kForward ? packed : other;
+    D* dst = kForward ? other : packed;
+    D a[VEC], b[VEC];
+    load_vec<VEC>(a, src + i0);
+    load_vec<VEC>(b, src + i0 + half);
+    if (r <= R) rope_rotate<VEC>(a, b, cs + t * half + i0, cs + (kRopeTokens + t) * half + i0);  // query or key
+    store_vec<VEC>(dst + i0, a);
+    store_vec<VEC>(dst + i0 + half, b);
   }
 }
 
@@ -81,17 +86,20 @@ void qkv_rope_launch(const char* what, T* qkv, T* q, T* k, T* v, const AttnShape
   using D = dev_t<T>;
   const int64_t half = s.D / 2;
   if (s.B * s.T * s.G * half == 0) return;
-  constexpr int kVec = 16 / sizeof(D), kThreads = 256;
+  constexpr int kVec = 16 / sizeof(D);
   cudaStream_t st = current_stream();
   const double log_theta = std::log(theta);  // as rope.cu
   const bool vec = half % kVec == 0 && aligned(qkv, 16) && aligned(q, 16) && aligned(k, 16) && aligned(v, 16);
-  const int H = static_cast<int>(s.H), G = static_cast<int>(s.G);
+  const int H = static_cast<int>(s.H), G = static_cast<int>(s.G), Dh = static_cast<int>(s.D);
+  const unsigned grid = static_cast<unsigned>(ceil_div(s.B * s.T, kRopeTokens));
+  const size_t smem = sizeof(float) * 2 * kRopeTokens * static_cast<size_t>(half);
+  MT_CHECK(smem <= 48 * 1024, what, ": head dim ", s.D, " too large");
   if (vec)
-    qkv_split_rope_kernel<kForward, kVec><<<grid_for(s.B * s.T * half / kVec, kThreads), kThreads, 0, st>>>(
-        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, s.D, log_theta, position_offset);
+    qkv_split_rope_kernel<kForward, kVec><<<grid, kRopeThreads, smem, st>>>(
+        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, Dh, log_theta, position_offset);
   else
-    qkv_split_rope_kernel<kForward, 1><<<grid_for(s.B * s.T * half, kThreads), kThreads, 0, st>>>(
-        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, s.D, log_theta, position_offset);
+    qkv_split_rope_kernel<kForward, 1><<<grid, kRopeThreads, smem, st>>>(
+        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, Dh, log_theta, position_offset);
   MT_CUDA_CHECK_LAUNCH(what);
 }
 

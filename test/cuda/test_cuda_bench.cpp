@@ -6,6 +6,7 @@
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "test_cuda_util.h"
 
@@ -70,6 +71,39 @@ TEST_CASE("cuda op timings", "[.bench][cuda]") {
     Tensor sw = Tensor::empty({N, C / 2}, bf, Device::CUDA);
     report("swiglu_forward bf16 16384x(2x2048)", median_ms([&] { ops::swiglu_forward(sw, h); }, 20), 1.5 * io);
     report("swiglu_backward", median_ms([&] { ops::swiglu_backward(dx, gh, h); }, 20), 2.5 * io);
+  }
+  {  // the llama shapes of the step profile (micro-batch 8 x 2048 tokens): llama-1b C 2048, F 8192, GQA 32/8 D 64;
+     // llama-3b C 3072; 7B C 4096 (2 x 2048 tokens)
+    for (int64_t C : {int64_t(2048), int64_t(3072), int64_t(4096)}) {
+      const int64_t N = C == 4096 ? 4096 : 16384;
+      const Tensor x = dev_randn({N, C}, bf, 40), w = dev_randn({C}, bf, 41), g = dev_randn({N, C}, bf, 42);
+      Tensor y = Tensor::empty({N, C}, bf, Device::CUDA), dx = dev_randn({N, C}, bf, 43);
+      Tensor rstd = Tensor::empty({N}, f32, Device::CUDA), dw = dev_randn({C}, f32, 44);
+      const double io = 2.0 * N * C;
+      const std::string sz = std::to_string(N) + "x" + std::to_string(C);
+      report(("rmsnorm_forward bf16 " + sz).c_str(),
+             median_ms([&] { ops::rmsnorm_forward(y, rstd, x, w, 1e-5); }, 20), 2 * io);
+      report(("rmsnorm_backward (dx +=) " + sz).c_str(),
+             median_ms([&] { ops::rmsnorm_backward(dx, dw, g, x, w, rstd, ops::GradMode::Accumulate); }, 20), 4 * io);
+    }
+    const int64_t N = 16384, F = 8192, OC = 2048;
+    const Tensor h = dev_randn({N, 2 * F}, bf, 45), dy = dev_randn({N, F}, bf, 46), d2 = dev_randn({N, OC}, bf, 47);
+    const Tensor w2 = dev_randn({OC, F}, bf, 48, 0.02);
+    Tensor a = Tensor::empty({N, F}, bf, Device::CUDA), dh = Tensor::empty({N, 2 * F}, bf, Device::CUDA);
+    Tensor dw2 = dev_randn({OC, F}, f32, 49);
+    const double io = 2.0 * N * F;
+    report("swiglu_forward bf16 16384x(2x8192)", median_ms([&] { ops::swiglu_forward(a, h); }, 20), 3 * io);
+    report("swiglu_backward", median_ms([&] { ops::swiglu_backward(dh, dy, h); }, 20), 5 * io);
+    report("linear_backward_swiglu 16384x8192->2048 (2 GEMMs + pass)",
+           median_ms([&] { ops::linear_backward_swiglu(dh, &dw2, nullptr, d2, w2, h); }, 20), 0, 4.0 * N * F * OC);
+    const int64_t B = 8, T = 2048, H = 32, G = 8, D = 64, W = G * (H / G + 2) * D;
+    const Tensor qkv = dev_randn({B, T, W}, bf, 50);
+    Tensor q = Tensor::empty({B, T, H, D}, bf, Device::CUDA), k = Tensor::empty({B, T, G, D}, bf, Device::CUDA),
+           v = Tensor::empty({B, T, G, D}, bf, Device::CUDA), dqkv = Tensor::empty({B, T, W}, bf, Device::CUDA);
+    report("qkv_split_rope_forward bf16 8x2048 H32 G8 D64",
+           median_ms([&] { ops::qkv_split_rope_forward(q, k, v, qkv, 10000.0, 0); }, 20), 4.0 * B * T * W);
+    report("qkv_split_rope_backward",
+           median_ms([&] { ops::qkv_split_rope_backward(dqkv, q, k, v, 10000.0, 0); }, 20), 4.0 * B * T * W);
   }
   {  // cross-entropy over a GPT-2 sized vocabulary
     const int64_t N = 8192, V = 50304;

@@ -217,7 +217,8 @@ TEST_CASE("cuda layernorm and rmsnorm match the CPU; weight grads are determinis
   struct Dims { int64_t N, C; };
   uint64_t seed = 400;
   for (DType dt : kDTypes)
-    for (Dims d : {Dims{67, 96}, Dims{16, 4096}, Dims{33, 13}, Dims{5, 1000}, Dims{257, 768}, Dims{40, 3072}})
+    for (Dims d : {Dims{67, 96}, Dims{16, 4096}, Dims{33, 13}, Dims{5, 1000}, Dims{257, 768}, Dims{40, 3072},
+                   Dims{3000, 2048}})
       for (bool layer : {true, false}) {
         const std::string name = layer ? "layernorm" : "rmsnorm";
         const Tensor x64 = rounded(randn64({d.N, d.C}, ++seed, 2.0), dt);
@@ -289,7 +290,7 @@ TEST_CASE("cuda gelu and swiglu match the CPU", "[cuda][activation]") {
       ops::gelu_backward(dx_ref, g64, x64);
       check_close("gelu_backward", dx, dx_ref, dt);
     }
-    for (int64_t F : {int64_t(37), int64_t(256)}) {
+    for (int64_t F : {int64_t(37), int64_t(256), int64_t(4104)}) {
       const int64_t N = 29;
       const Tensor x64 = rounded(randn64({N, 2 * F}, ++seed, 3.0), dt), g64 = rounded(randn64({N, F}, ++seed), dt);
       Tensor y = poisoned({N, F}, dt), y_ref = Tensor::empty({N, F}, DType::F64);
