@@ -11,16 +11,18 @@
 //                swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (lse).
 // Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
 //   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (io type); O = P V.
-// Backward graph, deterministic form (no dQ accumulator, no float atomics; 21 ops, + 2 head
-//   reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats) (masked);
-//   dV = P^T dO; dS = P (dO V^T - delta) c; dK = dS^T Q; dQ = dS K. Its workspace grows as B H T^2, so it
-//   runs in batch chunks (backward_batch_chunk).
+// Backward graph (21 ops, + 2 head reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats)
+//   (masked); dV = P^T dO; dS = P (dO V^T - delta) c; dK = dS^T Q; dQ = dS K. Deterministic form (the default:
+//   no dQ accumulator, no float atomics): its workspace grows as B H T^2, so it runs in batch chunks
+//   (backward_batch_chunk). Under ops::set_deterministic(false), dQ is accumulated in fp32 with atomics
+//   (dQ_accum, one more op converting it), faster and without the B H T^2 workspace.
 // Plans are built once per shape (heuristics mode A, first configuration that finalizes) and cached;
 // the first build of a kernel variant compiles it with NVRTC (~0.5-1 s). A shape cuDNN refuses is
 // remembered and runs on our kernels (the caller falls back); MT_ATTENTION=own turns cuDNN off.
 #include <cudnn.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -57,7 +59,7 @@ Dims packed(const Dims& d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; 
 
 // Unique ids of the tensors the caller binds at execution (virtual tensors count up from 100).
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum,
+  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum,
 };
 
 // All descriptors of one graph and its plan; destroyed together.
@@ -286,7 +288,10 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const 
   return g;
 }
 
-std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io) {
+// deterministic: dQ = dS K written straight into dQ (cuDNN materializes dS: B H T^2 io-type workspace); else
+// accumulated with fp32 atomics into dQ_accum (B, H, T, D) (bound to scratch memory), then converted into dQ.
+std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
+                                      bool deterministic) {
   auto g = std::make_unique<Graph>(h);
   const bool gqa = s.G != s.H;
   const Dims qd = q_dims(s), qs = lay.q, kd = kv_dims(s), ks = lay.kv, os = o_strides(s);
@@ -351,10 +356,16 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
   } else {
     g->matmul(dST, Q, dK);
   }
-  // dQ = dS K (K^T viewed back as K), straight into dQ: the deterministic form.
+  // dQ = dS K (K^T viewed back as K).
   auto K = g->virt(kd, ks);
   g->reshape(KT, K);
-  g->matmul(dS, K, dQ);
+  if (deterministic) {
+    g->matmul(dS, K, dQ);
+  } else {
+    auto dQacc = g->tensor(CUDNN_DATA_FLOAT, qd, packed(qd), kDQAccum);
+    g->matmul(dS, K, dQacc);
+    g->pointwise(CUDNN_POINTWISE_IDENTITY, dQacc, nullptr, nullptr, dQ);
+  }
   g->build_plan();
   return g;
 }
@@ -363,7 +374,7 @@ struct Cache {
   std::mutex mu;
   cudnnHandle_t handle = nullptr;
   bool disabled = false;  // MT_ATTENTION=own, or cuDNN unusable
-  std::map<std::array<int64_t, 15>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
+  std::map<std::array<int64_t, 16>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
 };
 
 Cache& cache() {
@@ -380,18 +391,20 @@ Cache& cache() {
   return *c;
 }
 
-// The cached plan for (direction, shape), built on first use; null when cuDNN cannot run it.
-const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io) {
+// The cached plan for (direction, shape, determinism), built on first use; null when cuDNN cannot run it.
+const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
+                      bool deterministic = true) {
   Cache& c = cache();
   if (c.disabled) return nullptr;
   std::lock_guard<std::mutex> lock(c.mu);
-  const std::array<int64_t, 15> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,       lay.q[0],
-                                    lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1], lay.kv[2], lay.kv[3], io};
+  const std::array<int64_t, 16> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,
+                                    lay.q[0], lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1],
+                                    lay.kv[2], lay.kv[3], io,       deterministic};
   auto it = c.plans.find(key);
   if (it != c.plans.end()) return it->second.get();
   std::unique_ptr<Graph> g;
   try {
-    g = backward ? build_backward(c.handle, s, lay, io) : build_forward(c.handle, s, lay, io);
+    g = backward ? build_backward(c.handle, s, lay, io, deterministic) : build_forward(c.handle, s, lay, io);
   } catch (const BuildError& e) {
     std::fprintf(stderr,
                  "megatrain: cuDNN attention %s (B %lld, T %lld, H %lld, G %lld, D %lld) unavailable, using our "
@@ -443,6 +456,8 @@ bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E
 // run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per iteration in 1 / 2 / 4 chunks),
 // so the default keeps chunks large: llama-1b runs in 2 (1 GiB instead of 2), llama-3b in 1 (768 MiB).
 namespace {
+std::atomic<bool> g_deterministic{true};
+
 int64_t backward_batch_chunk(const AttnShape& s) {
   const char* env = std::getenv("MT_ATTENTION_BWD_WORKSPACE_MIB");
   const double cap = (env && *env ? std::atof(env) : 1024.0) * 1048576.0;
@@ -454,26 +469,39 @@ int64_t backward_batch_chunk(const AttnShape& s) {
 }
 }  // namespace
 
+void set_deterministic(bool on) { g_deterministic = on; }
+
+// Scratch: delta (fp32 (Bc, H, T)), then, non-deterministic, dQ_accum (fp32 (B, H, T, D)), then the plan's
+// workspace. The non-deterministic graph has no B H T^2 workspace and runs the whole batch at once.
 template <typename E>
 bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
                               const float* lse, const AttnShape& s, const CudnnLayout& lay) {
   if (!shape_ok(s)) return false;
+  const bool det = g_deterministic;
   AttnShape cs = s;
-  cs.B = backward_batch_chunk(s);
-  const Graph* g = plan_for(true, cs, lay, io_type<E>());
+  cs.B = det ? backward_batch_chunk(s) : s.B;
+  const Graph* g = plan_for(true, cs, lay, io_type<E>(), det);
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY, one = 1.f;
-  const size_t delta_bytes = (sizeof(float) * static_cast<size_t>(cs.B * s.H * s.T) + 255) / 256 * 256;
-  Scratch ws(delta_bytes + static_cast<size_t>(g->workspace()));
+  auto round256 = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t delta_bytes = round256(sizeof(float) * static_cast<size_t>(cs.B * s.H * s.T));
+  const size_t acc_bytes = det ? 0 : round256(sizeof(float) * static_cast<size_t>(s.B * s.H * s.T * s.D));
+  Scratch ws(delta_bytes + acc_bytes + static_cast<size_t>(g->workspace()));
   char* base = ws.as<char>();
   const int64_t o_sample = o_strides(s)[0], lse_sample = s.H * s.T;
   for (int64_t b0 = 0; b0 < s.B; b0 += cs.B) {
     const int64_t oq = b0 * lay.q[0], okv = b0 * lay.kv[0], oo = b0 * o_sample;
-    g->execute({kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum},
-               {const_cast<E*>(q + oq), const_cast<E*>(k + okv), const_cast<E*>(v + okv), const_cast<E*>(out + oo),
-                const_cast<E*>(dout + oo), const_cast<float*>(lse + b0 * lse_sample), dq + oq, dk + okv, dv + okv,
-                &scale, &one, &neg_inf, base},
-               base + delta_bytes);
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum};
+    std::vector<void*> ptrs{const_cast<E*>(q + oq),  const_cast<E*>(k + okv),  const_cast<E*>(v + okv),
+                            const_cast<E*>(out + oo), const_cast<E*>(dout + oo), const_cast<float*>(lse + b0 * lse_sample),
+                            dq + oq,                 dk + okv,                 dv + okv,
+                            &scale,                  &one,                     &neg_inf,
+                            base};
+    if (!det) {
+      uids.push_back(kDQAccum);
+      ptrs.push_back(base + delta_bytes);
+    }
+    g->execute(uids, ptrs, base + delta_bytes + acc_bytes);
   }
   return true;
 }

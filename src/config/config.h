@@ -53,6 +53,7 @@ struct TrainingConfig {
   uint64_t seed = 1234;
   std::string precision = "fp32";      // fp32 | bf16 | fp16
   std::string device = "auto";         // auto | cpu | cuda
+  bool deterministic = true;           // false: faster non-deterministic GPU kernels (cuDNN attention backward)
   std::string recompute = "none";      // none | selective | full
   std::string recompute_method = "uniform";  // uniform | block (full recompute)
   int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)

@@ -130,6 +130,10 @@ std::vector<ConfigField> build_schema() {
           .doc("compute precision (master weights and optimizer state stay fp32); the CPU backend runs fp32")
           .megatron({"bf16", "fp16"}),
       MT_CONFIG_KEY(training, device).one_of({"auto", "cpu", "cuda"}).doc("auto = cuda when a GPU is present, else cpu"),
+      MT_CONFIG_KEY(training, deterministic)
+          .doc("true = bit-identical reruns and resumes; false = faster non-deterministic GPU kernels (cuDNN "
+               "attention backward accumulating dQ with fp32 atomics: less memory, losses differ in the last bits)")
+          .megatron({"deterministic_mode"}),
       MT_CONFIG_KEY(training, recompute).one_of({"none", "selective", "full"})
           .doc("activation recomputation: selective = the attention core, full = whole layers")
           .megatron({"recompute_granularity"}),

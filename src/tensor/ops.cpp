@@ -8,6 +8,7 @@
 #include "tensor/ops.h"
 
 #include <array>
+#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -644,6 +645,19 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
               cpu::attention_forward_cpu<T>(out.data<T>(), lse.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
                                             s));
 }
+
+namespace {
+std::atomic<bool> g_deterministic{true};
+}  // namespace
+
+void set_deterministic(bool on) {
+  g_deterministic = on;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  cuda::set_deterministic_cuda(on);
+#endif
+}
+
+bool deterministic() { return g_deterministic; }
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse) {

@@ -95,6 +95,12 @@ void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, 
 void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, double theta,
                              int64_t position_offset);
 
+// Determinism policy, process-wide (default on): every op gives bit-identical results run to run. Off lets a
+// backend use faster non-deterministic algorithms (CUDA: cuDNN's attention backward accumulating dQ with fp32
+// atomics). CPU ops are deterministic either way.
+void set_deterministic(bool on);
+bool deterministic();
+
 // Causal attention with grouped queries: query head h reads key/value head h / (H / G).
 // out (B, T, H, D); lse (B, H, T): log-sum-exp of the scaled, masked scores (scale = 1/sqrt(D)),
 // saved for backward. The T x T probability matrix is never kept.

@@ -26,6 +26,7 @@
 #include "runtime/watchdog.h"
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/cpu/cpu_ops.h"
+#include "tensor/ops.h"
 #include "train/metrics.h"
 #include "train/pipeline_executor.h"
 #include "train/train_checkpoint.h"
@@ -187,6 +188,7 @@ TrainResult run_training(const Config& cfg) {
   run.d = derive_config(cfg, run.world->size());
   const DerivedConfig& d = run.d;
   run.ctx.device = resolve_device(cfg.training, run.world->rank());
+  ops::set_deterministic(cfg.training.deterministic);
   Mesh::Wrap wrap;
 #if defined(MEGATRAIN_HAVE_CUDA)
   // One process per GPU: every group carries device tensors over NCCL, host values over MPI.

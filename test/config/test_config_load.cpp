@@ -77,6 +77,7 @@ training:
   seed: 18446744073709551615
   precision: bf16
   device: cuda
+  deterministic: false
   recompute: full
   recompute_method: block
   recompute_num_layers: 2
@@ -135,6 +136,7 @@ TEST_CASE("config: defaults fill every key that is not given", "[config]") {
   CHECK(c.training.micro_batch_size == 1);
   CHECK(c.training.seed == 1234);
   CHECK(c.training.precision == "fp32");
+  CHECK(c.training.deterministic);
   CHECK(c.optimizer.lr == 3e-4);
   CHECK(c.optimizer.decay_style == "cosine");
   CHECK(c.data.split == std::vector<double>{98, 1, 1});

@@ -98,6 +98,45 @@ TEST_CASE("cuda attention on the fused projection matches the CPU", "[cuda][atte
     }
 }
 
+// training.deterministic: false. cuDNN's backward accumulates dQ with fp32 atomics: as accurate as the
+// deterministic graph against the CPU, and, where several key blocks add into each dQ row (T >= 256), not the
+// same bits as it (evidence that the other graph ran; at T = 128 one block writes each row).
+TEST_CASE("cuda attention backward, non-deterministic cuDNN graph, matches the CPU", "[cuda][attention]") {
+  init();
+  struct Restore {
+    ~Restore() { ops::set_deterministic(true); }
+  } restore;
+  const AttnDims dims[] = {{2, 256, 8, 2, 64}, {2, 256, 6, 2, 128}, {2, 128, 4, 4, 64}};
+  uint64_t seed = 2900;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const AttnDims& d : dims) {
+      INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D << " " << dtype_name(dt));
+      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+      const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
+      const Tensor v64 = rounded(randn64(ks, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
+      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
+      Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
+      ops::attention_forward(out, lse, q, k, v);
+      Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
+      ops::attention_forward(out_r, lse_r, q64, k64, v64);
+      Tensor dq[2], dk[2], dv[2];  // [0] deterministic, [1] not
+      for (int run = 0; run < 2; ++run) {
+        ops::set_deterministic(run == 0);
+        dq[run] = poisoned(qs, dt);
+        dk[run] = poisoned(ks, dt);
+        dv[run] = poisoned(ks, dt);
+        ops::attention_backward(dq[run], dk[run], dv[run], dout, q, k, v, out, lse);
+      }
+      Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
+             dv_r = Tensor::empty(ks, DType::F64);
+      ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r, lse_r);
+      check_close("attention_backward (non-deterministic) dq", dq[1], dq_r, dt);
+      check_close("attention_backward (non-deterministic) dk", dk[1], dk_r, dt);
+      check_close("attention_backward (non-deterministic) dv", dv[1], dv_r, dt);
+      if (d.T >= 256) CHECK_FALSE(bitwise_equal(dq[0], dq[1]));
+    }
+}
+
 TEST_CASE("cuda attention rejects unsupported head dims by name", "[cuda][attention]") {
   init();
   const Tensor q = Tensor::zeros({1, 4, 2, 96}, DType::BF16, Device::CUDA);
