@@ -27,6 +27,10 @@ struct ModelConfig {
   double dropout = 0.0;                // hidden dropout (after attention and MLP), training only
 };
 
+// Elements per data-parallel gradient / parameter bucket unless parallel.grad_bucket_size says otherwise
+// (Megatron-LM's --ddp-bucket-size default); also the default of stores the trainer does not configure.
+inline constexpr int64_t kDefaultGradBucketSize = 40000000;
+
 struct ParallelConfig {
   int tensor = 1;
   int pipeline = 1;
@@ -38,7 +42,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = true;     // reduce gradient buckets during backward
   bool overlap_param_gather = true;    // distributed optimizer: all-gather parameters during the next forward
   bool tp_comm_overlap = false;        // column-parallel backward: TP communication beside the GEMMs
-  int64_t grad_bucket_size = 40000000;  // elements per DP gradient / parameter bucket (Megatron's default)
+  int64_t grad_bucket_size = kDefaultGradBucketSize;  // elements per DP gradient / parameter bucket
   // Uneven pipeline split, only when stated: layers on the first / last stage (0 = even split).
   int decoder_first_pipeline_num_layers = 0;
   int decoder_last_pipeline_num_layers = 0;

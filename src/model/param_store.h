@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "tensor/tensor.h"
 
 namespace mt {
@@ -96,7 +97,7 @@ class ParamStore {
 
  private:
   int tp_rank_, tp_size_;
-  int64_t grad_bucket_elements_ = 40000000;  // parallel.grad_bucket_size's default
+  int64_t grad_bucket_elements_ = kDefaultGradBucketSize;
   std::vector<std::unique_ptr<Param>> params_;
   int64_t total_ = 0;
   Tensor flat_values_, flat_grads_, flat_master_;

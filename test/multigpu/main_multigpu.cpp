@@ -5,33 +5,18 @@
 // The environment every run inherits is set here, so that the binary behaves the same under ctest
 // (which already sets the Open MPI variables) and when started by hand: NCCL_NVLS_ENABLE=0 always
 // (NVLink multicast must stay off on the shared GPU machines), mpirun allowed as root.
-#if __has_include(<catch2/catch_session.hpp>)
-#include <catch2/catch_session.hpp>
-#else
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-#endif
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#if defined(MEGATRAIN_HAVE_CUDA)
-#include "cuda/cuda_runtime.h"
-#endif
+#include "test_main.h"
 
 int main(int argc, char** argv) {
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-#if defined(MEGATRAIN_HAVE_CUDA)
   constexpr int kGpusNeeded = 2, kGpusForAll = 4;  // [4gpu]: tensor 2 x pipeline 2, data 2 x tensor 2
-  std::string why;
-  const int n = mt::cuda::device_count(&why);  // cudaGetDeviceCount
-  if (n < kGpusNeeded) {
-    std::printf("SKIPPED: the multi-GPU tests need %d GPUs, %d visible%s%s\n", kGpusNeeded, n,
-                why.empty() ? "" : ": ", why.c_str());
-    return 77;
-  }
+  const int n = mt::test::gpus_or_skip(kGpusNeeded, "the multi-GPU tests");
+  if (n < 0) return mt::test::kSkipExitCode;
   if (n < kGpusForAll) {  // every test spec (or none: all tests) without the [4gpu] cases
     std::printf("SKIPPED: the cases tagged [4gpu] (they need %d GPUs, %d visible); running the rest\n", kGpusForAll,
                 n);
@@ -40,10 +25,6 @@ int main(int argc, char** argv) {
     else
       for (std::string& spec : specs) spec += " ~[4gpu]";
   }
-#else
-  std::printf("SKIPPED: built without the CUDA backend (MEGATRAIN_CUDA=OFF or no CUDA toolkit)\n");
-  return 77;
-#endif
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
