@@ -6,13 +6,14 @@
 // Math in fp32 whatever T is; dw, db are fp32 main grads (+=); dx is T (= or += by GradMode).
 //
 // Forward: one warp per row, VEC elements per lane (16-byte loads) when C and the pointers allow; the row is
-// held in registers (norm_forward_kernel_regs, C <= 16 x 32 x VEC: one read of memory), else re-read per pass.
+// held in registers (C <= 16 x 32 x VEC: one read of memory), else re-read per pass (norm_forward_kernel).
 // Backward, deterministic (no float atomics): every kernel writes one partial dw/db row per block, and
 // sum_partials adds them in block order into dw/db. dx per row after two row sums (sum gh, sum gh xh); each
 // element of dout is read before dinp's same element is written, so dinp may alias dout. Three kernels, the first
 // that fits (bf16 C: <= 3072, <= 4096 RMSNorm / 2048 LayerNorm, any):
-//   1. norm_backward_kernel_regs: a warp per row, the row's dout and x in registers, partials in shared memory.
-//   2. norm_backward_kernel_warp_rows: a warp per row, the partials in registers, the row re-read from L1/L2.
+//   1. norm_backward_kernel_warp<kHeld = true>: a warp per row, the row's dout and x in registers, the partials
+//      in shared memory.
+//   2. norm_backward_kernel_warp<kHeld = false>: a warp per row, the partials in registers, the row re-read.
 //   3. norm_backward_kernel_block_rows: a block walks a contiguous range of rows with all its threads, each
 //      thread owning fixed columns (partials in shared memory); one block barrier per row.
 // Measured (1 H200, bf16, dx +=; benchmarks/kernels/cuda_kernels.md): 16384 x 2048 0.109 ms (1.) vs 0.120 (2.),
@@ -34,28 +35,55 @@ constexpr int kFwdWarps = 8;         // rows per forward block
 constexpr int kBwdThreads = 256;
 constexpr int kBwdBlocksPerSM = 2;  // block-per-rows kernel
 
-template <bool kLayerNorm, int VEC, typename D>
-__global__ void norm_forward_kernel_warp_row(D* out, float* mean, float* rstd, const D* inp, const D* weight,
-                                             const D* bias, int64_t N, int64_t C, float eps) {
+// Forward, one warp per row. NC > 0: the row is held in registers (C <= NC * 32 * VEC), every load of it issued
+// at once and the row read from memory once; NC = 0: any C, the row re-read per pass (from L1/L2). Lane l adds
+// its chunks j = 0, 1, ... (columns (j * 32 + l) * VEC ...) in order either way: the same bits.
+template <bool kLayerNorm, int VEC, int NC, typename D>
+__global__ void norm_forward_kernel(D* __restrict__ out, float* mean, float* rstd, const D* __restrict__ inp,
+                                    const D* __restrict__ weight, const D* __restrict__ bias, int64_t N, int64_t C,
+                                    float eps) {
+  constexpr int kChunks = NC > 0 ? NC : (1 << 30), kUnroll = NC > 0 ? NC : 1;
   const int lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kFwdWarps + threadIdx.x / 32;
   if (n >= N) return;
   const D* x = inp + n * C;
+  D held[NC > 0 ? NC : 1][VEC];
+  if constexpr (NC > 0) {
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c < C) load_vec<VEC>(held[j], x + c);
+    }
+  }
+  auto chunk = [&](int j, int64_t c, D (&v)[VEC]) {  // chunk j of the row, at column c
+    if constexpr (NC > 0) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = held[j][k];
+    } else {
+      load_vec<VEC>(v, x + c);
+    }
+  };
   float mu = 0.f;
   if constexpr (kLayerNorm) {
     float s = 0.f;
-    for (int64_t c = lane * VEC; c < C; c += 32 * VEC) {
+#pragma unroll kUnroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+      if (c >= C) break;
       D v[VEC];
-      load_vec<VEC>(v, x + c);
+      chunk(j, c, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) s += to_float(v[k]);
     }
     mu = warp_sum(s) / static_cast<float>(C);
   }
   float ss = 0.f;
-  for (int64_t c = lane * VEC; c < C; c += 32 * VEC) {
+#pragma unroll kUnroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+    if (c >= C) break;
     D v[VEC];
-    load_vec<VEC>(v, x + c);
+    chunk(j, c, v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float d = to_float(v[k]) - mu;
@@ -64,73 +92,17 @@ __global__ void norm_forward_kernel_warp_row(D* out, float* mean, float* rstd, c
   }
   const float r = 1.f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
   D* y = out + n * C;
-  for (int64_t c = lane * VEC; c < C; c += 32 * VEC) {
+#pragma unroll kUnroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+    if (c >= C) break;
     D v[VEC], w[VEC], b[VEC], o[VEC];
-    load_vec<VEC>(v, x + c);
+    chunk(j, c, v);
     load_vec<VEC>(w, weight + c);
     if constexpr (kLayerNorm) load_vec<VEC>(b, bias + c);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       float t = (to_float(v[k]) - mu) * r * to_float(w[k]);
-      if constexpr (kLayerNorm) t += to_float(b[k]);
-      o[k] = from_float<D>(t);
-    }
-    store_vec<VEC>(y + c, o);
-  }
-  if (lane == 0) {
-    if constexpr (kLayerNorm) mean[n] = mu;
-    rstd[n] = r;
-  }
-}
-
-// Forward with the row held in registers (C <= NC * 32 * VEC): every load of the row is issued at once and
-// the row is read from memory once. Same sums in the same order as norm_forward_kernel_warp_row (lane l adds
-// its chunks j = 0, 1, ... in order), so the same bits.
-template <bool kLayerNorm, int VEC, int NC, typename D>
-__global__ void norm_forward_kernel_regs(D* __restrict__ out, float* mean, float* rstd, const D* __restrict__ inp,
-                                         const D* __restrict__ weight, const D* __restrict__ bias, int64_t N,
-                                         int64_t C, float eps) {
-  const int lane = threadIdx.x % 32;
-  const int64_t n = int64_t(blockIdx.x) * kFwdWarps + threadIdx.x / 32;
-  if (n >= N) return;
-  const D* x = inp + n * C;
-  D v[NC][VEC];
-#pragma unroll
-  for (int j = 0; j < NC; ++j) {
-    const int64_t c = (int64_t(j) * 32 + lane) * VEC;
-    if (c < C) load_vec<VEC>(v[j], x + c);
-  }
-  float mu = 0.f;
-  if constexpr (kLayerNorm) {
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < NC; ++j)
-      if ((int64_t(j) * 32 + lane) * VEC < C)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) s += to_float(v[j][k]);
-    mu = warp_sum(s) / static_cast<float>(C);
-  }
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < NC; ++j)
-    if ((int64_t(j) * 32 + lane) * VEC < C)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float d = to_float(v[j][k]) - mu;
-        ss += d * d;
-      }
-  const float r = 1.f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
-  D* y = out + n * C;
-#pragma unroll
-  for (int j = 0; j < NC; ++j) {
-    const int64_t c = (int64_t(j) * 32 + lane) * VEC;
-    if (c >= C) continue;
-    D w[VEC], b[VEC], o[VEC];
-    load_vec<VEC>(w, weight + c);
-    if constexpr (kLayerNorm) load_vec<VEC>(b, bias + c);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      float t = (to_float(v[j][k]) - mu) * r * to_float(w[k]);
       if constexpr (kLayerNorm) t += to_float(b[k]);
       o[k] = from_float<D>(t);
     }
@@ -216,31 +188,63 @@ __global__ void norm_backward_kernel_block_rows(D* dinp, float* partial, const D
   }
 }
 
-// Backward with one warp per row (rows whose dw/db partials fit in registers): warp w of the grid
-// takes rows w, w + W, w + 2W, ... (W = warps in the grid: a fixed assignment for a given grid), lane l
-// owns the columns (j * 32 + l) * VEC + e (j < NC), and keeps their dw/db partial sums in registers
-// across its rows. Per row: one pass for the two row sums (warp shuffles only, no block barrier),
-// one pass (re-reading the row from L1/L2) for dx and the partials. At the end the block's warps add
-// their partials into shared memory in warp order and the block writes its partial row, which
-// sum_partials adds up in block order: deterministic, no atomics.
-template <bool kLayerNorm, int VEC, int NC, typename D>
-__global__ void __launch_bounds__(kBwdThreads)
-    norm_backward_kernel_warp_rows(D* dinp, const D* dout, const D* inp, const D* weight, const float* mean,
-                                   const float* rstd, bool accumulate, float* partial, int64_t N, int64_t C) {
+// Backward with one warp per row (C <= NC * 32 * VEC): warp w of the grid takes rows w, w + W, ... (W = warps in
+// the grid), lane l owns the columns (j * 32 + l) * VEC + k (j < NC, k < VEC). Per row: one pass for the two row
+// sums (warp shuffles only, no block barrier), one for dx and the dw/db partials. kHeld: the row's dout and x are
+// kept in registers between the passes (read from memory once) and the partials live in shared memory; else the
+// row is re-read from L1/L2 and the partials live in registers (fewer registers for the row: larger C fits).
+// Each warp's partials end in its own shared-memory area, kParts x C floats laid out lane-major,
+// [part][j * VEC + k][lane], so no lane's update conflicts with another's; at the end the block adds its warps'
+// partials in warp order into its row of `partial` (sum_partials adds the rows in block order): deterministic for
+// a given grid, no atomics.
+constexpr int kBwdWarps = 4;
+constexpr int kBwdHeldMaxNC = 12;  // kHeld at 16 chunks spills (255 registers)
+template <bool kLayerNorm, bool kHeld, int VEC, int NC, typename D>
+__global__ void __launch_bounds__(kBwdWarps * 32)
+    norm_backward_kernel_warp(D* dinp, const D* dout, const D* inp, const D* __restrict__ weight, const float* mean,
+                              const float* rstd, bool accumulate, float* partial, int64_t N, int64_t C) {
+  constexpr int kParts = kLayerNorm ? 2 : 1, kCols = NC * VEC;  // partial floats per lane and part
+  constexpr int kRegs = kHeld ? 1 : NC;
   extern __shared__ float smem[];
-  float* sw = smem;
-  float* sb = smem + C;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int64_t total_warps = int64_t(gridDim.x) * warps;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* ps = smem + int64_t(warp) * kParts * kCols * 32;  // this warp's partials; db at ps + kCols * 32
+  float pr[kRegs][VEC], pbr[kRegs][VEC];                   // or in registers
+  if constexpr (kHeld) {
+    for (int i = lane; i < kParts * kCols * 32; i += 32) ps[i] = 0.f;
+  } else {
+#pragma unroll
+    for (int j = 0; j < NC; ++j)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) pr[j][k] = pbr[j][k] = 0.f;
+  }
   const float inv_c = 1.f / static_cast<float>(C);
-  float pw[NC][VEC], pb[NC][VEC];
-#pragma unroll
-  for (int j = 0; j < NC; ++j)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) pw[j][k] = pb[j][k] = 0.f;
-  for (int64_t n = int64_t(blockIdx.x) * warps + warp; n < N; n += total_warps) {
+  const int64_t total_warps = int64_t(gridDim.x) * kBwdWarps;
+  for (int64_t n = int64_t(blockIdx.x) * kBwdWarps + warp; n < N; n += total_warps) {
     const D* g = dout + n * C;
     const D* x = inp + n * C;
+    D gh_[kHeld ? NC : 1][VEC], xh_[kHeld ? NC : 1][VEC];
+    if constexpr (kHeld) {
+#pragma unroll
+      for (int j = 0; j < NC; ++j) {
+        const int64_t c = (int64_t(j) * 32 + lane) * VEC;
+        if (c < C) {
+          load_vec<VEC>(gh_[j], g + c);
+          load_vec<VEC>(xh_[j], x + c);
+        }
+      }
+    }
+    auto chunk = [&](int j, int64_t c, D (&gv)[VEC], D (&xv)[VEC]) {  // dout and x of chunk j, at column c
+      if constexpr (kHeld) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          gv[k] = gh_[j][k];
+          xv[k] = xh_[j][k];
+        }
+      } else {
+        load_vec<VEC>(gv, g + c);
+        load_vec<VEC>(xv, x + c);
+      }
+    };
     const float mu = kLayerNorm ? mean[n] : 0.f, r = rstd[n];
     float s_gh = 0.f, s_ghxh = 0.f;
 #pragma unroll
@@ -248,8 +252,7 @@ __global__ void __launch_bounds__(kBwdThreads)
       const int64_t c = (int64_t(j) * 32 + lane) * VEC;
       if (c < C) {
         D gv[VEC], xv[VEC], wv[VEC];
-        load_vec<VEC>(gv, g + c);
-        load_vec<VEC>(xv, x + c);
+        chunk(j, c, gv, xv);
         load_vec<VEC>(wv, weight + c);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -267,109 +270,20 @@ __global__ void __launch_bounds__(kBwdThreads)
     for (int j = 0; j < NC; ++j) {
       const int64_t c = (int64_t(j) * 32 + lane) * VEC;
       if (c < C) {
-        D gv[VEC], xv[VEC], wv[VEC], out[VEC];
-        load_vec<VEC>(gv, g + c);
-        load_vec<VEC>(xv, x + c);
-        load_vec<VEC>(wv, weight + c);
-        if (accumulate) load_vec<VEC>(out, dx + c);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float gf = to_float(gv[k]), xh = (to_float(xv[k]) - mu) * r, gh = gf * to_float(wv[k]);
-          pw[j][k] += gf * xh;
-          if constexpr (kLayerNorm) pb[j][k] += gf;
-          const float v = r * (gh - m1 - xh * m2);
-          out[k] = from_float<D>(accumulate ? to_float(out[k]) + v : v);
-        }
-        store_vec<VEC>(dx + c, out);
-      }
-    }
-  }
-  // The block's partial: warps add theirs in order (warp 0 stores, the others add after it).
-  for (int w = 0; w < warps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int j = 0; j < NC; ++j) {
-        const int64_t c = (int64_t(j) * 32 + lane) * VEC;
-        if (c < C) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            sw[c + k] = w == 0 ? pw[j][k] : sw[c + k] + pw[j][k];
-            if constexpr (kLayerNorm) sb[c + k] = w == 0 ? pb[j][k] : sb[c + k] + pb[j][k];
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    partial[int64_t(blockIdx.x) * C + c] = sw[c];
-    if constexpr (kLayerNorm) partial[(int64_t(gridDim.x) + blockIdx.x) * C + c] = sb[c];
-  }
-}
-
-// Backward with one warp per row, the row's dout and x held in registers between the two passes (read from
-// memory once), the dw/db partials in shared memory: each warp owns kParts x C floats laid out lane-major,
-// [part][j * VEC + k][lane] for column (j * 32 + lane) * VEC + k, so a lane's updates never conflict with
-// another's and a warp needs no barrier per row. Rows: warp w of the grid takes w, w + W, ... (W = warps in the
-// grid). At the end the block adds its warps' partials in warp order into its row of `partial`
-// (sum_partials adds the rows in block order): deterministic for a given grid, no atomics.
-constexpr int kBwdRegsWarps = 4;
-constexpr int kBwdRegsMaxNC = 12;  // 16 spills (255 registers)
-template <bool kLayerNorm, int VEC, int NC, typename D>
-__global__ void __launch_bounds__(kBwdRegsWarps * 32)
-    norm_backward_kernel_regs(D* dinp, const D* dout, const D* inp, const D* __restrict__ weight, const float* mean,
-                              const float* rstd, bool accumulate, float* partial, int64_t N, int64_t C) {
-  constexpr int kParts = kLayerNorm ? 2 : 1, kCols = NC * VEC;  // partial floats per lane and part
-  extern __shared__ float smem[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* pw = smem + int64_t(warp) * kParts * kCols * 32;  // this warp's partials; db at pw + kCols * 32
-  for (int i = lane; i < kParts * kCols * 32; i += 32) pw[i] = 0.f;
-  const float inv_c = 1.f / static_cast<float>(C);
-  const int64_t total_warps = int64_t(gridDim.x) * kBwdRegsWarps;
-  for (int64_t n = int64_t(blockIdx.x) * kBwdRegsWarps + warp; n < N; n += total_warps) {
-    const D* g = dout + n * C;
-    const D* x = inp + n * C;
-    D gv[NC][VEC], xv[NC][VEC];
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
-      if (c < C) {
-        load_vec<VEC>(gv[j], g + c);
-        load_vec<VEC>(xv[j], x + c);
-      }
-    }
-    const float mu = kLayerNorm ? mean[n] : 0.f, r = rstd[n];
-    float s_gh = 0.f, s_ghxh = 0.f;
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
-      if (c < C) {
-        D wv[VEC];
-        load_vec<VEC>(wv, weight + c);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float gh = to_float(gv[j][k]) * to_float(wv[k]);
-          s_gh += gh;
-          s_ghxh += gh * (to_float(xv[j][k]) - mu) * r;
-        }
-      }
-    }
-    s_gh = warp_sum(s_gh);
-    s_ghxh = warp_sum(s_ghxh);
-    const float m1 = kLayerNorm ? s_gh * inv_c : 0.f, m2 = s_ghxh * inv_c;
-    D* dx = dinp + n * C;
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-      const int64_t c = (int64_t(j) * 32 + lane) * VEC;
-      if (c < C) {
-        D wv[VEC], o[VEC];
+        D gv[VEC], xv[VEC], wv[VEC], o[VEC];
+        chunk(j, c, gv, xv);
         load_vec<VEC>(wv, weight + c);
         if (accumulate) load_vec<VEC>(o, dx + c);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float gf = to_float(gv[j][k]), xh = (to_float(xv[j][k]) - mu) * r, gh = gf * to_float(wv[k]);
-          pw[(j * VEC + k) * 32 + lane] += gf * xh;
-          if constexpr (kLayerNorm) pw[(kCols + j * VEC + k) * 32 + lane] += gf;
+          const float gf = to_float(gv[k]), xh = (to_float(xv[k]) - mu) * r, gh = gf * to_float(wv[k]);
+          if constexpr (kHeld) {
+            ps[(j * VEC + k) * 32 + lane] += gf * xh;
+            if constexpr (kLayerNorm) ps[(kCols + j * VEC + k) * 32 + lane] += gf;
+          } else {
+            pr[j][k] += gf * xh;
+            if constexpr (kLayerNorm) pbr[j][k] += gf;
+          }
           const float v = r * (gh - m1 - xh * m2);
           o[k] = from_float<D>(accumulate ? to_float(o[k]) + v : v);
         }
@@ -377,13 +291,22 @@ __global__ void __launch_bounds__(kBwdRegsWarps * 32)
       }
     }
   }
+  if constexpr (!kHeld) {
+#pragma unroll
+    for (int j = 0; j < NC; ++j)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        ps[(j * VEC + k) * 32 + lane] = pr[j][k];
+        if constexpr (kLayerNorm) ps[(kCols + j * VEC + k) * 32 + lane] = pbr[j][k];
+      }
+  }
   __syncthreads();
   // The block's partial row: column c = (j * 32 + l) * VEC + k sits at [j * VEC + k][l] of every warp.
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const int64_t j = c / (32 * VEC), l = (c / VEC) % 32, k = c % VEC, at = (j * VEC + k) * 32 + l;
     for (int p = 0; p < kParts; ++p) {
       float acc = 0.f;
-      for (int w = 0; w < kBwdRegsWarps; ++w) acc += smem[(int64_t(w) * kParts + p) * kCols * 32 + at];
+      for (int w = 0; w < kBwdWarps; ++w) acc += smem[(int64_t(w) * kParts + p) * kCols * 32 + at];
       partial[(int64_t(p) * gridDim.x + blockIdx.x) * C + c] = acc;
     }
   }
@@ -437,19 +360,18 @@ void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* i
   const unsigned blocks = static_cast<unsigned>(ceil_div(N, kFwdWarps));
   cudaStream_t s = current_stream();
   const float e = static_cast<float>(eps);
-  if (norm_vec_ok<D>(C, {out, inp, weight, bias})) {
-    const bool done = fwd_regs_enabled() && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
-      norm_forward_kernel_regs<kLayerNorm, kVec, NC><<<blocks, kFwdWarps * 32, 0, s>>>(
-          dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
-      return true;
-    });
-    if (!done)
-      norm_forward_kernel_warp_row<kLayerNorm, kVec><<<blocks, kFwdWarps * 32, 0, s>>>(
-          dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
-  } else {
-    norm_forward_kernel_warp_row<kLayerNorm, 1><<<blocks, kFwdWarps * 32, 0, s>>>(
+  const bool vec = norm_vec_ok<D>(C, {out, inp, weight, bias});
+  const bool held = vec && fwd_regs_enabled() && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
+    norm_forward_kernel<kLayerNorm, kVec, NC><<<blocks, kFwdWarps * 32, 0, s>>>(
         dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
-  }
+    return true;
+  });
+  if (!held && vec)
+    norm_forward_kernel<kLayerNorm, kVec, 0><<<blocks, kFwdWarps * 32, 0, s>>>(dev(out), mean, rstd, dev(inp),
+                                                                             dev(weight), dev(bias), N, C, e);
+  else if (!held)
+    norm_forward_kernel<kLayerNorm, 1, 0><<<blocks, kFwdWarps * 32, 0, s>>>(dev(out), mean, rstd, dev(inp),
+                                                                          dev(weight), dev(bias), N, C, e);
   MT_CUDA_CHECK_LAUNCH(what);
 }
 
@@ -502,19 +424,20 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
   float* db = kLayerNorm ? dbias : nullptr;
   const bool vec = norm_vec_ok<D>(C, {dinp, dout, inp, weight});
   const int64_t nc = ceil_div(C, 32 * kVec);
-  // 1. Rows in registers, partials in shared memory (up to kBwdRegsMaxNC chunks per lane).
-  if (bwd_regs_enabled() && vec && with_nc<kBwdRegsMaxNC>(nc, [&]<int NC>() {
-        launch_resident_rows(norm_backward_kernel_regs<kLayerNorm, kVec, NC, D>, kBwdRegsWarps,
-                             sizeof(float) * kBwdRegsWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C,
+  // 1. Rows in registers, partials in shared memory (up to kBwdHeldMaxNC chunks per lane).
+  if (bwd_regs_enabled() && vec && with_nc<kBwdHeldMaxNC>(nc, [&]<int NC>() {
+        launch_resident_rows(norm_backward_kernel_warp<kLayerNorm, true, kVec, NC, D>, kBwdWarps,
+                             sizeof(float) * kBwdWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C,
                              dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
         return true;
       }))
     return;
-  // 2. Partials in registers (NC * VEC fp32 per lane and part, at most 128 in all).
+  // 2. Partials in registers (NC * VEC fp32 per lane and part, at most 128 in all), the row re-read.
   if (warp_rows_enabled() && vec && with_nc<16>(nc, [&]<int NC>() {
         if constexpr (NC * kVec * kParts <= 128) {
-          launch_resident_rows(norm_backward_kernel_warp_rows<kLayerNorm, kVec, NC, D>, kBwdThreads / 32, smem, kParts,
-                               dweight, db, N, C, dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
+          launch_resident_rows(norm_backward_kernel_warp<kLayerNorm, false, kVec, NC, D>, kBwdWarps,
+                               sizeof(float) * kBwdWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C,
+                               dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
           return true;
         }
         return false;

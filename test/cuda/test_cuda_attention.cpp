@@ -7,6 +7,7 @@
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <cstdlib>
+#include <string>
 
 #include "test_cuda_util.h"
 
@@ -16,6 +17,45 @@ using namespace mt::gpu_test;
 namespace {
 struct AttnDims {
   int64_t B, T, H, G, D;
+};
+
+// Random inputs of one shape, rounded to dt, on the host (fp64) and the device; the forward on both (the GPU's
+// out and lse feed its backward, as in training; the reference's its own).
+struct AttnCase {
+  Shape qs, ks;
+  Tensor q64, k64, v64, do64, q, k, v, dout, out, lse, out_r, lse_r;
+  AttnCase(const AttnDims& d, DType dt, uint64_t& seed) : qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D} {
+    q64 = rounded(randn64(qs, ++seed), dt);
+    k64 = rounded(randn64(ks, ++seed), dt);
+    v64 = rounded(randn64(ks, ++seed), dt);
+    do64 = rounded(randn64(qs, ++seed), dt);
+    q = to_device(q64, dt);
+    k = to_device(k64, dt);
+    v = to_device(v64, dt);
+    dout = to_device(do64, dt);
+    out = poisoned(qs, dt);
+    lse = poisoned({d.B, d.H, d.T}, DType::F32);
+    ops::attention_forward(out, lse, q, k, v);
+    out_r = Tensor::empty(qs, DType::F64);
+    lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
+    ops::attention_forward(out_r, lse_r, q64, k64, v64);
+  }
+  // The GPU's backward into fresh (poisoned) tensors.
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, DType dt) const {
+    dq = poisoned(qs, dt);
+    dk = poisoned(ks, dt);
+    dv = poisoned(ks, dt);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  }
+  // dq, dk, dv against the CPU reference's backward.
+  void check_backward(const char* what, const Tensor& dq, const Tensor& dk, const Tensor& dv, DType dt) const {
+    Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
+           dv_r = Tensor::empty(ks, DType::F64);
+    ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r, lse_r);
+    check_close(std::string(what) + " dq", dq, dq_r, dt);
+    check_close(std::string(what) + " dk", dk, dk_r, dt);
+    check_close(std::string(what) + " dv", dv, dv_r, dt);
+  }
 };
 }  // namespace
 
@@ -38,30 +78,12 @@ TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") 
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (const AttnDims& d : dims) {
       INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
-      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
-      const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
-      const Tensor v64 = rounded(randn64(ks, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
-      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
-      Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
-      ops::attention_forward(out, lse, q, k, v);
-      Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
-      ops::attention_forward(out_r, lse_r, q64, k64, v64);
-      check_close("attention_forward out", out, out_r, dt);
-      check_close("attention_forward lse", lse, lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
-      // Backward from the GPU's own out and lse (what training does); the reference from its own.
+      const AttnCase c(d, dt, seed);
+      check_close("attention_forward out", c.out, c.out_r, dt);
+      check_close("attention_forward lse", c.lse, c.lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
       Tensor dq[2], dk[2], dv[2];
-      for (int run = 0; run < 2; ++run) {
-        dq[run] = poisoned(qs, dt);
-        dk[run] = poisoned(ks, dt);
-        dv[run] = poisoned(ks, dt);
-        ops::attention_backward(dq[run], dk[run], dv[run], dout, q, k, v, out, lse);
-      }
-      Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
-             dv_r = Tensor::empty(ks, DType::F64);
-      ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r, lse_r);
-      check_close("attention_backward dq", dq[0], dq_r, dt);
-      check_close("attention_backward dk", dk[0], dk_r, dt);
-      check_close("attention_backward dv", dv[0], dv_r, dt);
+      for (int run = 0; run < 2; ++run) c.backward(dq[run], dk[run], dv[run], dt);
+      c.check_backward("attention_backward", dq[0], dk[0], dv[0], dt);
       CHECK(bitwise_equal(dq[0], dq[1]));
       CHECK(bitwise_equal(dk[0], dk[1]));
       CHECK(bitwise_equal(dv[0], dv[1]));
@@ -111,28 +133,13 @@ TEST_CASE("cuda attention backward, non-deterministic cuDNN graph, matches the C
   for (DType dt : {DType::BF16, DType::F16})
     for (const AttnDims& d : dims) {
       INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D << " " << dtype_name(dt));
-      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
-      const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
-      const Tensor v64 = rounded(randn64(ks, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
-      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
-      Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
-      ops::attention_forward(out, lse, q, k, v);
-      Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
-      ops::attention_forward(out_r, lse_r, q64, k64, v64);
+      const AttnCase c(d, dt, seed);
       Tensor dq[2], dk[2], dv[2];  // [0] deterministic, [1] not
       for (int run = 0; run < 2; ++run) {
         ops::set_deterministic(run == 0);
-        dq[run] = poisoned(qs, dt);
-        dk[run] = poisoned(ks, dt);
-        dv[run] = poisoned(ks, dt);
-        ops::attention_backward(dq[run], dk[run], dv[run], dout, q, k, v, out, lse);
+        c.backward(dq[run], dk[run], dv[run], dt);
       }
-      Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
-             dv_r = Tensor::empty(ks, DType::F64);
-      ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r, lse_r);
-      check_close("attention_backward (non-deterministic) dq", dq[1], dq_r, dt);
-      check_close("attention_backward (non-deterministic) dk", dk[1], dk_r, dt);
-      check_close("attention_backward (non-deterministic) dv", dv[1], dv_r, dt);
+      c.check_backward("attention_backward (non-deterministic)", dq[1], dk[1], dv[1], dt);
       if (d.T >= 256) CHECK_FALSE(bitwise_equal(dq[0], dq[1]));
     }
 }
