@@ -135,7 +135,7 @@ std::vector<ConfigField> build_schema() {
                "attention backward accumulating dQ with fp32 atomics: less memory, losses differ in the last bits)")
           .megatron({"deterministic_mode"}),
       MT_CONFIG_KEY(training, recompute).one_of({"none", "selective", "full"})
-          .doc("activation recomputation: selective = the attention core and the norm outputs, full = whole layers")
+          .doc("activation recomputation: selective = the attention core, full = whole layers")
           .megatron({"recompute_granularity"}),
       MT_CONFIG_KEY(training, recompute_method).one_of({"uniform", "block"})
           .doc("full recompute: uniform = every chunk of recompute_num_layers layers, block = the first recompute_num_layers layers of each stage"),

@@ -11,9 +11,7 @@
 namespace mt {
 
 // Activation recompute (training.recompute*): what forward drops and backward recomputes.
-//   none: nothing (each layer keeps its inputs, norm outputs, q/k/v, the attention core output and the MLP's
-//     fc1 output; SwiGLU's output is recomputed from fc1's in the fc2 backward pass);
-//   selective: each layer's attention core output (recomputed from q, k, v) and its two norm outputs;
+//   selective: each layer's attention core output (recomputed from q, k, v);
 //   full/uniform: the layers in groups of `num_layers`, keeping only each group's input;
 //   full/block: the first `num_layers` layers of each model chunk, each keeping only its input.
 struct RecomputePolicy {

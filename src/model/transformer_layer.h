@@ -17,7 +17,6 @@ class TransformerLayer {
   TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     Tensor x_in, x_mid;
-    Tensor ln1_out, ln2_out;  // the norm outputs; empty under selective recompute (recomputed in backward)
     Norm::Saved n1, n2;
     SelfAttention::Saved attn;
     MLP::Saved mlp;
@@ -35,9 +34,8 @@ class TransformerLayer {
 
  private:
   uint64_t dropout_seed(const StepContext& step, int site) const;
-  // The norm output backward needs: the kept one (moved out of `kept`), or norm(x) recomputed (selective
-  // recompute; the same kernel and inputs as forward: the same values).
-  Tensor norm_input(const Norm& norm, Tensor& kept, const Tensor& x) const;
+  // norm(x), recomputed in backward (the same kernel and inputs as forward: the same values).
+  Tensor norm_output(const Norm& norm, const Tensor& x) const;
   uint64_t dropout_offset(const StepContext& step, int64_t T, int64_t rows) const;
 
   const ModelContext* ctx_;

@@ -94,9 +94,8 @@ int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int
   const int64_t heads = m.num_attention_heads / tp;
   const int64_t groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
   const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (m.arch == "llama" ? 2 : 1);
-  int64_t bytes = 2 * rows * C * e;               // x_in, x_mid
+  int64_t bytes = 2 * rows * C * e;               // x_in, x_mid (the norm outputs are recomputed in backward)
   bytes += 2 * norm_stats(m) * rows * s;          // n1, n2
-  if (mode == RecomputePolicy::Mode::None) bytes += 2 * rows * C * e;  // the norm outputs (selective: recomputed)
   bytes += (heads + 2 * groups) * D * N * e;      // attention q, k, v (all rows: gathered under SP)
   if (mode == RecomputePolicy::Mode::None) {      // the attention core, dropped by selective recompute:
     bytes += heads * D * N * e;                   //   out

@@ -21,7 +21,7 @@ static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
 static_assert(sizeof(SelfAttention::Saved) == 5 * sizeof(Tensor));
 static_assert(sizeof(MLP::Saved) == 2 * sizeof(Tensor));
 static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(TransformerLayer::Saved) == 15 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
+static_assert(sizeof(TransformerLayer::Saved) == 13 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
 
 Config tiny(const std::string& arch, int layers = 4) {
   Config c;
@@ -43,7 +43,7 @@ Config tiny(const std::string& arch, int layers = 4) {
 int64_t nb(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 int64_t saved_bytes(const Norm::Saved& s) { return nb(s.mean) + nb(s.rstd); }
 int64_t saved_bytes(const TransformerLayer::Saved& s) {
-  return nb(s.x_in) + nb(s.x_mid) + nb(s.ln1_out) + nb(s.ln2_out) + saved_bytes(s.n1) + saved_bytes(s.n2) + nb(s.attn.q) + nb(s.attn.k) +
+  return nb(s.x_in) + nb(s.x_mid) + saved_bytes(s.n1) + saved_bytes(s.n2) + nb(s.attn.q) + nb(s.attn.k) +
          nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.mlp.h) + nb(s.mlp.a);
 }
 
