@@ -258,8 +258,6 @@ void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T*
     attention_forward_f16_via_f32(out, lse, q, k, v, s);
 }
 
-void set_deterministic_cuda(bool on) { attn::set_deterministic(on); }
-
 template <typename T>
 void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                              const float* lse, const AttnShape& s) {

@@ -127,8 +127,6 @@ struct CudnnLayout {
 template <typename E>
 bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s,
                              const CudnnLayout& layout);
-// ops::set_deterministic's setting for the cuDNN backward (true: the deterministic graph).
-void set_deterministic(bool on);
 template <typename E>
 bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
                               const float* lse, const AttnShape& s, const CudnnLayout& layout);

@@ -22,7 +22,6 @@
 #include <cudnn.h>
 
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +33,7 @@
 
 #include "core/env.h"
 #include "cuda/attention_common.cuh"
+#include "tensor/ops.h"
 
 namespace mt::ops::cuda::attn {
 
@@ -456,8 +456,6 @@ bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E
 // run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per iteration in 1 / 2 / 4 chunks),
 // so the default keeps chunks large: llama-1b runs in 2 (1 GiB instead of 2), llama-3b in 1 (768 MiB).
 namespace {
-std::atomic<bool> g_deterministic{true};
-
 int64_t backward_batch_chunk(const AttnShape& s) {
   const char* env = std::getenv("MT_ATTENTION_BWD_WORKSPACE_MIB");
   const double cap = (env && *env ? std::atof(env) : 1024.0) * 1048576.0;
@@ -469,15 +467,13 @@ int64_t backward_batch_chunk(const AttnShape& s) {
 }
 }  // namespace
 
-void set_deterministic(bool on) { g_deterministic = on; }
-
 // Scratch: delta (fp32 (Bc, H, T)), then, non-deterministic, dQ_accum (fp32 (B, H, T, D)), then the plan's
 // workspace. The non-deterministic graph has no B H T^2 workspace and runs the whole batch at once.
 template <typename E>
 bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
                               const float* lse, const AttnShape& s, const CudnnLayout& lay) {
   if (!shape_ok(s)) return false;
-  const bool det = g_deterministic;
+  const bool det = ::mt::ops::deterministic();  // the process-wide policy (training.deterministic)
   AttnShape cs = s;
   cs.B = det ? backward_batch_chunk(s) : s.B;
   const Graph* g = plan_for(true, cs, lay, io_type<E>(), det);

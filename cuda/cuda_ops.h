@@ -105,9 +105,6 @@ void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv
                                   int64_t position_offset);
 // Head dims this backend's attention supports (others: an error naming them).
 bool attention_head_dim_supported(int64_t D);
-// The determinism policy (ops::set_deterministic): false lets cuDNN's attention backward accumulate dQ with fp32
-// atomics (faster, no B H T^2 workspace; bits may differ run to run).
-void set_deterministic_cuda(bool on);
 template <typename T>
 void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T* v, const AttnShape& s);
 template <typename T>

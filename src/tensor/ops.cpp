@@ -650,12 +650,7 @@ namespace {
 std::atomic<bool> g_deterministic{true};
 }  // namespace
 
-void set_deterministic(bool on) {
-  g_deterministic = on;
-#if defined(MEGATRAIN_HAVE_CUDA)
-  cuda::set_deterministic_cuda(on);
-#endif
-}
+void set_deterministic(bool on) { g_deterministic = on; }  // read by the backends where they choose
 
 bool deterministic() { return g_deterministic; }
 
