@@ -345,8 +345,8 @@ bool with_nc(int64_t nc, F&& f) {
   return false;
 }
 
-// MT_NORM_FWD=loop selects the row-loop forward kernel everywhere (for comparisons).
-bool fwd_regs_enabled() {
+// MT_NORM_FWD=loop selects the re-reading forward kernel everywhere (for comparisons).
+bool fwd_held_enabled() {
   static const bool on = !env_equals("MT_NORM_FWD", "loop");
   return on;
 }
@@ -361,7 +361,7 @@ void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* i
   cudaStream_t s = current_stream();
   const float e = static_cast<float>(eps);
   const bool vec = norm_vec_ok<D>(C, {out, inp, weight, bias});
-  const bool held = vec && fwd_regs_enabled() && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
+  const bool held = vec && fwd_held_enabled() && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
     norm_forward_kernel<kLayerNorm, kVec, NC><<<blocks, kFwdWarps * 32, 0, s>>>(
         dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
     return true;
@@ -406,7 +406,7 @@ bool warp_rows_enabled() {
   static const bool on = !env_equals("MT_NORM_BWD", "rows");
   return on;
 }
-bool bwd_regs_enabled() {
+bool bwd_held_enabled() {
   static const bool on = warp_rows_enabled() && !env_equals("MT_NORM_BWD", "warp");
   return on;
 }
@@ -424,22 +424,20 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
   float* db = kLayerNorm ? dbias : nullptr;
   const bool vec = norm_vec_ok<D>(C, {dinp, dout, inp, weight});
   const int64_t nc = ceil_div(C, 32 * kVec);
+  // The warp-per-row kernel with NC chunks per lane, the row held in registers or re-read.
+  auto warp_kernel = [&]<bool kHeld, int NC>() {
+    launch_resident_rows(norm_backward_kernel_warp<kLayerNorm, kHeld, kVec, NC, D>, kBwdWarps,
+                         sizeof(float) * kBwdWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C, dev(dinp),
+                         dev(dout), dev(inp), dev(weight), mean, rstd, acc);
+    return true;
+  };
   // 1. Rows in registers, partials in shared memory (up to kBwdHeldMaxNC chunks per lane).
-  if (bwd_regs_enabled() && vec && with_nc<kBwdHeldMaxNC>(nc, [&]<int NC>() {
-        launch_resident_rows(norm_backward_kernel_warp<kLayerNorm, true, kVec, NC, D>, kBwdWarps,
-                             sizeof(float) * kBwdWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C,
-                             dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
-        return true;
-      }))
+  if (bwd_held_enabled() && vec &&
+      with_nc<kBwdHeldMaxNC>(nc, [&]<int NC>() { return warp_kernel.template operator()<true, NC>(); }))
     return;
   // 2. Partials in registers (NC * VEC fp32 per lane and part, at most 128 in all), the row re-read.
   if (warp_rows_enabled() && vec && with_nc<16>(nc, [&]<int NC>() {
-        if constexpr (NC * kVec * kParts <= 128) {
-          launch_resident_rows(norm_backward_kernel_warp<kLayerNorm, false, kVec, NC, D>, kBwdWarps,
-                               sizeof(float) * kBwdWarps * kParts * NC * kVec * 32, kParts, dweight, db, N, C,
-                               dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd, acc);
-          return true;
-        }
+        if constexpr (NC * kVec * kParts <= 128) return warp_kernel.template operator()<false, NC>();
         return false;
       }))
     return;
@@ -447,15 +445,15 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
   const int64_t blocks = std::min<int64_t>(N, int64_t(ctx.sm_count) * kBwdBlocksPerSM);
   const int64_t rows = ceil_div(N, blocks);
   const unsigned grid = static_cast<unsigned>(ceil_div(N, rows));
-  Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * (kLayerNorm ? 2 : 1));
-  if (norm_vec_ok<D>(C, {dinp, dout, inp, weight}))
+  Scratch partial(sizeof(float) * static_cast<size_t>(grid) * C * kParts);
+  if (vec)
     launch_norm_backward<kLayerNorm, kVec>(grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
                                            dev(weight), mean, rstd, N, C, rows, acc);
   else
     launch_norm_backward<kLayerNorm, 1>(grid, smem, dev(dinp), partial.as<float>(), dev(dout), dev(inp),
                                         dev(weight), mean, rstd, N, C, rows, acc);
   MT_CUDA_CHECK_LAUNCH(what);
-  sum_partials(dweight, kLayerNorm ? dbias : nullptr, partial.as<float>(), static_cast<int>(grid), C);
+  sum_partials(dweight, db, partial.as<float>(), static_cast<int>(grid), C);
   MT_CUDA_CHECK_LAUNCH(what);
 }
 
