@@ -145,9 +145,9 @@ bool swiglu_vec_ok(int64_t F, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Launches Op<VEC> over (N, F): VEC = 16 bytes of D when vec, else 1.
-template <template <int> class Op, typename D, typename... Ptrs>
-void swiglu_launch(const char* what, bool vec, int64_t N, int64_t F, Ptrs... ptrs) {
+// Runs the op make_op.template operator()<VEC>() returns over (N, F): VEC = 16 bytes of D when vec, else 1.
+template <typename D, typename MakeOp>
+void swiglu_launch(const char* what, bool vec, int64_t N, int64_t F, MakeOp make_op) {
   if (N * F == 0) return;
   constexpr int kVec = 16 / sizeof(D);
   const int v = vec ? kVec : 1;
@@ -155,14 +155,11 @@ void swiglu_launch(const char* what, bool vec, int64_t N, int64_t F, Ptrs... ptr
                   static_cast<unsigned>(std::min<int64_t>(N, 65535)));
   cudaStream_t s = current_stream();
   if (vec)
-    swiglu_rows_kernel<kVec><<<grid, kSwiThreads, 0, s>>>(Op<kVec>{ptrs...}, N, F);
+    swiglu_rows_kernel<kVec><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<kVec>(), N, F);
   else
-    swiglu_rows_kernel<1><<<grid, kSwiThreads, 0, s>>>(Op<1>{ptrs...}, N, F);
+    swiglu_rows_kernel<1><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<1>(), N, F);
   MT_CUDA_CHECK_LAUNCH(what);
 }
-
-template <typename D> struct SwiFwd { template <int V> using type = SwigluForward<V, D>; };
-template <bool R, typename D> struct SwiBwd { template <int V> using type = SwigluBackward<R, V, D>; };
 
 }  // namespace
 
@@ -183,8 +180,8 @@ void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n) {
 template <typename T>
 void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F) {
   using D = dev_t<T>;
-  swiglu_launch<SwiFwd<D>::template type, D>("swiglu_forward_cuda", swiglu_vec_ok<D>(F, {out, inp}), N, F, dev(out),
-                                             dev(inp));
+  swiglu_launch<D>("swiglu_forward_cuda", swiglu_vec_ok<D>(F, {out, inp}), N, F,
+                   [&]<int V>() { return SwigluForward<V, D>{dev(out), dev(inp)}; });
 }
 
 namespace {
@@ -194,9 +191,11 @@ void swiglu_backward_launch(const char* what, T* dinp, T* out, const T* dout, co
   using D = dev_t<T>;
   const bool vec = swiglu_vec_ok<D>(F, {dinp, out, dout, inp});
   if (out)
-    swiglu_launch<SwiBwd<true, D>::template type, D>(what, vec, N, F, dev(dinp), dev(out), dev(dout), dev(inp));
+    swiglu_launch<D>(what, vec, N, F,
+                     [&]<int V>() { return SwigluBackward<true, V, D>{dev(dinp), dev(out), dev(dout), dev(inp)}; });
   else
-    swiglu_launch<SwiBwd<false, D>::template type, D>(what, vec, N, F, dev(dinp), dev(out), dev(dout), dev(inp));
+    swiglu_launch<D>(what, vec, N, F,
+                     [&]<int V>() { return SwigluBackward<false, V, D>{dev(dinp), dev(out), dev(dout), dev(inp)}; });
 }
 }  // namespace
 
