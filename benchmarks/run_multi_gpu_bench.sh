@@ -19,13 +19,18 @@
 #   for every GPU count above 1, a megatrain row with the distributed optimizer (ZeRO-1: gradients
 #   reduce-scattered, Adam on 1/N of the parameters, bf16 parameters all-gathered during the next
 #   forward), compared against the same DDP run.
-# MODE layouts: llama-3b (micro-batch 2, global batch 32) and llama-7b (configs/llama-7b.yaml,
-#   micro-batch 1, global batch 16, sequence 4096) on 4 GPUs as
-#     TP2xDP2  tensor 2, sequence parallel, data 2 (8 micro-batches per data rank)
-#     PP2xDP2  pipeline 2 x virtual 2 (interleaved 1F1B), distributed optimizer, data 2
-#     TP2xPP2  tensor 2, sequence parallel, pipeline 2 (16 micro-batches)
+# MODE layouts: llama-3b (micro-batch 2, global batch 32 on 4 GPUs) and llama-7b (configs/llama-7b.yaml,
+#   micro-batch 1, global batch 16 on 4 GPUs, sequence 4096); the global batch grows with the GPUs of the
+#   layout (x 2 on 8), so that every GPU gets as many micro-batches as on 4. Layouts (GPUs = the product):
+#     TP2xDP2      tensor 2, sequence parallel, data 2 (8 micro-batches per data rank)
+#     PP2xDP2      pipeline 2 x virtual 2 (interleaved 1F1B), distributed optimizer, data 2
+#     TP2xPP2      tensor 2, sequence parallel, pipeline 2 (16 micro-batches)
+#     TP2xPP2xDP2  8 GPUs: tensor 2 + sequence parallel, pipeline 2 x virtual 2, data 2, distributed optimizer
+#     TP8          8 GPUs: tensor 8, sequence parallel
+#     DP8          8 GPUs: data 8, distributed optimizer (replicated Adam would not fit the 7B)
 #   No recompute: `megatrain plan` puts the largest, llama-7b TP2xDP2, at 69 GiB of weights,
 #   gradients, optimizer and activations per GPU (141 GiB on an H200). No PyTorch counterpart.
+#   The 8-GPU issue's run: MT_BENCH_LAYOUTS="TP2xPP2xDP2 TP8 DP8" ... OUTDIR layouts on nvidia-h200-x8.
 #
 # Tokens/s is the whole job's, TFLOP/s and MFU per GPU (6N + 12Lhs FLOPs a token, 989.4 TFLOP/s),
 # peak GiB rank 0's, comm_exposed the ms per iteration rank 0's compute stream waited on
@@ -222,19 +227,25 @@ PY
     done
   done
 else
-  declare -A mbs=([llama-3b]=2 [llama-7b]=1) gbs=([llama-3b]=32 [llama-7b]=16)
+  declare -A mbs=([llama-3b]=2 [llama-7b]=1) gbs4=([llama-3b]=32 [llama-7b]=16)
   declare -A layout_args=(
     [TP2xDP2]="--set parallel.tensor=2 --set parallel.sequence_parallel=true"
     [PP2xDP2]="--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set parallel.distributed_optimizer=true"
-    [TP2xPP2]="--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence_parallel=true")
+    [TP2xPP2]="--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence_parallel=true"
+    [TP2xPP2xDP2]="--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 \
+--set parallel.virtual_pipeline=2 --set parallel.distributed_optimizer=true"
+    [TP8]="--set parallel.tensor=8 --set parallel.sequence_parallel=true"
+    [DP8]="--set parallel.distributed_optimizer=true")
   for c in "${configs[@]}"; do
     for l in "${layouts[@]}"; do
-      [[ -n ${layout_args[$l]:-} ]] || { echo "unknown layout $l (TP2xDP2, PP2xDP2, TP2xPP2)" >&2; continue; }
+      [[ -n ${layout_args[$l]:-} ]] || { echo "unknown layout $l (${!layout_args[*]})" >&2; continue; }
       read -ra la <<<"${layout_args[$l]}"
+      np=1  # the product of the layout's sizes: TP2xPP2xDP2 -> 8
+      for f in ${l//x/ }; do np=$((np * ${f//[A-Z]/})); done
       name=$c-$l
-      printf '%s\t%s\t%s\t4\n' "$name" "$c" "$l" >>"$out/rows.tsv"
-      mt_run "$name" 4 --config "configs/$c.yaml" "${common[@]}" "${la[@]}" \
-        --set training.micro_batch_size="${mbs[$c]:-1}" --set training.global_batch_size="${gbs[$c]:-16}"
+      printf '%s\t%s\t%s\t%s\n' "$name" "$c" "$l" "$np" >>"$out/rows.tsv"
+      mt_run "$name" "$np" --config "configs/$c.yaml" "${common[@]}" "${la[@]}" \
+        --set training.micro_batch_size="${mbs[$c]:-1}" --set training.global_batch_size=$((${gbs4[$c]:-16} * np / 4))
     done
   done
 fi

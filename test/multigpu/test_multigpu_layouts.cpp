@@ -111,3 +111,12 @@ TEST_CASE("tensor 2 x pipeline 2 matches 1 GPU", "[multigpu][parity][tp][pp][4gp
 TEST_CASE("data 2 x tensor 2 matches 1 GPU", "[multigpu][parity][tp][dp][4gpu]") {
   check_layout("dp2-tp2", 4, "--set parallel.tensor=2");
 }
+
+// The 8-GPU issue's layout: every kind of parallelism at once (2 micro-batches per data rank, 2 layers a chunk).
+TEST_CASE("tensor 2 (sequence parallel) x pipeline 2 x virtual 2 x data 2 (distributed optimizer) matches 1 GPU",
+          "[multigpu][parity][tp][pp][dp][8gpu]") {
+  check_layout("tp2sp-pp2vp2-dp2distopt", 8,
+               "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2"
+               " --set parallel.virtual_pipeline=2 --set parallel.distributed_optimizer=true"
+               " --set parallel.grad_bucket_size=1000000");
+}
