@@ -1,4 +1,4 @@
-// Test main for the multi-GPU tests: they start `mpirun -np 2|4 megatrain` on as many GPUs, so
+// Test main for the multi-GPU tests: they start `mpirun -np 2|4|8 megatrain` on as many GPUs, so
 // without the CUDA backend or with fewer than 2 visible GPUs it prints why and exits 77, which
 // ctest reports as "Skipped" (SKIP_RETURN_CODE); a multi-GPU test never passes silently. With fewer GPUs
 // than a case needs, the cases tagged [4gpu] (with 2 or 3 GPUs) and [8gpu] (with fewer than 8) are left
