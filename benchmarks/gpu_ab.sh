@@ -17,7 +17,8 @@ shift
 OUT=${OUT:-/tmp/mt_ab}
 mkdir -p "$OUT"
 iters=${AB_ITERS:-10} skip=${AB_SKIP:-3} rounds=${AB_ROUNDS:-2} accum=${AB_ACCUM:-4}
-declare -A mbs=([gpt2-124m]=32 [gpt2-350m]=16 [llama-1b]=8 [llama-3b]=4 [llama-7b]=1)
+source benchmarks/bench_common.sh
+bench_set "$iters"
 read -r -a configs <<<"${AB_CONFIGS:-llama-1b}"
 for round in $(seq 1 "$rounds"); do
   for c in "${configs[@]}"; do
@@ -33,14 +34,13 @@ for round in $(seq 1 "$rounds"); do
           *=*) envs+=("$w") ;;
         esac
       done
-      mb=${mbs[$c]:-8}
+      mb=${BENCH_MBS[$c]:-8}
       launch=("$bin")
       ((np == 1)) || launch=(env MEGATRAIN_BIN="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")" scripts/launch_mpirun.sh -n "$np" --)
       # shellcheck disable=SC2086
-      env "${envs[@]}" timeout 300 "${launch[@]}" train --config "configs/$c.yaml" --set training.device=cuda \
-        --set data.mock=true --set training.micro_batch_size="$mb" --set training.global_batch_size=$((mb * accum * np)) \
-        --set training.train_iters="$iters" --set optimizer.warmup_iters=2 --set training.eval_iters=0 \
-        --set checkpoint.dir= --set logging.log_interval=1 --set logging.metrics_file="$OUT/ab-$c-$v-$round.jsonl" \
+      env "${envs[@]}" timeout 300 "${launch[@]}" train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
+        --set training.micro_batch_size="$mb" --set training.global_batch_size=$((mb * accum * np)) \
+        --set logging.metrics_file="$OUT/ab-$c-$v-$round.jsonl" \
         "${sets[@]}" ${AB_EXTRA:-} >"$OUT/ab-$c-$v-$round.log" 2>&1 ||
         echo "variant $v ($variant) of $c failed: $(tail -1 "$OUT/ab-$c-$v-$round.log")" >&2
       v=$((v + 1))

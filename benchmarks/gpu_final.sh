@@ -59,14 +59,13 @@ left=$((t0 + ${DEADLINE_S:-380} - $(date +%s)))
 timeout "$left" bash benchmarks/run_gpu_bench.sh "$B" "$ref" >"$OUT/table.txt" 2>"$L/bench.err" ||
   echo "benchmark stopped after ${left} s (rc $?)" >&2
 t3=$(date +%s)
-declare -A mbs=([gpt2-124m]=32 [gpt2-350m]=16 [llama-1b]=8 [llama-3b]=4)
+source benchmarks/bench_common.sh
+bench_set "${PROFILE_ITERS:-4}"
 for c in gpt2-124m gpt2-350m llama-1b llama-3b; do
   left=$((t0 + ${DEADLINE_S:-380} - $(date +%s)))
   ((left >= 30)) || break
-  MT_OP_PROFILE="$L/prof-$c.txt" timeout "$left" "$BIN" train --config "configs/$c.yaml" --set training.device=cuda \
-    --set training.precision=bf16 --set data.mock=true --set training.micro_batch_size="${mbs[$c]}" \
-    --set training.global_batch_size="${mbs[$c]}" --set training.train_iters="${PROFILE_ITERS:-4}" \
-    --set optimizer.warmup_iters=2 --set training.eval_iters=0 --set checkpoint.dir= --set logging.log_interval=1 \
+  MT_OP_PROFILE="$L/prof-$c.txt" timeout "$left" "$BIN" train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
+    --set training.micro_batch_size="${BENCH_MBS[$c]}" --set training.global_batch_size="${BENCH_MBS[$c]}" \
     --set logging.metrics_file="$L/prof-$c.jsonl" >"$L/prof-$c.log" 2>&1 || echo "profile $c failed" >&2
 done
 t4=$(date +%s)

@@ -26,14 +26,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,no
 mkdir -p build-bench && ln -sf ../build-gpu/megatrain build-bench/megatrain
 echo "build: $(($(date +%s) - t0)) s" | tee -a "$L/times.txt"
 
-declare -A mbs=([gpt2-124m]=32 [gpt2-350m]=16 [llama-1b]=8 [llama-3b]=4)
+source benchmarks/bench_common.sh
+bench_set 30
 train() {  # train TAG CONFIG [ENV=VALUE...]
   local tag=$1 c=$2
   shift 2
-  env "$@" build-gpu/megatrain train --config "configs/$c.yaml" --set training.device=cuda \
-    --set training.precision=bf16 --set data.mock=true --set training.micro_batch_size="${mbs[$c]}" \
-    --set training.global_batch_size="${mbs[$c]}" --set training.train_iters=30 --set optimizer.warmup_iters=2 \
-    --set training.eval_iters=0 --set checkpoint.dir= --set logging.log_interval=1 \
+  env "$@" build-gpu/megatrain train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
+    --set training.micro_batch_size="${BENCH_MBS[$c]}" --set training.global_batch_size="${BENCH_MBS[$c]}" \
     --set logging.metrics_file="$L/$tag.jsonl" >"$L/$tag.log" 2>&1 || echo "$tag failed: $(tail -2 "$L/$tag.log")"
   echo "$tag: $(($(date +%s) - t0)) s" >>"$L/times.txt"
 }

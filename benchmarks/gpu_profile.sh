@@ -44,14 +44,14 @@ timeout 60 "$TEST" "[.bench][attention]" >"$OUT/bench_attn.log" 2>&1
 MT_ATTENTION=own timeout 60 "$TEST" "[.bench][attention]" >"$OUT/bench_attn_own.log" 2>&1
 t3=$(date +%s)
 
-declare -A mbs=([gpt2-124m]=32 [gpt2-350m]=16 [llama-1b]=8 [llama-3b]=4)
+source benchmarks/bench_common.sh
 run() {  # run TAG CONFIG ITERS [env...]
   local tag=$1 c=$2 n=$3
   shift 3
-  env "$@" timeout 300 "$BIN" train --config "configs/$c.yaml" --set training.device=cuda --set training.precision=bf16 \
-    --set data.mock=true --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size="${mbs[$c]}" \
-    --set training.train_iters="$n" --set optimizer.warmup_iters=2 --set training.eval_iters=0 \
-    --set checkpoint.dir= --set logging.log_interval=1 --set logging.metrics_file="$OUT/$tag-$c.jsonl" \
+  bench_set "$n"
+  env "$@" timeout 300 "$BIN" train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
+    --set training.micro_batch_size="${BENCH_MBS[$c]}" --set training.global_batch_size="${BENCH_MBS[$c]}" \
+    --set logging.metrics_file="$OUT/$tag-$c.jsonl" \
     >"$OUT/$tag-$c.log" 2>&1 || echo "$tag $c failed: $(tail -2 "$OUT/$tag-$c.log")" >&2
 }
 for c in "${configs[@]}"; do run prof "$c" "$iters" MT_OP_PROFILE="$OUT/prof-$c.txt"; done

@@ -22,13 +22,12 @@ if [ ! -x build-bench/megatrain ]; then
   ninja -C build-bench megatrain >"$out/build.log"
 fi
 
-declare -A mbs=([gpt2-124m]=32 [gpt2-350m]=16 [llama-1b]=8 [llama-3b]=4)
+source benchmarks/bench_common.sh
+bench_set "$iters"
 for c in "${configs[@]}"; do
   echo "megatrain $c ..." >&2
-  build-bench/megatrain train --config "configs/$c.yaml" --set training.device=cuda --set training.precision=bf16 \
-    --set data.mock=true --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size="${mbs[$c]}" \
-    --set training.train_iters="$iters" --set optimizer.warmup_iters=2 --set training.eval_iters=0 \
-    --set checkpoint.dir= --set logging.log_interval=1 --set logging.metrics_file="$out/megatrain-$c.jsonl" \
+  build-bench/megatrain train --config "configs/$c.yaml" "${BENCH_SET[@]}" --set training.micro_batch_size="${BENCH_MBS[$c]}" \
+    --set training.global_batch_size="${BENCH_MBS[$c]}" --set logging.metrics_file="$out/megatrain-$c.jsonl" \
     >"$out/megatrain-$c.log" 2>&1 || echo "megatrain $c failed: $(tail -1 "$out/megatrain-$c.log")" >&2
 done
 echo "pytorch reference ..." >&2

@@ -133,9 +133,8 @@ ref_run() {
   ((rc == 0)) || echo "torch $name failed (rc $rc): $(tail -2 "$out/torch-$name.log" | tr '\n' ' ')" >&2
 }
 
-common=(--set training.device=cuda --set training.precision=bf16 --set data.mock=true
-  --set training.train_iters="$iters" --set optimizer.warmup_iters=2 --set training.eval_iters=0
-  --set checkpoint.dir= --set logging.log_interval=1)
+source benchmarks/bench_common.sh
+bench_set "$iters"  # BENCH_SET: the overrides every megatrain run here gets
 
 if [[ $mode == dp ]]; then
   cat >"$out/torch_ddp_accum.py" <<'PY'
@@ -209,19 +208,20 @@ if __name__ == "__main__":
     if R.WORLD > 1:
         dist.destroy_process_group()
 PY
-  declare -A mbs=([gpt2-124m]=32 [gpt2-350m]=16 [llama-1b]=8 [llama-3b]=4)
+  declare -A mbs
+  for c in gpt2-124m gpt2-350m llama-1b llama-3b; do mbs[$c]=${BENCH_MBS[$c]}; done  # the reference's DP configs
   if [[ ! -f $ref ]]; then echo "reference $ref not found: megatrain only" >&2; fi
   for c in "${configs[@]}"; do
     [[ -n ${mbs[$c]:-} ]] || { echo "dp mode knows no micro-batch for $c" >&2; continue; }
     for n in "${gpus[@]}"; do
       name=$c-dp$n
       printf '%s\t%s\tDP%s acc%s\t%s\n' "$name" "$c" "$n" "$accum" "$n" >>"$out/rows.tsv"
-      mt_run "$name" "$n" --config "configs/$c.yaml" "${common[@]}" \
+      mt_run "$name" "$n" --config "configs/$c.yaml" "${BENCH_SET[@]}" \
         --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size=$((mbs[$c] * n * accum))
       if [[ -f $ref && $ref_gpus == *" $n "* ]]; then ref_run "$c" "$n"; fi
       if [[ ${MT_BENCH_DISTOPT:-0} == 1 ]] && ((n > 1)); then
         printf '%s\t%s\tDP%s acc%s distopt\t%s\t%s\n' "$name-distopt" "$c" "$n" "$accum" "$n" "$name" >>"$out/rows.tsv"
-        mt_run "$name-distopt" "$n" --config "configs/$c.yaml" "${common[@]}" --set parallel.distributed_optimizer=true \
+        mt_run "$name-distopt" "$n" --config "configs/$c.yaml" "${BENCH_SET[@]}" --set parallel.distributed_optimizer=true \
           --set training.micro_batch_size="${mbs[$c]}" --set training.global_batch_size=$((mbs[$c] * n * accum))
       fi
     done
@@ -244,7 +244,7 @@ else
       for f in ${l//x/ }; do np=$((np * ${f//[A-Z]/})); done
       name=$c-$l
       printf '%s\t%s\t%s\t%s\n' "$name" "$c" "$l" "$np" >>"$out/rows.tsv"
-      mt_run "$name" "$np" --config "configs/$c.yaml" "${common[@]}" "${la[@]}" \
+      mt_run "$name" "$np" --config "configs/$c.yaml" "${BENCH_SET[@]}" "${la[@]}" \
         --set training.micro_batch_size="${mbs[$c]:-1}" --set training.global_batch_size=$((${gbs4[$c]:-16} * np / 4))
     done
   done
