@@ -28,7 +28,8 @@ void copy_cuda(void* out, const void* in, size_t bytes);
 template <typename T> double sum_squares_cuda(const T* x, int64_t n);
 
 // ---------------------------------------------------------------- gemm.cu (cuBLASLt)
-// out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC)   (bias may be null)
+// out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC) [+ residual(N, OC), the GEMM's C operand]
+// (bias, residual may be null)
 template <typename T>
 void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC,
                          const T* residual = nullptr);
