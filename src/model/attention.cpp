@@ -99,8 +99,9 @@ Tensor MLP::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   if (c.llama()) {
     s.h = linear_fc1_.forward(x);
-    Tensor a = c.empty({s.h.size(0), ffn_local_});  // not kept: backward recomputes it from h
+    Tensor a = c.empty({s.h.size(0), ffn_local_});
     ops::swiglu_forward(a, s.h);
+    if (!c.recompute.norm_act) s.a = a;  // else backward recomputes it from h
     return linear_fc2_.forward(a, residual);
   }
   s.a = linear_fc1_.forward_gelu(x, &s.h);  // GELU in the GEMM's epilogue where possible
@@ -110,10 +111,16 @@ Tensor MLP::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
 Tensor MLP::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
   Tensor dh;
-  if (c.llama())
+  if (c.llama() && !s.a.defined()) {
     dh = linear_fc2_.backward_swiglu(dy, s.h);  // SwiGLU output recomputed, dh written over h
-  else
+  } else if (c.llama()) {
+    Tensor da = linear_fc2_.backward(dy, s.a);
+    s.a = Tensor();
+    dh = s.h;  // written over h: each element is read before it is overwritten
+    ops::swiglu_backward(dh, da, s.h);
+  } else {
     dh = linear_fc2_.backward_gelu(dy, s.a, s.h);  // GELU gradient in the dx GEMM's epilogue where possible
+  }
   s = Saved{};
   return linear_fc1_.backward(dh, x);
 }

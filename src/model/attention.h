@@ -37,8 +37,9 @@ class SelfAttention {
 class MLP {
  public:
   MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
-  // a is kept for gpt2 only (the GELU's output, from the fc1 GEMM's epilogue); llama's SwiGLU output is
-  // recomputed from h inside the SwiGLU backward's pass, which costs one extra write instead of keeping (B*T, F_l).
+  // a is the activation's output: gpt2 always keeps it (the GELU's output, from the fc1 GEMM's epilogue); llama
+  // keeps the SwiGLU output only when RecomputePolicy::norm_act is false, else recomputes it from h inside the
+  // SwiGLU backward's pass, which costs one extra write instead of keeping (B*T, F_l).
   struct Saved {
     Tensor h, a;
   };

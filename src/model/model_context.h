@@ -14,10 +14,14 @@ namespace mt {
 //   selective: each layer's attention core output (recomputed from q, k, v);
 //   full/uniform: the layers in groups of `num_layers`, keeping only each group's input;
 //   full/block: the first `num_layers` layers of each model chunk, each keeping only its input.
+// Independent of the mode, norm_act (training.recompute_norm_act): each layer's two norm outputs and llama's
+// SwiGLU output are not kept but recomputed in backward from the norm inputs / the fc1 output (the same kernels
+// on the same inputs: the same bits); false keeps them.
 struct RecomputePolicy {
   enum class Mode { None, Selective, Full } mode = Mode::None;
   bool block = false;  // full: block (else uniform)
   int num_layers = 1;
+  bool norm_act = true;
 };
 
 // What the model reports while it runs, so that communication can overlap it (parallel/grad_sync.h

@@ -26,7 +26,8 @@ TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, Pa
       pre_mlp_layernorm_(layer_prefix(layer_number) + ".pre_mlp_layernorm", ctx.model->hidden_size, ctx, store),
       mlp_(layer_prefix(layer_number) + ".mlp", ctx, store) {}
 
-Tensor TransformerLayer::norm_output(const Norm& norm, const Tensor& x) const {
+Tensor TransformerLayer::norm_output(const Norm& norm, Tensor& kept, const Tensor& x) const {
+  if (kept.defined()) return std::move(kept);  // released as soon as the caller is done with it
   Tensor y = ctx_->empty(x.shape());
   Norm::Saved stats;  // recomputed alongside, the same values as the kept ones
   norm.forward(y, stats, x);
@@ -66,6 +67,8 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   } else {
     s.x_mid = self_attention_.forward(s.attn, ln1_out, B, T, &x);
   }
+  const bool keep_norm_outputs = !c.recompute.norm_act;
+  if (keep_norm_outputs) s.ln1_out = ln1_out;
   ln1_out = Tensor();
   Tensor ln2_out = c.empty({rows, C});
   pre_mlp_layernorm_.forward(ln2_out, s.n2, s.x_mid);
@@ -78,6 +81,7 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   } else {
     out = mlp_.forward(s.mlp, ln2_out, &s.x_mid);
   }
+  if (keep_norm_outputs) s.ln2_out = ln2_out;
   s.complete = true;
   return out;
 }
@@ -104,7 +108,7 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 1), offset);
   }
-  Tensor dln2 = mlp_.backward(dy, s.mlp, norm_output(pre_mlp_layernorm_, s.x_mid));  // frees s.mlp
+  Tensor dln2 = mlp_.backward(dy, s.mlp, norm_output(pre_mlp_layernorm_, s.ln2_out, s.x_mid));  // frees s.mlp
   pre_mlp_layernorm_.backward_accumulate(dx, dln2, s.x_mid, s.n2);  // dx = dL/dx_mid
   dln2 = Tensor();
 
@@ -114,7 +118,7 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 0), offset);
   }
-  Tensor dln1 = self_attention_.backward(dy, s.attn, norm_output(input_layernorm_, s.x_in), B, T);
+  Tensor dln1 = self_attention_.backward(dy, s.attn, norm_output(input_layernorm_, s.ln1_out, s.x_in), B, T);
   input_layernorm_.backward_accumulate(dx, dln1, s.x_in, s.n1);  // dx = dL/dx_in
   s = Saved{};
 }

@@ -3,9 +3,9 @@
 //   x_out = x_mid + dropout(mlp(pre_mlp_layernorm(x_mid)))
 // Everything backward needs is kept per micro-batch in Saved (the pipeline keeps several in
 // flight). Under full recompute the model drops a layer's Saved but its input (complete = false)
-// and has the layer recompute it before backward. The norm outputs are never kept: backward
-// recomputes each from the kept norm input (one (rows, C) read and write) just before the
-// weight gradient that needs it.
+// and has the layer recompute it before backward. The norm outputs are kept only when
+// training.recompute_norm_act is false; by default backward recomputes each from the kept norm input
+// (one (rows, C) read and write) just before the weight gradient that needs it.
 #pragma once
 
 #include "model/attention.h"
@@ -17,6 +17,7 @@ class TransformerLayer {
   TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     Tensor x_in, x_mid;
+    Tensor ln1_out, ln2_out;  // the norm outputs, when kept (RecomputePolicy::norm_act false)
     Norm::Saved n1, n2;
     SelfAttention::Saved attn;
     MLP::Saved mlp;
@@ -34,8 +35,9 @@ class TransformerLayer {
 
  private:
   uint64_t dropout_seed(const StepContext& step, int site) const;
-  // norm(x), recomputed in backward (the same kernel and inputs as forward: the same values).
-  Tensor norm_output(const Norm& norm, const Tensor& x) const;
+  // The norm output backward needs: the kept one (moved out of `kept`), or norm(x) recomputed (the same
+  // kernel and inputs as forward: the same values).
+  Tensor norm_output(const Norm& norm, Tensor& kept, const Tensor& x) const;
   uint64_t dropout_offset(const StepContext& step, int64_t T, int64_t rows) const;
 
   const ModelContext* ctx_;

@@ -87,14 +87,15 @@ const char* recompute_mode_name(RecomputePolicy::Mode m) {
 }
 
 int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
-                               int64_t T, DType act, RecomputePolicy::Mode mode) {
+                               int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act) {
   const int64_t N = B * T, C = m.hidden_size, e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
   const int64_t rows = sequence_parallel ? N / tp : N;  // residual-stream rows this rank holds
   if (mode == RecomputePolicy::Mode::Full) return rows * C * e;  // x_in only
   const int64_t heads = m.num_attention_heads / tp;
   const int64_t groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
   const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (m.arch == "llama" ? 2 : 1);
-  int64_t bytes = 2 * rows * C * e;               // x_in, x_mid (the norm outputs are recomputed in backward)
+  int64_t bytes = 2 * rows * C * e;               // x_in, x_mid
+  if (keep_norm_act) bytes += 2 * rows * C * e;   // the norm outputs (else recomputed in backward)
   bytes += 2 * norm_stats(m) * rows * s;          // n1, n2
   bytes += (heads + 2 * groups) * D * N * e;      // attention q, k, v (all rows: gathered under SP)
   if (mode == RecomputePolicy::Mode::None) {      // the attention core, dropped by selective recompute:
@@ -102,14 +103,14 @@ int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int
     bytes += B * heads * T * s;                   //   lse
   }
   bytes += N * fc1 * e;                           // mlp h (fc1 output)
-  if (m.arch != "llama") bytes += N * ffn * e;    // gpt2: a (GELU output); SwiGLU's is recomputed in backward
+  if (m.arch != "llama" || keep_norm_act) bytes += N * ffn * e;  // a: GELU output; SwiGLU's unless recomputed
   return bytes;
 }
 
 int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
                                       int64_t B, int64_t T, DType act, const RecomputePolicy& policy, int num_layers) {
   auto layer = [&](RecomputePolicy::Mode mode) {
-    return layer_activation_bytes(m, d, tp, sequence_parallel, B, T, act, mode);
+    return layer_activation_bytes(m, d, tp, sequence_parallel, B, T, act, mode, !policy.norm_act);
   };
   if (policy.mode != RecomputePolicy::Mode::Full) return num_layers * layer(policy.mode);
   const int k = std::max(1, policy.num_layers);
@@ -226,6 +227,7 @@ PlanReport make_plan(const Config& cfg, int world_size) {
   r.full_policy.mode = RecomputePolicy::Mode::Full;
   r.full_policy.block = cfg.training.recompute_method == "block";
   r.full_policy.num_layers = cfg.training.recompute_num_layers;
+  r.full_policy.norm_act = cfg.training.recompute_norm_act;
   r.activation_dtype = activation_dtype(cfg.training.precision);
   r.tokens_per_iteration = d.tokens_per_iteration;
 
@@ -249,7 +251,8 @@ PlanReport make_plan(const Config& cfg, int world_size) {
     if (name != "embedding.position_embeddings.weight") r.flop_params += n;
   }
   for (int i = 0; i < kNumRecomputeModes; ++i)
-    r.layer_act[i] = layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i]);
+    r.layer_act[i] = layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i],
+                                            !cfg.training.recompute_norm_act);
   r.logits_per_microbatch = logits_bytes(d, r.tp, B, T, r.activation_dtype);
   r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model);
   r.flops_per_iteration = static_cast<double>(r.flops_per_token) * static_cast<double>(r.tokens_per_iteration);
@@ -376,7 +379,8 @@ std::string format_plan(const PlanReport& r) {
   os << "  * training.recompute (" << r.recompute << "); full = "
      << (fp.block ? str_cat("the first ", fp.num_layers, " layer(s) of each chunk keep only their input")
                   : str_cat("each group of ", fp.num_layers, " layer(s) keeps only its input"))
-     << " (training.recompute_method / recompute_num_layers)\n"
+     << " (training.recompute_method / recompute_num_layers); norm and activation outputs "
+     << (fp.norm_act ? "recomputed" : "kept") << " (training.recompute_norm_act)\n"
      << "  one decoder layer, one micro-batch of " << r.micro_batch_size << " x " << r.seq_length / r.cp
      << " tokens: " << mib(r.layer_act[0]) << " (none), " << mib(r.layer_act[1]) << " (selective), "
      << mib(r.layer_act[2]) << " (input only); logits " << mib(r.logits_per_microbatch) << "\n"

@@ -58,10 +58,11 @@ const char* recompute_mode_name(RecomputePolicy::Mode m);  // "none", "selective
 // rank of `tp` (TransformerLayer::Saved; statistics in fp32, fp64 for fp64 activations): all of it
 // (None), without the attention core output (Selective), or only its input (Full). Under sequence
 // parallelism the residual stream (layer input, norms) holds B*T/tp rows; attention and MLP
-// tensors hold all B*T rows of the rank's heads / ffn slice.
+// tensors hold all B*T rows of the rank's heads / ffn slice. keep_norm_act (training.recompute_norm_act
+// false): the two norm outputs and llama's SwiGLU output are kept too (not under Full).
 int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
-                               int64_t T, DType act, RecomputePolicy::Mode mode);
-// Bytes the `num_layers` decoder layers of one model chunk keep per micro-batch under `policy`.
+                               int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act = false);
+// Bytes the `num_layers` decoder layers of one model chunk keep per micro-batch under `policy` (its norm_act too).
 int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
                                       int64_t B, int64_t T, DType act, const RecomputePolicy& policy, int num_layers);
 // Bytes GPTModel::MicroState keeps besides the layers: token ids (pre_process); labels, final norm
@@ -99,7 +100,8 @@ struct PlanReport {
   int seq_length = 0, padded_vocab_size = 0;
   bool sequence_parallel = false, distributed_optimizer = false;
   std::string precision, recompute;
-  RecomputePolicy full_policy;  // what the "full" column assumes (training.recompute_method / _num_layers)
+  // what the "full" column assumes (training.recompute_method / _num_layers); its norm_act applies to every column
+  RecomputePolicy full_policy;
   DType activation_dtype = DType::F32;
   // model
   int64_t total_params = 0;   // the whole model once (a tied table once)

@@ -115,6 +115,7 @@ RecomputePolicy recompute_policy(const TrainingConfig& t) {
                                         : RecomputePolicy::Mode::None;
   p.block = t.recompute_method == "block";
   p.num_layers = t.recompute_num_layers;
+  p.norm_act = t.recompute_norm_act;
   return p;
 }
 

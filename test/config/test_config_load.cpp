@@ -81,6 +81,7 @@ training:
   recompute: full
   recompute_method: block
   recompute_num_layers: 2
+  recompute_norm_act: false
   nan_policy: skip
   exit_interval: 77
   collective_timeout_s: 45.5

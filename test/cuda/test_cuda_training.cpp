@@ -142,6 +142,31 @@ TEST_CASE("training.deterministic false: bf16 llama tracks the deterministic run
   CHECK(differing > 0);
 }
 
+// training.recompute_norm_act: false keeps the norm outputs and llama's SwiGLU output instead of recomputing them in
+// backward (the unfused fc2 backward + SwiGLU backward path on the GPU): the same kernels on the same inputs, so the
+// losses and gradient norms are bit-identical to the default's.
+TEST_CASE("training.recompute_norm_act false: bit-identical to recomputing, llama and gpt2 bf16", "[cuda][training]") {
+  for (const std::string arch : {"llama", "gpt2"}) {
+    const std::string config = "configs/ci/tiny-" + arch + ".yaml";
+    const std::string extra = std::string(" --set model.num_query_groups=") + (arch == "llama" ? "2" : "4") +
+                              " --set training.device=cuda --set training.precision=bf16";
+    const std::string a = arch + "-recompute", b = arch + "-keep";
+    REQUIRE(run_megatrain(args(config, a, extra), a).code == 0);
+    RunResult kept = run_megatrain(args(config, b, extra + " --set training.recompute_norm_act=false"), b);
+    INFO(kept.err.substr(0, 2000));
+    REQUIRE(kept.code == 0);
+    auto r = read_metrics(temp_dir() / (a + ".jsonl")), k = read_metrics(temp_dir() / (b + ".jsonl"));
+    REQUIRE(r.size() == 10);
+    REQUIRE(k.size() == 10);
+    for (auto& [it, x] : r) {
+      INFO(arch << " iteration " << it << ": recomputed " << x.loss << " / " << x.grad_norm << ", kept "
+                << k[it].loss << " / " << k[it].grad_norm);
+      CHECK(k[it].loss == x.loss);
+      CHECK(k[it].grad_norm == x.grad_norm);
+    }
+  }
+}
+
 TEST_CASE("fp16 overflow skips the update and halves the loss scale, then trains; resume keeps the scale",
           "[cuda][training][fp16]") {
   RunResult a = run_megatrain(overflow_args("ovf-a", ""), "ovf-a");

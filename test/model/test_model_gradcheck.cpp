@@ -101,8 +101,11 @@ TEST_CASE("model gradients with dropout match finite differences (fp64)", "[mode
 
 TEST_CASE("every recompute mode gives bit-identical gradients", "[model][recompute]") {
   using M = RecomputePolicy::Mode;
-  const RecomputePolicy policies[] = {{M::Selective, false, 1}, {M::Full, false, 1}, {M::Full, false, 2},
-                                      {M::Full, false, 3}, {M::Full, true, 1}, {M::Full, true, 2}};
+  // the last three: training.recompute_norm_act false (norm and SwiGLU outputs kept, not recomputed)
+  const RecomputePolicy policies[] = {{M::Selective, false, 1}, {M::Full, false, 1},         {M::Full, false, 2},
+                                      {M::Full, false, 3},      {M::Full, true, 1},          {M::Full, true, 2},
+                                      {M::None, false, 1, false}, {M::Selective, false, 1, false},
+                                      {M::Full, true, 1, false}};
   for (const char* arch : {"gpt2", "llama"}) {
     Config c = tiny_config(arch);
     c.model.num_layers = 3;
@@ -119,7 +122,8 @@ TEST_CASE("every recompute mode gives bit-identical gradients", "[model][recompu
       r.store->zero_grads();
       backward_of(r, b, step);
       const Tensor& gr = r.store->flat_grads();
-      INFO(arch << " mode " << static_cast<int>(p.mode) << " block " << p.block << " layers " << p.num_layers);
+      INFO(arch << " mode " << static_cast<int>(p.mode) << " block " << p.block << " layers " << p.num_layers
+                << " norm_act " << p.norm_act);
       REQUIRE(ga.numel() == gr.numel());
       CHECK(std::memcmp(ga.raw(), gr.raw(), ga.nbytes()) == 0);
     }

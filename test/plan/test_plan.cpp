@@ -21,7 +21,7 @@ static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
 static_assert(sizeof(SelfAttention::Saved) == 5 * sizeof(Tensor));
 static_assert(sizeof(MLP::Saved) == 2 * sizeof(Tensor));
 static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(TransformerLayer::Saved) == 13 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
+static_assert(sizeof(TransformerLayer::Saved) == 15 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
 
 Config tiny(const std::string& arch, int layers = 4) {
   Config c;
@@ -43,8 +43,8 @@ Config tiny(const std::string& arch, int layers = 4) {
 int64_t nb(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 int64_t saved_bytes(const Norm::Saved& s) { return nb(s.mean) + nb(s.rstd); }
 int64_t saved_bytes(const TransformerLayer::Saved& s) {
-  return nb(s.x_in) + nb(s.x_mid) + saved_bytes(s.n1) + saved_bytes(s.n2) + nb(s.attn.q) + nb(s.attn.k) +
-         nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.mlp.h) + nb(s.mlp.a);
+  return nb(s.x_in) + nb(s.x_mid) + nb(s.ln1_out) + nb(s.ln2_out) + saved_bytes(s.n1) + saved_bytes(s.n2) +
+         nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.mlp.h) + nb(s.mlp.a);
 }
 
 // A whole model on one rank, CPU, in `dtype`, initialized: the real thing the estimate models.
@@ -79,11 +79,12 @@ struct RealModel {
 
 }  // namespace
 
-RecomputePolicy policy(RecomputePolicy::Mode mode, bool block = false, int num_layers = 1) {
+RecomputePolicy policy(RecomputePolicy::Mode mode, bool block = false, int num_layers = 1, bool norm_act = true) {
   RecomputePolicy p;
   p.mode = mode;
   p.block = block;
   p.num_layers = num_layers;
+  p.norm_act = norm_act;
   return p;
 }
 
@@ -91,12 +92,15 @@ TEST_CASE("plan: activation bytes per layer equal what a real forward keeps", "[
   using Mode = RecomputePolicy::Mode;
   const RecomputePolicy policies[] = {policy(Mode::None),          policy(Mode::Selective),
                                       policy(Mode::Full),          policy(Mode::Full, false, 3),
-                                      policy(Mode::Full, true, 1), policy(Mode::Full, true, 6)};
+                                      policy(Mode::Full, true, 1), policy(Mode::Full, true, 6),
+                                      // training.recompute_norm_act false: the norm and SwiGLU outputs kept
+                                      policy(Mode::None, false, 1, false), policy(Mode::Selective, false, 1, false),
+                                      policy(Mode::Full, true, 1, false)};
   for (const std::string arch : {"llama", "gpt2"})
     for (DType dtype : {DType::F32, DType::F64})
       for (const RecomputePolicy& rp : policies) {
         INFO(arch << " " << dtype_name(dtype) << " recompute " << recompute_mode_name(rp.mode)
-                  << (rp.block ? " block " : " uniform ") << rp.num_layers);
+                  << (rp.block ? " block " : " uniform ") << rp.num_layers << " norm_act " << rp.norm_act);
         RealModel m(tiny(arch), dtype, rp);
         const int64_t B = 3, T = 8;
         GPTModel::MicroState st;
@@ -106,7 +110,8 @@ TEST_CASE("plan: activation bytes per layer equal what a real forward keeps", "[
         for (const auto& layer : st.layers) {
           layers += saved_bytes(layer);
           if (rp.mode != Mode::Full)  // every layer keeps the same
-            CHECK(saved_bytes(layer) == layer_activation_bytes(m.cfg.model, m.d, 1, false, B, T, dtype, rp.mode));
+            CHECK(saved_bytes(layer) ==
+                  layer_activation_bytes(m.cfg.model, m.d, 1, false, B, T, dtype, rp.mode, !rp.norm_act));
         }
         CHECK(layers == chunk_layers_activation_bytes(m.cfg.model, m.d, 1, false, B, T, dtype, rp, 4));
         // Outside the layers: tokens, labels, final norm in/out/statistics, loss lse; then the logits.
