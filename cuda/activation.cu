@@ -206,15 +206,18 @@ void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64
 
 template <typename T>
 void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
-                                 int64_t N, int64_t F, int64_t OC) {
-  if (N == 0 || F == 0) return;
+                                 int64_t N, int64_t F, int64_t OC, bool accumulate_dweight) {
+  if (N == 0 || F == 0) {
+    linear_backward_cuda<T>(nullptr, dweight, nullptr, dout, h, weight, N, F, OC, false, accumulate_dweight);
+    return;
+  }
   Scratch a(sizeof(T) * static_cast<size_t>(N * F));
   {
     Scratch da(sizeof(T) * static_cast<size_t>(N * F));  // back to the cache before the dweight GEMM
     linear_backward_cuda<T>(da.as<T>(), nullptr, nullptr, dout, nullptr, weight, N, F, OC, false);
     swiglu_backward_launch<T>("linear_backward_swiglu_cuda", dh, a.as<T>(), da.as<T>(), h, N, F);
   }
-  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, a.as<T>(), weight, N, F, OC, false);
+  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, a.as<T>(), weight, N, F, OC, false, accumulate_dweight);
 }
 
 #define MT_INSTANTIATE(T)                                                          \
@@ -223,7 +226,7 @@ void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* d
   template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t);                                        \
   template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t);                             \
   template void linear_backward_swiglu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, \
-                                               int64_t);
+                                               int64_t, bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

@@ -33,11 +33,11 @@ template <typename T> double sum_squares_cuda(const T* x, int64_t n);
 template <typename T>
 void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC,
                          const T* residual = nullptr);
-// dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += dout^T @ inp;
-// dbias (fp32) += column sums of dout. Null outputs are skipped.
+// dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += (= unless accumulate_dweight)
+// dout^T @ inp; dbias (fp32) += column sums of dout. Null outputs are skipped.
 template <typename T>
 void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp);
+                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight = true);
 
 // pre = inp @ W^T + b, out = gelu(pre) (bf16/fp16: GELU in the GEMM's epilogue where cuBLASLt has one,
 // else linear_forward + gelu_forward). dpre (=) = gelu'(pre) * (dout @ W) (bf16/fp16: GELU gradient in the dinp
@@ -47,7 +47,7 @@ void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, con
                               int64_t OC);
 template <typename T>
 void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                               const T* pre, int64_t N, int64_t IC, int64_t OC);
+                               const T* pre, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight);
 
 // ---------------------------------------------------------------- embedding.cu
 template <typename T>
@@ -76,12 +76,13 @@ template <typename T> void gelu_forward_cuda(T* out, const T* inp, int64_t n);
 template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n);
 template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F);
 template <typename T> void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F);
-// dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += dout^T @ swiglu(h), dbias (fp32) += column sums of dout;
+// dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += (= unless accumulate_dweight) dout^T @ swiglu(h), dbias
+// (fp32) += column sums of dout;
 // swiglu(h) is recomputed in the SwiGLU backward's pass (one extra write), never kept. dh may alias h.
 // h, dh (N, 2F); dout (N, OC); weight (OC, F).
 template <typename T>
 void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
-                                 int64_t N, int64_t F, int64_t OC);
+                                 int64_t N, int64_t F, int64_t OC, bool accumulate_dweight);
 
 // ---------------------------------------------------------------- rope.cu
 template <typename T>

@@ -2,7 +2,8 @@
 //   forward:  out(N, OC) = inp(N, IC) @ W(OC, IC)^T + b(OC) [+ residual(N, OC)]   (bias fused: EPILOGUE_BIAS;
 //             the residual is the GEMM's C operand with beta 1, D = out: one rounding, no add pass)
 //   backward: dinp(N, IC) = dout(N, OC) @ W            (beta 0, or 1 with GradMode::Accumulate)
-//             dW(OC, IC) (fp32) += dout^T @ inp         (beta 1: main grads accumulate)
+//             dW(OC, IC) (fp32) += dout^T @ inp         (beta 1: main grads accumulate; beta 0 for the
+//                                                        first write of a step, see ParamStore::zero_grads)
 //             db(OC)     (fp32) += column sums of dout  (deterministic two-pass reduction: per-chunk
 //                                                        partials, then sum_rows_accumulate)
 // Row-major onto cuBLAS's column-major: a row-major (r, c) matrix is a column-major (c, r) one, so
@@ -243,7 +244,7 @@ void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, i
 
 template <typename T>
 void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp) {
+                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
   constexpr cudaDataType_t t = cuda_type<T>();
   if (dinp && N > 0 && IC > 0) {
     if (OC == 0) {
@@ -253,9 +254,13 @@ void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, 
            {false, false, IC, N, OC, weight, IC, dout, OC, dinp, IC, t, t, nullptr, accumulate_dinp ? 1.f : 0.f});
     }
   }
-  if (dweight && N > 0 && IC > 0 && OC > 0)
-    gemm("linear_backward_cuda dweight",
-         {false, true, IC, OC, N, inp, IC, dout, OC, dweight, IC, t, CUDA_R_32F, nullptr, 1.f});
+  if (dweight && IC > 0 && OC > 0) {
+    if (N > 0)
+      gemm("linear_backward_cuda dweight", {false, true, IC, OC, N, inp, IC, dout, OC, dweight, IC, t, CUDA_R_32F,
+                                            nullptr, accumulate_dweight ? 1.f : 0.f});
+    else if (!accumulate_dweight)
+      fill_cuda(dweight, OC * IC, 0.0);
+  }
   if (dbias) column_sum_accumulate(dbias, dev(dout), N, OC);
 }
 
@@ -280,8 +285,8 @@ void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, con
 
 template <typename T>
 void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                               const T* pre, int64_t N, int64_t IC, int64_t OC) {
-  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, false);
+                               const T* pre, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight) {
+  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, false, accumulate_dweight);
   if (N == 0 || IC == 0) return;
   if constexpr (!std::is_same_v<T, float>) {
     // dpre^T (IC, N) = W (stored (IC, OC)) x dout^T, then * gelu'(pre^T) (IC, N), leading dimension IC.
@@ -302,10 +307,10 @@ void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* d
 #define MT_INSTANTIATE(T)                                                                                        \
   template void linear_gelu_forward_cuda<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);      \
   template void linear_backward_gelu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, const T*, int64_t,  \
-                                             int64_t, int64_t);                                                  \
+                                             int64_t, int64_t, bool);                                            \
   template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, const T*); \
   template void linear_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
-                                        bool);
+                                        bool, bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

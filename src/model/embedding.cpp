@@ -94,9 +94,13 @@ void Embedding::backward(const Tensor& dx_in, const Tensor& tokens, int64_t B, i
     ops::dropout_backward(dx, dx_in, p, rng::mix64(step.dropout_seed ^ 0x5eedull),
                           static_cast<uint64_t>((step.first_sample * T + row0) * C));
   }
-  if (position_) ops::embedding_backward(position_->grad, dx, positions(row0, rows, T), 0);
+  if (position_) {
+    prepare_grad_accumulate(*position_);
+    ops::embedding_backward(position_->grad, dx, positions(row0, rows, T), 0);
+  }
   // ReduceFromTP::backward is the identity; under SP the rows are gathered back first.
   Tensor dfull = sp(c) ? ReduceScatterToSP::backward(dx, *c.ps) : dx;
+  prepare_grad_accumulate(*word_);
   ops::embedding_backward(word_->grad, dfull, tokens, vocab_start());
 }
 

@@ -5,7 +5,7 @@
 namespace mt {
 
 GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec)
-    : ctx_(&ctx), spec_(spec) {
+    : ctx_(&ctx), store_(&store), spec_(spec) {
   // Parameters are laid out in the flat buffers in registration order: each module is one range.
   auto range_from = [&store](int64_t begin) { return FlatRange{begin, store.local_numel()}; };
   int64_t begin = store.local_numel();

@@ -55,11 +55,15 @@ class GPTModel {
   void params_needed(const FlatRange& r) const {
     if (ctx_->hooks) ctx_->hooks->params_needed(r.begin, r.end);
   }
+  // After a module's backward: its parameters that got no gradient are zeroed (ParamStore::zero_unwritten), then
+  // the hooks are told.
   void grads_accumulated(const FlatRange& r) const {
+    store_->zero_unwritten(r.begin, r.end);
     if (ctx_->hooks) ctx_->hooks->grads_accumulated(r.begin, r.end);
   }
 
   const ModelContext* ctx_;
+  ParamStore* store_;
   FlatRange embedding_range_, post_range_;
   std::vector<FlatRange> layer_ranges_;
   ModelChunkSpec spec_;

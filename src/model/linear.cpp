@@ -18,6 +18,13 @@ Param* add_param(ParamStore& store, const std::string& name, Shape shape, int pd
   return store.add(s);
 }
 DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+// How this backward writes the weight's gradient (Overwrite on its first write of the step); the bias's column
+// sums only accumulate: it is zeroed first when unwritten.
+ops::GradMode weight_grad_mode(Param* weight, Param* bias) {
+  if (bias) prepare_grad_accumulate(*bias);
+  return grad_write_mode(*weight);
+}
 }  // namespace
 
 // ---------------------------------------------------------------- column parallel
@@ -58,8 +65,9 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool ne
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   Tensor dxf;
   if (need_dx) dxf = ctx_->empty(xf.shape());
+  const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
   ops::linear_backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf,
-                       weight_->value);
+                       weight_->value, ops::GradMode::Overwrite, wmode);
   if (!need_dx) return Tensor();
   if (ps.sequence_parallel) return GatherFromSP::backward(dxf, ps);
   CopyToTP::backward(dxf, ps);
@@ -92,7 +100,9 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, const Tensor&
     }
   }
   if (gather) gather->wait();
-  ops::linear_backward(nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf, weight_->value);
+  const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
+  ops::linear_backward(nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf, weight_->value,
+                       ops::GradMode::Overwrite, wmode);
   if (reduce) reduce->wait();
   return dx;
 }
@@ -131,7 +141,9 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) const {
   // from the full dy on every rank, so the replicated bias stays identical across TP ranks.
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
   Tensor dx = ctx_->empty(x.shape());
-  ops::linear_backward(&dx, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value);
+  const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
+  ops::linear_backward(&dx, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value,
+                       ops::GradMode::Overwrite, wmode);
   return dx;
 }
 
@@ -139,7 +151,9 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
   const ParallelState& ps = *ctx_->ps;
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
   Tensor dpre = ctx_->empty(x.shape());
-  ops::linear_backward_gelu(dpre, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value, pre);
+  const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
+  ops::linear_backward_gelu(dpre, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value, pre,
+                            wmode);
   return dpre;
 }
 
@@ -147,7 +161,8 @@ Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h) const {
   const ParallelState& ps = *ctx_->ps;
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
   Tensor dh = h;  // in place: h is read before each of its elements is overwritten
-  ops::linear_backward_swiglu(dh, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, weight_->value, h);
+  const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
+  ops::linear_backward_swiglu(dh, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, weight_->value, h, wmode);
   h = Tensor();
   return dh;
 }
@@ -177,6 +192,8 @@ void Norm::forward(Tensor& y, Saved& s, const Tensor& x) const {
 }
 
 void Norm::backward_accumulate(Tensor& dx, const Tensor& dy, const Tensor& x, const Saved& s) const {
+  prepare_grad_accumulate(*weight_);
+  if (bias_) prepare_grad_accumulate(*bias_);
   if (bias_)
     ops::layernorm_backward(dx, weight_->grad, bias_->grad, dy, x, weight_->value, s.mean, s.rstd,
                             ops::GradMode::Accumulate);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/env.h"
+
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/ops.h"
 
@@ -125,7 +127,32 @@ void ParamStore::sync_values_from_master(int64_t begin, int64_t n) {
   ops::cast(v, flat_master_.slice(begin, n));
 }
 
-void ParamStore::zero_grads() { flat_grads_.zero_(); }
+ops::GradMode grad_write_mode(Param& p) {
+  const bool first = p.grad_unwritten;
+  p.grad_unwritten = false;
+  return first ? ops::GradMode::Overwrite : ops::GradMode::Accumulate;
+}
+
+void prepare_grad_accumulate(Param& p) {
+  if (p.grad_unwritten) p.grad.zero_();
+  p.grad_unwritten = false;
+}
+
+void ParamStore::zero_grads() {
+  static const bool first_write = !env_equals("MT_GRAD_FIRST_WRITE", "0");
+  if (!first_write) {
+    flat_grads_.zero_();
+    return;
+  }
+  for (auto& p : params_) p->grad_unwritten = true;
+}
+
+void ParamStore::zero_unwritten(int64_t begin, int64_t end) {
+  for (auto& p : params_) {
+    const auto off = static_cast<int64_t>(p->flat_offset);
+    if (off >= begin && off < end) prepare_grad_accumulate(*p);
+  }
+}
 
 std::vector<Param*> ParamStore::params() const {
   std::vector<Param*> v;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace mt {
@@ -58,7 +59,17 @@ struct Param {
   Tensor grad;                  // same shape; gradients accumulate here over micro-batches
   size_t flat_offset = 0;       // element offset into the store's flat buffers
   bool weight_decay = true;     // resolved by the optimizer config
+  // Set by ParamStore::zero_grads: grad holds a previous step's values and its first write of this step must
+  // overwrite them (grad_write_mode / prepare_grad_accumulate below).
+  bool grad_unwritten = false;
 };
+
+// How an op writes p's gradient: Overwrite for the first write after ParamStore::zero_grads (the weight-gradient
+// GEMM then runs with beta 0: no zeroing pass, no read of zeros), else Accumulate. Marks p written.
+ops::GradMode grad_write_mode(Param& p);
+// For ops that only accumulate (norm, bias and embedding gradients): zeroes p's gradient first if it is
+// unwritten this step. Marks p written.
+void prepare_grad_accumulate(Param& p);
 
 class ParamStore {
  public:
@@ -73,7 +84,13 @@ class ParamStore {
   // so every parallel layout starts from identical weights. ScaledNormal uses
   // std / sqrt(2 * num_layers) (output projections, Megatron's scaled init).
   void initialize(uint64_t seed, double std, int num_layers);
+  // Starts a step's gradient accumulation: marks every gradient unwritten, so that its first write overwrites
+  // (Param::grad_unwritten); MT_GRAD_FIRST_WRITE=0 zeroes the flat buffer instead (for comparisons). The padding
+  // of the flat buffer is never written and stays zero.
   void zero_grads();
+  // Zeroes the gradients of the parameters in the flat element range [begin, end) that no op wrote this step
+  // (a module's backward is done with them: they had no gradient).
+  void zero_unwritten(int64_t begin, int64_t end);
 
   std::vector<Param*> params() const;
   Param* find(const std::string& name) const;

@@ -285,24 +285,24 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 }
 
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                     const Tensor& weight, GradMode dinp_mode) {
+                     const Tensor& weight, GradMode dinp_mode, GradMode dweight_mode) {
   const char* op = "linear_backward";
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, dout, "dout", N, OC);
   if (dinp) like_rows(op, inp, *dinp, "dinp", N, IC);
   if (dweight) param_grad(op, inp, *dweight, "dweight", weight.shape());
   if (dbias) param_grad(op, inp, *dbias, "dbias", {OC});
-  const bool acc = dinp_mode == GradMode::Accumulate;
+  const bool acc = dinp_mode == GradMode::Accumulate, acc_w = dweight_mode == GradMode::Accumulate;
   std::string pname;
   if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC, dinp ? "" : " no-dinp")).c_str();
   MT_DISPATCH(op, inp,
               (cuda::linear_backward_cuda<T>(dinp ? dinp->data<T>() : nullptr,
                                              dweight ? dweight->data<float>() : nullptr,
                                              dbias ? dbias->data<float>() : nullptr, dout.data<T>(), inp.data<T>(),
-                                             weight.data<T>(), N, IC, OC, acc)),
+                                             weight.data<T>(), N, IC, OC, acc, acc_w)),
               cpu::linear_backward_cpu<T>(dinp ? dinp->data<T>() : nullptr, dweight ? dweight->data<T>() : nullptr,
                                           dbias ? dbias->data<T>() : nullptr, dout.data<T>(), inp.data<T>(),
-                                          weight.data<T>(), N, IC, OC, acc));
+                                          weight.data<T>(), N, IC, OC, acc, acc_w));
 }
 
 void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
@@ -325,7 +325,7 @@ void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tens
 }
 
 void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                          const Tensor& weight, const Tensor& pre) {
+                          const Tensor& weight, const Tensor& pre, GradMode dweight_mode) {
   const char* op = "linear_backward_gelu";
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, dout, "dout", N, OC);
@@ -335,7 +335,7 @@ void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Te
   if (dbias) param_grad(op, inp, *dbias, "dbias", {OC});
   if (inp.device() == Device::CPU) {  // the reference: linear backward, then the GELU's
     Tensor dinp = Tensor::empty(inp.shape(), inp.dtype());
-    linear_backward(&dinp, dweight, dbias, dout, inp, weight);
+    linear_backward(&dinp, dweight, dbias, dout, inp, weight, GradMode::Overwrite, dweight_mode);
     gelu_backward(dpre, dinp, pre);
     return;
   }
@@ -344,12 +344,13 @@ void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Te
   MT_DISPATCH(op, inp,
               (cuda::linear_backward_gelu_cuda<T>(dpre.data<T>(), dweight ? dweight->data<float>() : nullptr,
                                                   dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
-                                                  inp.data<T>(), weight.data<T>(), pre.data<T>(), N, IC, OC)),
+                                                  inp.data<T>(), weight.data<T>(), pre.data<T>(), N, IC, OC,
+                                                  dweight_mode == GradMode::Accumulate)),
               (void)sizeof(T); unsupported(op, inp));
 }
 
 void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& weight,
-                            const Tensor& h) {
+                            const Tensor& h, GradMode dweight_mode) {
   const char* op = "linear_backward_swiglu";
   const int64_t F2 = last_dim(op, h, "h"), N = rows(h), F = F2 / 2;
   OP_ASSERT(F2 % 2 == 0, "h ", h.str(), " should be (N, 2F)");
@@ -364,7 +365,7 @@ void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Te
     const Tensor h2 = h.view({N, F2});
     Tensor a = Tensor::empty({N, F}, h.dtype()), da = Tensor::empty({N, F}, h.dtype()), dh2 = dh.view({N, F2});
     swiglu_forward(a, h2);
-    linear_backward(&da, dweight, dbias, dout.view({N, OC}), a, weight);
+    linear_backward(&da, dweight, dbias, dout.view({N, OC}), a, weight, GradMode::Overwrite, dweight_mode);
     swiglu_backward(dh2, da, h2);  // may overwrite h: read (row by row) before written
     return;
   }
@@ -373,7 +374,8 @@ void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Te
   MT_DISPATCH(op, h,
               (cuda::linear_backward_swiglu_cuda<T>(dh.data<T>(), dweight ? dweight->data<float>() : nullptr,
                                                     dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
-                                                    weight.data<T>(), h.data<T>(), N, F, OC)),
+                                                    weight.data<T>(), h.data<T>(), N, F, OC,
+                                                    dweight_mode == GradMode::Accumulate)),
               (void)sizeof(T); unsupported(op, h));
 }
 

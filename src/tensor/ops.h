@@ -5,8 +5,9 @@
 //
 // Legend: N rows (= B*T tokens), C channels (hidden), OC/IC out/in features, B batch, T sequence,
 // H query heads, G key/value heads (query groups), D head dim, V vocab (Vl: this rank's vocab slice).
-// Gradient convention (every backward): parameter gradients accumulate (+=); activation gradients
-// overwrite (=) unless the op takes a GradMode and is given Accumulate (the residual stream).
+// Gradient convention (every backward): parameter gradients accumulate (+=), except a linear's weight gradient
+// given GradMode::Overwrite (the first write of a step: ParamStore::zero_grads); activation gradients overwrite
+// (=) unless the op takes a GradMode and is given Accumulate (the residual stream).
 // Statistics saved for backward (mean, rstd, lse, CE partials) are fp32, or fp64 for fp64 inputs.
 #pragma once
 
@@ -32,9 +33,10 @@ double sum_squares(const Tensor& x);                       // sum of x^2, accumu
 void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
                     const Tensor* residual = nullptr);
 // dinp(N, IC) (=, or += with Accumulate) = dout(N, OC) @ weight(OC, IC)
-// dweight(OC, IC) += dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped.
+// dweight(OC, IC) += (= with Overwrite) dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped.
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                     const Tensor& weight, GradMode dinp_mode = GradMode::Overwrite);
+                     const Tensor& weight, GradMode dinp_mode = GradMode::Overwrite,
+                     GradMode dweight_mode = GradMode::Accumulate);
 
 // Linear + GELU (the MLP of GPT-2): pre(N, OC) = inp @ weight^T + bias, out(N, OC) = gelu(pre): the same as
 // linear_forward then gelu_forward, with the GELU in the GEMM's epilogue where the backend has one.
@@ -42,13 +44,13 @@ void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tens
 // Backward of the linear that follows the GELU, through the GELU: dpre(N, IC) (=) = gelu'(pre) * (dout @ weight)
 // (linear_backward's dinp then gelu_backward, fused where possible); dweight, dbias as linear_backward (+=).
 void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
-                          const Tensor& weight, const Tensor& pre);
+                          const Tensor& weight, const Tensor& pre, GradMode dweight_mode = GradMode::Accumulate);
 // Backward of the linear that follows a SwiGLU (llama's fc2), through the SwiGLU, without the linear's input:
 // inp = swiglu(h) (N, F) is recomputed here (in the SwiGLU backward's pass over h), so the forward need not keep
-// it. dh (N, 2F) (=) = swiglu'(h) . (dout @ weight); dweight (OC, F) += dout^T @ swiglu(h); dbias (OC) += column
-// sums of dout. dh may alias h (h is then overwritten by its gradient).
+// it. dh (N, 2F) (=) = swiglu'(h) . (dout @ weight); dweight (OC, F) += (= with Overwrite) dout^T @ swiglu(h);
+// dbias (OC) += column sums of dout. dh may alias h (h is then overwritten by its gradient).
 void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& weight,
-                            const Tensor& h);
+                            const Tensor& h, GradMode dweight_mode = GradMode::Accumulate);
 
 // ---------------------------------------------------------------- embedding (vocab-parallel ready)
 // tokens int32 (N); table (Vl, C) holds global rows [vocab_start, vocab_start + Vl).

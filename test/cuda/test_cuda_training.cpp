@@ -4,7 +4,7 @@
 // gradients; fp16 with dynamic loss scaling). An fp16 run started at a loss scale far too large
 // overflows, skips those updates, halves the scale until it fits, then trains; stopped and resumed
 // in the middle of that, it continues with the same scale and the same skips. training.deterministic: false
-// changes the bits, not the track.
+// changes the bits, not the track; keeping the norm / SwiGLU outputs and the first-write gradients change nothing.
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -145,7 +145,10 @@ TEST_CASE("training.deterministic false: bf16 llama tracks the deterministic run
 // training.recompute_norm_act: false keeps the norm outputs and llama's SwiGLU output instead of recomputing them in
 // backward (the unfused fc2 backward + SwiGLU backward path on the GPU): the same kernels on the same inputs, so the
 // losses and gradient norms are bit-identical to the default's.
-TEST_CASE("training.recompute_norm_act false: bit-identical to recomputing, llama and gpt2 bf16", "[cuda][training]") {
+// Also: the first weight-gradient GEMM of a step writes (beta 0) instead of accumulating into a zeroed buffer
+// (ParamStore::zero_grads); MT_GRAD_FIRST_WRITE=0 zeroes the buffer as before: bit-identical as well.
+TEST_CASE("kept norm/SwiGLU outputs and first-write gradients are bit-identical, llama and gpt2 bf16",
+          "[cuda][training]") {
   for (const std::string arch : {"llama", "gpt2"}) {
     const std::string config = "configs/ci/tiny-" + arch + ".yaml";
     const std::string extra = std::string(" --set model.num_query_groups=") + (arch == "llama" ? "2" : "4") +
@@ -155,14 +158,21 @@ TEST_CASE("training.recompute_norm_act false: bit-identical to recomputing, llam
     RunResult kept = run_megatrain(args(config, b, extra + " --set training.recompute_norm_act=false"), b);
     INFO(kept.err.substr(0, 2000));
     REQUIRE(kept.code == 0);
+    const std::string z = arch + "-zeroed";
+    REQUIRE(run_megatrain(args(config, z, extra), z, 0, "MT_GRAD_FIRST_WRITE=0").code == 0);
     auto r = read_metrics(temp_dir() / (a + ".jsonl")), k = read_metrics(temp_dir() / (b + ".jsonl"));
+    auto zr = read_metrics(temp_dir() / (z + ".jsonl"));
     REQUIRE(r.size() == 10);
     REQUIRE(k.size() == 10);
+    REQUIRE(zr.size() == 10);
     for (auto& [it, x] : r) {
       INFO(arch << " iteration " << it << ": recomputed " << x.loss << " / " << x.grad_norm << ", kept "
-                << k[it].loss << " / " << k[it].grad_norm);
+                << k[it].loss << " / " << k[it].grad_norm << ", zeroed buffer " << zr[it].loss << " / "
+                << zr[it].grad_norm);
       CHECK(k[it].loss == x.loss);
       CHECK(k[it].grad_norm == x.grad_norm);
+      CHECK(zr[it].loss == x.loss);
+      CHECK(zr[it].grad_norm == x.grad_norm);
     }
   }
 }

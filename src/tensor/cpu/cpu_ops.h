@@ -46,7 +46,7 @@ template <typename T>
 void linear_forward_cpu(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC);
 template <typename T>
 void linear_backward_cpu(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N,
-                         int64_t IC, int64_t OC, bool accumulate_dinp);
+                         int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight);
 
 // ---------------------------------------------------------------- embedding.cpp
 template <typename T>

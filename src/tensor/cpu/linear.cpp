@@ -92,7 +92,7 @@ void linear_forward_cpu(T* out, const T* inp, const T* weight, const T* bias, in
 
 template <typename T>
 void linear_backward_cpu(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N,
-                         int64_t IC, int64_t OC, bool accumulate_dinp) {
+                         int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
   const bool par = use_threads(N, OC, IC);
   SerialBlasScope serial(par);
   if (dinp) {  // dinp[rows] = dout[rows] @ W
@@ -104,12 +104,13 @@ void linear_backward_cpu(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
                   dinp + n0 * IC, IC);
     }
   }
-  if (dweight) {  // dW[o rows] += dout[:, o rows]^T @ inp
+  if (dweight) {  // dW[o rows] (+)= dout[:, o rows]^T @ inp
     const int64_t blocks = (OC + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t o0 = blk * kRowBlock, rows = std::min(OC, o0 + kRowBlock) - o0;
-      gemm_cpu<T>(true, false, rows, IC, N, T(1), dout + o0, OC, inp, IC, T(1), dweight + o0 * IC, IC);
+      gemm_cpu<T>(true, false, rows, IC, N, T(1), dout + o0, OC, inp, IC, accumulate_dweight ? T(1) : T(0),
+                  dweight + o0 * IC, IC);
     }
   }
   if (dbias) {
@@ -132,7 +133,8 @@ void linear_backward_cpu(T* dinp, T* dweight, T* dbias, const T* dout, const T* 
   template void gemm_cpu<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, \
                             T*, int64_t);                                                                       \
   template void linear_forward_cpu<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);            \
-  template void linear_backward_cpu<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+  template void linear_backward_cpu<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, \
+                                       bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE
