@@ -192,13 +192,14 @@ void Norm::forward(Tensor& y, Saved& s, const Tensor& x) const {
 }
 
 void Norm::backward_accumulate(Tensor& dx, const Tensor& dy, const Tensor& x, const Saved& s) const {
-  prepare_grad_accumulate(*weight_);
-  if (bias_) prepare_grad_accumulate(*bias_);
-  if (bias_)
+  prepare_grad_accumulate(*weight_);  // the norm kernels only accumulate into dw (and db)
+  if (bias_) {
+    prepare_grad_accumulate(*bias_);
     ops::layernorm_backward(dx, weight_->grad, bias_->grad, dy, x, weight_->value, s.mean, s.rstd,
                             ops::GradMode::Accumulate);
-  else
+  } else {
     ops::rmsnorm_backward(dx, weight_->grad, dy, x, weight_->value, s.rstd, ops::GradMode::Accumulate);
+  }
 }
 
 }  // namespace mt

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "core/env.h"
-
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/ops.h"
 

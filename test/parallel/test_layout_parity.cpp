@@ -21,8 +21,10 @@ struct Layout {
 const Layout kLayouts[] = {
     {"tp2", 2, "--set parallel.tensor=2"},
     {"tp2-sp", 2, "--set parallel.tensor=2 --set parallel.sequence_parallel=true"},
-    {"tp2-sp-overlap", 2,
-     "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.tp_comm_overlap=true"},
+    // ... with the norm and SwiGLU outputs kept (training.recompute_norm_act false) as well.
+    {"tp2-sp-overlap-kept", 2,
+     "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.tp_comm_overlap=true "
+     "--set training.recompute_norm_act=false"},
     {"tp2-overlap", 2, "--set parallel.tensor=2 --set parallel.tp_comm_overlap=true"},
     {"pp2", 2, "--set parallel.pipeline=2"},
     {"pp4-vp2", 4, "--set parallel.pipeline=4 --set parallel.virtual_pipeline=2"},
