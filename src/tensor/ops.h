@@ -42,7 +42,8 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
 // linear_forward then gelu_forward, with the GELU in the GEMM's epilogue where the backend has one.
 void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& weight, const Tensor* bias);
 // Backward of the linear that follows the GELU, through the GELU: dpre(N, IC) (=) = gelu'(pre) * (dout @ weight)
-// (linear_backward's dinp then gelu_backward, fused where possible); dweight, dbias as linear_backward (+=).
+// (linear_backward's dinp then gelu_backward, fused where possible); dweight, dbias as linear_backward (+=, and
+// dweight = with Overwrite).
 void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                           const Tensor& weight, const Tensor& pre, GradMode dweight_mode = GradMode::Accumulate);
 // Backward of the linear that follows a SwiGLU (llama's fc2), through the SwiGLU, without the linear's input:
