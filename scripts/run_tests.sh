@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The README's second command: installs what is missing, builds, fetches the tokenizer files and the
-# test corpus, and runs the whole test suite (the tokenizer tests then fail instead of skipping when
+# test corpus, installs Slurm and munge (for the Slurm end-to-end test), and runs the whole test suite (the tokenizer tests then fail instead of skipping when
 # their files are absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_text_data.sh
+# test/cli/slurm_train.sh starts a one-node Slurm cluster (as root) from these.
+scripts/apt_install_missing.sh slurmctld slurmd slurm-client munge
 export MEGATRAIN_REQUIRE_TOKENIZER=1
 ctest --test-dir build --output-on-failure -j "${MT_TEST_JOBS:-2}"
