@@ -15,7 +15,9 @@
 # OMP_NUM_THREADS to cores / ranks per node unless set, keeps NVLink multicast off
 # (NCCL_NVLS_ENABLE=0) unless set, and exports NCCL_*, MT_*, MEGATRAIN_*, CUDA_*, OMP_*, UCX_*,
 # OPENBLAS_*, PATH and LD_LIBRARY_PATH to every rank (-x), also on other nodes. As root it allows
-# Open MPI to run as root. The binary: $MEGATRAIN_BIN, else build/megatrain, else megatrain on PATH.
+# Open MPI to run as root. On one node (no --hostfile / -H) it lets the ranks outnumber the cores
+# (--oversubscribe: the CPU backend, tests) and, when there is no ssh, starts them without it
+# (OMPI_MCA_plm=isolated unless set). The binary: $MEGATRAIN_BIN, else build/megatrain, else megatrain on PATH.
 set -euo pipefail
 
 self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -52,7 +54,7 @@ if [[ ${1:-} == --rank-exec ]]; then
   rank_exec "$@"
 fi
 
-usage() { sed -n '2,22p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$self" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "launch_mpirun.sh: $*" >&2
   exit 2
@@ -99,6 +101,10 @@ cores=$(nproc 2>/dev/null || echo 1)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / ranks_here > 0 ? cores / ranks_here : 1))}
 
 cmd=(mpirun -np "$np" --bind-to none "${hosts[@]}")
+if ((${#hosts[@]} == 0)); then
+  ((np > cores)) && cmd+=(--oversubscribe)
+  command -v ssh >/dev/null || command -v rsh >/dev/null || export OMPI_MCA_plm=${OMPI_MCA_plm:-isolated}
+fi
 [[ -n $per_node ]] && cmd+=(--map-by "ppr:$per_node:node")
 while read -r v; do cmd+=(-x "$v"); done < <(compgen -e | grep -E '^(NCCL_|MT_|MEGATRAIN_|CUDA_|OMP_|UCX_|OPENBLAS_)' || true)
 cmd+=(-x PATH)
