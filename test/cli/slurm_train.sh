@@ -132,12 +132,13 @@ wait_iter() {
   done
   fail "job $1 did not reach iteration $3 in 120 s"
 }
+# wait_end JOB SECONDS: until the job has ended.
 wait_end() {
-  local i
-  for ((i = 0; i < 300; i++)); do
+  local end=$((SECONDS + $2))
+  while ((SECONDS < end)); do
     case $(state "$1") in PENDING | RUNNING | CONFIGURING | COMPLETING) sleep 0.2 ;; *) return 0 ;; esac
   done
-  fail "job $1 still running 60 s after the signal"
+  fail "job $1 still running after $2 s"
 }
 # run_until_signal METRICS MIN_ITER [--set ...]: submits, signals USR1 at MIN_ITER, checks exit 0.
 run_until_signal() {
@@ -147,7 +148,7 @@ run_until_signal() {
   job=$("${sb[@]}" --set logging.metrics_file="$metrics" "$@")
   wait_iter "$job" "$metrics" "$min"
   scancel --signal=USR1 "$job"
-  wait_end "$job"
+  wait_end "$job" 60
   [[ $(state "$job") == COMPLETED && $(exit_code "$job") == 0:0 ]] ||
     fail "job $job after SIGUSR1: state $(state "$job"), exit code $(exit_code "$job") (want COMPLETED 0:0)"
   echo "$job"
@@ -175,7 +176,7 @@ echo "slurm_train: job $job2 resumed at iteration $((n + 1)), stopped by SIGUSR1
 # Reference: iterations 1..m in one job (exit_interval), its own checkpoint directory.
 job3=$("${sb[@]}" --set logging.metrics_file=runs/ref.jsonl --set training.exit_interval="$m" \
   --set checkpoint.dir=runs/ref)
-wait_end "$job3"
+wait_end "$job3" 300
 [[ $(state "$job3") == COMPLETED && $(exit_code "$job3") == 0:0 ]] || fail "reference job $job3: $(state "$job3") $(exit_code "$job3")"
 losses() { cat "$@" | grep -o '"iteration": [0-9]*, "consumed_samples": [0-9]*, "loss": [^,]*'; }
 d=$(diff <(losses runs/job1.jsonl runs/job2.jsonl) <(losses runs/ref.jsonl) || true)
