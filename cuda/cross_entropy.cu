@@ -3,6 +3,7 @@
 // targets int32 (N); all statistics fp32.
 //   stats:    max(N) = max_v z_v, sumexp(N) = sum_v exp(z_v - max), target_logit(N) = z_t if t in the
 //             slice else 0 (over the valid columns; no valid column: -inf and 0).
+//   combine:  rescale sumexp to the global max, then lse = M + log(S) and loss = lse - target (fp64), per row.
 //   backward: dlogits = (exp(z - lse[n]) - [v == t]) dloss[n], padding columns 0; may alias logits.
 // One block per row; probabilities are never stored (the backward writes dlogits in place of them).
 // Stats read the row once: each thread keeps an online (max, sum) pair, rescaling once per vector of
@@ -106,9 +107,59 @@ __global__ void cross_entropy_backward_kernel(D* dlogits, const D* logits, const
   }
 }
 
+// The combine of the slices' statistics (one thread per row; cross_entropy.cpp has the math).
+__global__ void cross_entropy_rescale_kernel(float* sumexp, const float* max, const float* gmax, int64_t N) {
+  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (n < N) sumexp[n] = isinf(max[n]) ? 0.f : sumexp[n] * expf(max[n] - gmax[n]);
+}
+
+__global__ void cross_entropy_finish_kernel(float* lse, double* loss, const float* gmax, const float* sumexp,
+                                            const float* target_logit, int64_t N) {
+  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  const float l = gmax[n] + logf(sumexp[n]);
+  lse[n] = l;
+  loss[n] = static_cast<double>(l) - static_cast<double>(target_logit[n]);
+}
+
+// acc[0] += sum of x, one block: each thread sums a fixed stride of x, then a fixed tree (the same bits every run).
+__global__ void sum_accumulate_kernel(double* acc, const double* x, int64_t n) {
+  __shared__ double part[kThreads];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w >>= 1) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) acc[0] += part[0];
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- launchers
+
+void cross_entropy_rescale_cuda(float* sumexp, const float* max, const float* gmax, int64_t N) {
+  if (N == 0) return;
+  const unsigned grid = static_cast<unsigned>((N + 255) / 256);
+  cross_entropy_rescale_kernel<<<grid, 256, 0, current_stream()>>>(sumexp, max, gmax, N);
+  MT_CUDA_CHECK_LAUNCH("cross_entropy_rescale_cuda");
+}
+
+void cross_entropy_finish_cuda(float* lse, double* loss, const float* gmax, const float* sumexp,
+                               const float* target_logit, int64_t N) {
+  if (N == 0) return;
+  const unsigned grid = static_cast<unsigned>((N + 255) / 256);
+  cross_entropy_finish_kernel<<<grid, 256, 0, current_stream()>>>(lse, loss, gmax, sumexp, target_logit, N);
+  MT_CUDA_CHECK_LAUNCH("cross_entropy_finish_cuda");
+}
+
+void sum_accumulate_cuda(double* acc, const double* x, int64_t n) {
+  if (n == 0) return;
+  sum_accumulate_kernel<<<1, kThreads, 0, current_stream()>>>(acc, x, n);
+  MT_CUDA_CHECK_LAUNCH("sum_accumulate_cuda");
+}
 
 template <typename T>
 void cross_entropy_stats_cuda(float* max, float* sumexp, float* target_logit, const T* logits, const int32_t* targets,

@@ -126,6 +126,10 @@ void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* 
 template <typename T>
 void cross_entropy_stats_cuda(float* max, float* sumexp, float* target_logit, const T* logits, const int32_t* targets,
                               int64_t N, int64_t Vl, int64_t vocab_start, int64_t n_valid);
+void cross_entropy_rescale_cuda(float* sumexp, const float* max, const float* gmax, int64_t N);
+void cross_entropy_finish_cuda(float* lse, double* loss, const float* gmax, const float* sumexp,
+                               const float* target_logit, int64_t N);
+void sum_accumulate_cuda(double* acc, const double* x, int64_t n);  // acc[0] += sum(x), fixed order
 template <typename T>
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const int32_t* targets, const float* lse,
                                  const float* dloss, int64_t N, int64_t Vl, int64_t vocab_start, int64_t n_valid);

@@ -113,39 +113,19 @@ OutputLayer::OutputLayer(const ModelContext& ctx, Param* weight)
   n_valid_ = std::clamp<int64_t>(ctx.model->vocab_size - vocab_start_, 0, vl);
 }
 
-double OutputLayer::forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor* losses) const {
+void OutputLayer::forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor& loss_acc, Tensor* losses) const {
   const ModelContext& c = *ctx_;
   s.logits = linear_.forward(h);  // (N, Vl): rows gathered under SP
   const int64_t N = s.logits.size(0);
-  // Statistics on the host in fp32/fp64 (N values), combined over TP ranks.
+  // Statistics in fp32 (fp64 for fp64 logits) on the model's device, combined over TP ranks there.
   const DType st = stat_dtype(c.dtype);
-  Tensor mx = Tensor::empty({N}, st, c.device), se = Tensor::empty({N}, st, c.device),
-         tl = Tensor::empty({N}, st, c.device);
-  ops::cross_entropy_stats(mx, se, tl, s.logits, targets, vocab_start_, n_valid_);
-  Tensor hm = mx, hs = se, ht = tl;
-  if (c.device != Device::CPU) {
-    hm = Tensor::empty({N}, st); hm.copy_from(mx);
-    hs = Tensor::empty({N}, st); hs.copy_from(se);
-    ht = Tensor::empty({N}, st); ht.copy_from(tl);
-  }
-  combine_vocab_parallel_ce(hm, hs, ht, *c.ps);  // hm = lse
-  double sum = 0;
-  Tensor loss_host = Tensor::empty({N}, DType::F64);
-  double* l = loss_host.data<double>();
-  for (int64_t i = 0; i < N; ++i) {
-    double lse = st == DType::F64 ? hm.data<double>()[i] : hm.data<float>()[i];
-    double tgt = st == DType::F64 ? ht.data<double>()[i] : ht.data<float>()[i];
-    l[i] = lse - tgt;
-    sum += l[i];
-  }
-  if (losses) *losses = loss_host;
-  if (c.device == Device::CPU) {
-    s.lse = hm;
-  } else {
-    s.lse = Tensor::empty({N}, st, c.device);
-    s.lse.copy_from(hm);
-  }
-  return sum;
+  Tensor se = Tensor::empty({N}, st, c.device), tl = Tensor::empty({N}, st, c.device);
+  s.lse = Tensor::empty({N}, st, c.device);
+  ops::cross_entropy_stats(s.lse, se, tl, s.logits, targets, vocab_start_, n_valid_);
+  Tensor loss = Tensor::empty({N}, DType::F64, c.device);
+  combine_vocab_parallel_ce(s.lse, se, tl, loss, *c.ps);  // s.lse: the row maxima become the log-sum-exp
+  ops::sum_accumulate(loss_acc, loss);
+  if (losses) *losses = loss;
 }
 
 Tensor OutputLayer::backward(Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const {

@@ -44,9 +44,10 @@ class OutputLayer {
     Tensor logits;  // (N, Vl)
     Tensor lse;     // (N) global log-sum-exp
   };
-  // h (rows_local, C), targets int32 (N = B*T). Returns the sum over the N tokens of -log p(target)
-  // (the same on every TP rank); per-token losses into `losses` if given.
-  double forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor* losses = nullptr) const;
+  // h (rows_local, C), targets int32 (N = B*T). Adds the sum over the N tokens of -log p(target) (the same on every
+  // TP rank) to loss_acc (fp64 (1), on the model's device: nothing waits for the device); per-token losses (N, fp64,
+  // on the device) into `losses` if given.
+  void forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor& loss_acc, Tensor* losses = nullptr) const;
   // Returns dL/dh (rows_local, C) given dL/dloss_n = dloss_per_token for every token.
   Tensor backward(Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const;
   // Logits (rows_full, Vl) of this rank's vocab slice, without the loss (generation).

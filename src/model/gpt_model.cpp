@@ -59,7 +59,7 @@ Tensor to_device_ids(const int32_t* ids, int64_t n, Device dev) {
 }  // namespace
 
 Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* labels, int64_t B, int64_t T,
-                         const Tensor& hidden_in, const StepContext& step, double* loss_sum) const {
+                         const Tensor& hidden_in, const StepContext& step, Tensor* loss_acc) const {
   st.B = B;
   st.T = T;
   // Host-to-device copies wait for the device (pageable memory, legacy stream): do them while it is
@@ -91,8 +91,20 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
   params_needed(post_range_);
   st.final_out = ctx_->empty(x.shape());
   final_norm_->forward(st.final_out, st.final_norm, x);
-  *loss_sum = output_->forward(st.head, st.final_out, st.labels);
+  output_->forward(st.head, st.final_out, st.labels, *loss_acc);
   return Tensor();
+}
+
+Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* labels, int64_t B, int64_t T,
+                         const Tensor& hidden_in, const StepContext& step, double* loss_sum) const {
+  Tensor acc = Tensor::zeros({1}, DType::F64, ctx_->device);
+  Tensor out = forward(st, tokens, labels, B, T, hidden_in, step, &acc);
+  if (spec_.post_process) {
+    Tensor host = Tensor::empty({1}, DType::F64);
+    host.copy_from(acc);
+    *loss_sum = host.data<double>()[0];
+  }
+  return out;
 }
 
 Tensor GPTModel::logits(const int32_t* tokens, int64_t B, int64_t T) const {

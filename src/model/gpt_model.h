@@ -34,7 +34,11 @@ class GPTModel {
 
   // Forward one micro-batch. tokens/labels: int32 host arrays of B*T. hidden_in: the previous
   // stage's output (B*T, C) unless pre_process. Returns this chunk's output (B*T, C) unless
-  // post_process; then returns an undefined tensor and sets *loss_sum (sum of token losses).
+  // post_process; then returns an undefined tensor and adds the sum of token losses to *loss_acc (fp64 (1), on the
+  // model's device, so that nothing waits for the device).
+  Tensor forward(MicroState& st, const int32_t* tokens, const int32_t* labels, int64_t B, int64_t T,
+                 const Tensor& hidden_in, const StepContext& step, Tensor* loss_acc) const;
+  // The same with the sum of token losses returned in *loss_sum (waits for the device): tests, one-off forwards.
   Tensor forward(MicroState& st, const int32_t* tokens, const int32_t* labels, int64_t B, int64_t T,
                  const Tensor& hidden_in, const StepContext& step, double* loss_sum) const;
   // Backward. post_process: d_out ignored, every token's loss has weight dloss_per_token.

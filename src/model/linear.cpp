@@ -85,19 +85,14 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, const Tensor&
   std::unique_ptr<Work> gather, reduce;
   if (sp) {
     xf = ctx_->empty({x.size(0) * ps.tp_size, x.size(1)});
-    gather = ps.tp->all_gather_async(xf, x);
+    gather = gather_sp_rows_async(xf, x, ps);
   }
   Tensor dx;
   if (need_dx) {
     Tensor dxf = ctx_->empty(xf.shape());
     ops::linear_backward(&dxf, nullptr, nullptr, dy, xf, weight_->value);  // reads dy and W only
-    if (sp) {
-      dx = ctx_->empty(x.shape());
-      reduce = ps.tp->reduce_scatter_async(dx, dxf, ReduceOp::Sum);
-    } else {
-      dx = dxf;
-      reduce = ps.tp->all_reduce_async(dx, ReduceOp::Sum);
-    }
+    dx = sp ? ctx_->empty(x.shape()) : dxf;
+    reduce = reduce_column_input_grad_async(dx, dxf, ps);
   }
   if (gather) gather->wait();
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);

@@ -1,6 +1,6 @@
 #include "parallel/mappings.h"
 
-#include <cmath>
+#include "tensor/ops.h"
 
 namespace mt {
 
@@ -34,33 +34,39 @@ Tensor GatherFromSP::backward(const Tensor& g, const ParallelState& ps) {
 Tensor ReduceScatterToSP::forward(const Tensor& x, const ParallelState& ps) { return GatherFromSP::backward(x, ps); }
 Tensor ReduceScatterToSP::backward(const Tensor& g, const ParallelState& ps) { return GatherFromSP::forward(g, ps); }
 
-namespace {
-template <typename T>
-void combine(Tensor& max, Tensor& sumexp, Tensor& target, const ParallelState& ps) {
-  const int64_t n = max.numel();
-  T* m = max.data<T>();
-  T* s = sumexp.data<T>();
-  if (ps.tp_size > 1) {
-    Tensor gmax = max.clone();
-    ps.tp->all_reduce(gmax, ReduceOp::Max);
-    const T* g = gmax.data<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      s[i] = std::isinf(m[i]) ? T(0) : s[i] * std::exp(m[i] - g[i]);  // a slice with no valid column
-      m[i] = g[i];
-    }
-    ps.tp->all_reduce(sumexp, ReduceOp::Sum);
-    ps.tp->all_reduce(target, ReduceOp::Sum);
+std::unique_ptr<Work> gather_sp_rows_async(Tensor& full, const Tensor& part, const ParallelState& ps) {
+  if (ps.tp_size == 1) {
+    full.copy_from(part);
+    return nullptr;
   }
-  for (int64_t i = 0; i < n; ++i) m[i] = m[i] + std::log(s[i]);
+  return ps.tp->all_gather_async(full, part);
 }
-}  // namespace
 
-void combine_vocab_parallel_ce(Tensor& max, Tensor& sumexp, Tensor& target_logit, const ParallelState& ps) {
-  MT_INTERNAL_ASSERT(max.device() == Device::CPU, "combine_vocab_parallel_ce on host statistics");
-  if (max.dtype() == DType::F64)
-    combine<double>(max, sumexp, target_logit, ps);
-  else
-    combine<float>(max, sumexp, target_logit, ps);
+std::unique_ptr<Work> reduce_column_input_grad_async(Tensor& dx, Tensor& dx_full, const ParallelState& ps) {
+  if (ps.sequence_parallel) {
+    if (ps.tp_size == 1) {
+      dx.copy_from(dx_full);
+      return nullptr;
+    }
+    return ps.tp->reduce_scatter_async(dx, dx_full, ReduceOp::Sum);
+  }
+  MT_INTERNAL_ASSERT(dx.raw() == dx_full.raw(), "reduce_column_input_grad_async: dx must be dx_full without "
+                     "sequence parallelism (the all-reduce is in place)");
+  if (ps.tp_size == 1) return nullptr;
+  return ps.tp->all_reduce_async(dx_full, ReduceOp::Sum);
+}
+
+void combine_vocab_parallel_ce(Tensor& max, Tensor& sumexp, Tensor& target_logit, Tensor& loss,
+                               const ParallelState& ps) {
+  Tensor gmax = max;  // one slice: its own max
+  if (ps.tp_size > 1) {
+    gmax = max.clone();
+    ps.tp->all_reduce(gmax, ReduceOp::Max);
+    ops::cross_entropy_rescale(sumexp, max, gmax);
+    ps.tp->all_reduce(sumexp, ReduceOp::Sum);
+    ps.tp->all_reduce(target_logit, ReduceOp::Sum);
+  }
+  ops::cross_entropy_finish(max, loss, gmax, sumexp, target_logit);  // max becomes lse
 }
 
 }  // namespace mt

@@ -13,6 +13,8 @@
 // all-gather/reduce-scatter pair, without it copy/all-reduce.
 #pragma once
 
+#include <memory>
+
 #include "parallel/parallel_state.h"
 #include "tensor/tensor.h"
 
@@ -38,9 +40,20 @@ struct ReduceScatterToSP {
   static Tensor backward(const Tensor& g_part, const ParallelState& ps);  // (N/tp, C) -> (N, C)
 };
 
-// Vocab-parallel cross-entropy statistics: combines each TP rank's partial (max, sumexp,
-// target_logit) per row into the global log-sum-exp and the target logit, in place:
-// on return max holds lse = M + log(sum_r sumexp_r * exp(max_r - M)), target_logit the global one.
-void combine_vocab_parallel_ce(Tensor& max, Tensor& sumexp, Tensor& target_logit, const ParallelState& ps);
+// Asynchronous halves for overlapping a column-parallel backward's communication with its GEMMs
+// (parallel.tp_comm_overlap; model/linear.cpp ColumnParallelLinear::backward_overlapped). Each returns the
+// handle to wait on (null when the tensor-parallel group has one rank):
+//   gather_sp_rows_async:          full (N, C) <- all-gather of each TP rank's rows part (N/tp, C) (GatherFromSP)
+//   reduce_column_input_grad_async: under sequence parallelism dx (N/tp, C) <- reduce-scatter(sum) of dx_full
+//                                  (N, C); without it dx_full is all-reduced in place and dx must be dx_full.
+std::unique_ptr<Work> gather_sp_rows_async(Tensor& full, const Tensor& part, const ParallelState& ps);
+std::unique_ptr<Work> reduce_column_input_grad_async(Tensor& dx, Tensor& dx_full, const ParallelState& ps);
+
+// Vocab-parallel cross-entropy: combines each TP rank's partial statistics per row (ops::cross_entropy_stats over its
+// vocabulary slice: max, sumexp, target_logit, (N) each) into the global log-sum-exp, written over max, and each
+// row's loss (N, fp64) = lse - target logit, on the statistics' device (nothing goes through the host):
+// all-reduce(max) over TP, rescale sumexp to the global max, all-reduce(sum) of sumexp and target_logit.
+void combine_vocab_parallel_ce(Tensor& max, Tensor& sumexp, Tensor& target_logit, Tensor& loss,
+                               const ParallelState& ps);
 
 }  // namespace mt

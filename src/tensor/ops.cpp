@@ -759,6 +759,61 @@ void cross_entropy_stats(Tensor& max, Tensor& sumexp, Tensor& target_logit, cons
                                               n_valid));
 }
 
+void cross_entropy_rescale(Tensor& sumexp, const Tensor& max, const Tensor& gmax) {
+  const char* op = "cross_entropy_rescale";
+  need(op, max, "max");
+  OP_ASSERT(max.dtype() == DType::F32 || max.dtype() == DType::F64, "max ", max.str(), " should be fp32 or fp64");
+  const int64_t N = max.numel();
+  on_device(op, max, sumexp, "sumexp", max.dtype());
+  on_device(op, max, gmax, "gmax", max.dtype());
+  numel_is(op, sumexp, "sumexp", N);
+  numel_is(op, gmax, "gmax", N);
+  MT_DISPATCH(op, max, (cuda::cross_entropy_rescale_cuda(sumexp.data<float>(), max.data<float>(), gmax.data<float>(), N)),
+              cpu::cross_entropy_rescale_cpu<T>(sumexp.data<T>(), max.data<T>(), gmax.data<T>(), N));
+}
+
+void cross_entropy_finish(Tensor& lse, Tensor& loss, const Tensor& gmax, const Tensor& sumexp,
+                          const Tensor& target_logit) {
+  const char* op = "cross_entropy_finish";
+  need(op, gmax, "gmax");
+  OP_ASSERT(gmax.dtype() == DType::F32 || gmax.dtype() == DType::F64, "gmax ", gmax.str(), " should be fp32 or fp64");
+  const int64_t N = gmax.numel();
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&lse, "lse"}, {&sumexp, "sumexp"},
+                                {&target_logit, "target_logit"}}) {
+    on_device(op, gmax, *t, name, gmax.dtype());
+    numel_is(op, *t, name, N);
+  }
+  on_device(op, gmax, loss, "loss", DType::F64);
+  numel_is(op, loss, "loss", N);
+  MT_DISPATCH(op, gmax,
+              (cuda::cross_entropy_finish_cuda(lse.data<float>(), loss.data<double>(), gmax.data<float>(),
+                                               sumexp.data<float>(), target_logit.data<float>(), N)),
+              cpu::cross_entropy_finish_cpu<T>(lse.data<T>(), loss.data<double>(), gmax.data<T>(), sumexp.data<T>(),
+                                               target_logit.data<T>(), N));
+}
+
+void sum_accumulate(Tensor& acc, const Tensor& x) {
+  const char* op = "sum_accumulate";
+  need(op, x, "x");
+  on_device(op, x, x, "x", DType::F64);
+  on_device(op, x, acc, "acc", DType::F64);
+  numel_is(op, acc, "acc", 1);
+  switch (x.device()) {
+    case Device::CPU:
+      acc.data<double>()[0] += cpu::sum_cpu(x.data<double>(), x.numel());
+      return;
+#if defined(MEGATRAIN_HAVE_CUDA)
+    case Device::CUDA: {
+      const cuda::OpTimer timer(op, x.numel());
+      cuda::sum_accumulate_cuda(acc.data<double>(), x.data<double>(), x.numel());
+      return;
+    }
+#endif
+    default:
+      unsupported(op, x);
+  }
+}
+
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             const Tensor& dloss, int64_t vocab_start, int64_t n_valid) {
   const char* op = "cross_entropy_backward";

@@ -126,6 +126,15 @@ void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
 //   target_logit(N): the target's logit if the target is in this slice, else 0.
 void cross_entropy_stats(Tensor& max, Tensor& sumexp, Tensor& target_logit, const Tensor& logits,
                          const Tensor& targets, int64_t vocab_start, int64_t n_valid);
+// Combining the slices' statistics over the tensor-parallel ranks (the reductions between the two steps are the
+// caller's: parallel/mappings.h combine_vocab_parallel_ce). gmax (N): the max over the slices (this rank's max when
+// there is one slice). Statistics in the stat dtype (fp32, fp64 for fp64 logits); loss (N) fp64.
+//   cross_entropy_rescale: sumexp[n] *= exp(max[n] - gmax[n]) (0 where max[n] is -inf: no valid column in the slice)
+//   cross_entropy_finish:  lse[n] = gmax[n] + log(sumexp[n]);  loss[n] = lse[n] - target_logit[n]
+void cross_entropy_rescale(Tensor& sumexp, const Tensor& max, const Tensor& gmax);
+void cross_entropy_finish(Tensor& lse, Tensor& loss, const Tensor& gmax, const Tensor& sumexp, const Tensor& target_logit);
+// acc (1) += sum_n x[n], both fp64 on one device, in a fixed order (the same bits every run).
+void sum_accumulate(Tensor& acc, const Tensor& x);
 // dlogits(N, Vl) = (exp(logit - lse[n]) - [v == target]) * dloss[n]; padding columns get 0.
 // lse (N) is the global log-sum-exp; dloss (N) fp32/fp64. dlogits may alias logits.
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,

@@ -18,6 +18,12 @@ StepContext step_for(const data::MicroBatch& mb, uint64_t seed, bool training) {
   s.first_sample = mb.first_sample;
   return s;
 }
+// The value of a one-element fp64 tensor (waits for the device).
+double host_scalar(const Tensor& t) {
+  Tensor host = Tensor::empty({1}, DType::F64);
+  host.copy_from(t);
+  return host.data<double>()[0];
+}
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(std::vector<const GPTModel*> chunks, const ModelContext& ctx)
@@ -57,7 +63,8 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
     for (auto& s : sending) s.first->wait();
     sending.clear();
   };
-  double loss = 0;
+  // The summed token losses stay on the device until the iteration is done: no micro-batch waits for the device.
+  Tensor loss = Tensor::zeros({1}, DType::F64, ctx_->device);
   for (size_t i = 0; i < actions.size();) {
     const pp::Action& a = actions[i];
     const Key key{a.microbatch, a.chunk};
@@ -66,13 +73,9 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
     if (a.kind == pp::ActionKind::Forward) {
       Tensor in;
       if (!first_virtual(a.chunk)) in = take(act_in, key);
-      double ls = 0;
       Tensor out = chunks_[a.chunk]->forward(states[key], mb.tokens.data(), mb.labels.data(), mb.rows, mb.seq_length,
-                                            in, step, &ls);
-      if (last_virtual(a.chunk))
-        loss += ls;
-      else
-        act_out[key] = out;
+                                            in, step, &loss);
+      if (!last_virtual(a.chunk)) act_out[key] = out;
       ++i;
       continue;
     }
@@ -127,13 +130,13 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
   drain_sends();
   MT_INTERNAL_ASSERT(states.empty() && act_in.empty() && grad_in.empty() && arriving.empty(),
                      "pipeline schedule left work behind");
-  return loss;
+  return host_scalar(loss);
 }
 
 double PipelineExecutor::evaluate(const std::vector<data::MicroBatch>& mbs) {
   const ParallelState& ps = *ctx_->ps;
   const int p = ps.pp_size, s = ps.pp_rank, v = static_cast<int>(chunks_.size());
-  double loss = 0;
+  Tensor loss = Tensor::zeros({1}, DType::F64, ctx_->device);
   for (size_t m = 0; m < mbs.size(); ++m) {
     const StepContext step = step_for(mbs[m], 0, false);
     for (int c = 0; c < v; ++c) {
@@ -145,18 +148,15 @@ double PipelineExecutor::evaluate(const std::vector<data::MicroBatch>& mbs) {
         ps.pp->batch_p2p({{P2POp::Kind::Recv, &in, pp::peer_of(r, p, s), pp::message_tag(r, p, s, v)}});
       }
       GPTModel::MicroState st;
-      double ls = 0;
       Tensor out = chunks_[c]->forward(st, mbs[m].tokens.data(), mbs[m].labels.data(), mbs[m].rows,
-                                       mbs[m].seq_length, in, step, &ls);
-      if (last_virtual(c)) {
-        loss += ls;
-      } else {
+                                       mbs[m].seq_length, in, step, &loss);
+      if (!last_virtual(c)) {
         pp::Action snd{pp::ActionKind::SendForward, mi, c, 0};
         ps.pp->batch_p2p({{P2POp::Kind::Send, &out, pp::peer_of(snd, p, s), pp::message_tag(snd, p, s, v)}});
       }
     }
   }
-  return loss;
+  return host_scalar(loss);
 }
 
 }  // namespace mt

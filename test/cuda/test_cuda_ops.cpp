@@ -480,3 +480,41 @@ TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
     }
 }
 #endif
+
+TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match the CPU", "[cuda][cross_entropy]") {
+  init();
+  const int64_t N = 3000;
+  // fp32 statistics of two slices (the second with some rows that have no valid column: max -inf, sumexp 0).
+  Tensor mx = rounded(randn64({N}, 801, 3.0), DType::F32), gmax = mx.clone(), se = rounded(randn64({N}, 802), DType::F32),
+         tl = rounded(randn64({N}, 803), DType::F32);
+  for (int64_t n = 0; n < N; ++n) {
+    se.data<float>()[n] = 1.0f + std::fabs(se.data<float>()[n]);
+    gmax.data<float>()[n] = mx.data<float>()[n] + static_cast<float>(n % 5) * 0.25f;
+    if (n % 97 == 0) mx.data<float>()[n] = -INFINITY;
+  }
+  Tensor se_ref = se.clone();
+  ops::cross_entropy_rescale(se_ref, mx, gmax);
+  Tensor se_d = to_device(se, DType::F32);
+  ops::cross_entropy_rescale(se_d, to_device(mx, DType::F32), to_device(gmax, DType::F32));
+  check_close("cross_entropy_rescale", se_d, cast_host(se_ref, DType::F64), DType::F32, kTolF32);
+  Tensor lse_ref = Tensor::empty({N}, DType::F32), loss_ref = Tensor::empty({N}, DType::F64);
+  ops::cross_entropy_finish(lse_ref, loss_ref, gmax, se_ref, tl);
+  Tensor lse_d = poisoned({N}, DType::F32), loss_d = Tensor::empty({N}, DType::F64, Device::CUDA);
+  loss_d.copy_from(randn64({N}, 804));
+  ops::cross_entropy_finish(lse_d, loss_d, to_device(gmax, DType::F32), to_device(se_ref, DType::F32),
+                            to_device(tl, DType::F32));
+  check_close("cross_entropy_finish lse", lse_d, cast_host(lse_ref, DType::F64), DType::F32, kTolF32);
+  CHECK(rel_err(to_host64(loss_d), loss_ref) < 1e-6);
+  // sum_accumulate: the CPU's in-order sum within rounding, and the same bits every run.
+  Tensor acc_ref = Tensor::zeros({1}, DType::F64);
+  ops::sum_accumulate(acc_ref, loss_ref);
+  Tensor loss_exact = Tensor::empty({N}, DType::F64, Device::CUDA);
+  loss_exact.copy_from(loss_ref);
+  Tensor a1 = Tensor::zeros({1}, DType::F64, Device::CUDA), a2 = Tensor::zeros({1}, DType::F64, Device::CUDA);
+  ops::sum_accumulate(a1, loss_exact);
+  ops::sum_accumulate(a1, loss_exact);
+  ops::sum_accumulate(a2, loss_exact);
+  ops::sum_accumulate(a2, loss_exact);
+  CHECK(to_host(a1).data<double>()[0] == Approx(2 * acc_ref.data<double>()[0]).epsilon(1e-12));
+  CHECK(bitwise_equal(a1, a2));
+}

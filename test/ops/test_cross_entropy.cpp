@@ -128,3 +128,39 @@ TEST_CASE("cross-entropy in fp32 keeps fp32 statistics and agrees with fp64", "[
   Tensor d = Tensor::empty({N, V}, DType::F32);
   CHECK_THROWS_AS(ops::cross_entropy_backward(d, to(logits, DType::F32), targets, lse64, lse64, 0, V), InternalError);
 }
+
+TEST_CASE("cross-entropy combine ops: rescale and finish over three slices give the full-vocab loss",
+          "[ops][cross_entropy]") {
+  Tensor logits = randn({N, V}, 41, DType::F64, 4.0), targets = randint({N}, 42, 0, V - 1);
+  // Slices [0, 4), [4, 11) and an empty third one (a rank whose columns are all padding: max -inf, sumexp 0).
+  Tensor a = columns(logits, 0, 4, 4, 0.0), b = columns(logits, 4, V - 4, V - 4, 0.0), c = columns(logits, 0, 0, 3, 7.0);
+  std::vector<Stats> s = {stats(a, targets, 0, 4), stats(b, targets, 4, V - 4), stats(c, targets, V, 0)};
+  CHECK(std::isinf(s[2].max.data<double>()[0]));
+  Tensor gmax = s[0].max.clone(), S = Tensor::zeros({N}, DType::F64), T = Tensor::zeros({N}, DType::F64);
+  for (auto& st : s)  // the all-reduce(max) over the slices
+    for (int64_t r = 0; r < N; ++r) gmax.data<double>()[r] = std::max(gmax.data<double>()[r], st.max.data<double>()[r]);
+  for (auto& st : s) {
+    ops::cross_entropy_rescale(st.sumexp, st.max, gmax);
+    ops::add_(S, st.sumexp);  // the all-reduce(sum)
+    ops::add_(T, st.target);
+  }
+  Tensor lse = Tensor::empty({N}, DType::F64), loss = Tensor::empty({N}, DType::F64);
+  ops::cross_entropy_finish(lse, loss, gmax, S, T);
+  double want_sum = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    const double want = naive_lse(logits, r) - logits.data<double>()[r * V + targets.data<int32_t>()[r]];
+    CHECK(lse.data<double>()[r] == Approx(naive_lse(logits, r)).epsilon(1e-14));
+    CHECK(loss.data<double>()[r] == Approx(want).epsilon(1e-13));
+    want_sum += loss.data<double>()[r];
+  }
+  // sum_accumulate adds in index order.
+  Tensor acc = Tensor::zeros({1}, DType::F64);
+  acc.data<double>()[0] = 0.5;
+  ops::sum_accumulate(acc, loss);
+  CHECK(acc.data<double>()[0] == 0.5 + want_sum);
+  // One slice: finish may write lse over its own max (gmax aliasing lse), as the model does.
+  Stats whole = stats(logits, targets, 0, V);
+  Tensor loss1 = Tensor::empty({N}, DType::F64);
+  ops::cross_entropy_finish(whole.max, loss1, whole.max, whole.sumexp, whole.target);
+  CHECK(rel_err(loss1, loss) < 1e-14);
+}

@@ -98,6 +98,11 @@ void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
 template <typename T>
 void cross_entropy_stats_cpu(T* max, T* sumexp, T* target_logit, const T* logits, const int32_t* targets, int64_t N,
                              int64_t Vl, int64_t vocab_start, int64_t n_valid);
+template <typename T>
+void cross_entropy_rescale_cpu(T* sumexp, const T* max, const T* gmax, int64_t N);
+template <typename T>
+void cross_entropy_finish_cpu(T* lse, double* loss, const T* gmax, const T* sumexp, const T* target_logit, int64_t N);
+double sum_cpu(const double* x, int64_t n);  // in index order
 // U: the dtype of dloss (fp32 or fp64, independent of T). dlogits may alias logits.
 template <typename T, typename U>
 void cross_entropy_backward_cpu(T* dlogits, const T* logits, const int32_t* targets, const T* lse, const U* dloss,
