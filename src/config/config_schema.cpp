@@ -141,9 +141,9 @@ std::vector<ConfigField> build_schema() {
                "reference whatever this says (cudnn is refused there)")
           .megatron({"attention_backend"}),
       MT_CONFIG_KEY(training, attention_bwd_workspace_mib).min(1)
-          .doc("cuDNN's deterministic attention backward needs micro_batch_size x (this rank's heads) x seq_length^2 x 2 bytes of "
-               "workspace: it runs in batch chunks of the most samples that fit in this many MiB (at least one "
-               "sample); more = fewer, faster chunks, more memory"),
+          .doc("cuDNN's deterministic attention backward needs micro_batch_size x (this rank's heads) x "
+               "seq_length^2 x 2 bytes of workspace: it runs in batch chunks of the most samples that fit in this "
+               "many MiB (at least one sample); more = fewer, faster chunks, more memory"),
       MT_CONFIG_KEY(training, recompute).one_of({"none", "selective", "full"})
           .doc("activation recomputation: selective = the attention core, full = whole layers")
           .megatron({"recompute_granularity"}),
