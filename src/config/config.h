@@ -58,6 +58,8 @@ struct TrainingConfig {
   std::string precision = "fp32";      // fp32 | bf16 | fp16
   std::string device = "auto";         // auto | cpu | cuda
   bool deterministic = true;           // false: faster non-deterministic GPU kernels (cuDNN attention backward)
+  std::string attention_backend = "auto";    // auto | cudnn | own (GPU attention: cuDNN's or our flash kernels)
+  int64_t attention_bwd_workspace_mib = 1024;  // cap of cuDNN's deterministic attention backward workspace
   std::string recompute = "none";      // none | selective | full
   std::string recompute_method = "uniform";  // uniform | block (full recompute)
   int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)

@@ -48,6 +48,17 @@ void validate_config(const Config& cfg) {
              llama_ffn_suggestion(m.hidden_size), " for hidden_size ", m.hidden_size);
   MT_CHECK(!(t.device == "cpu" && t.precision != "fp32"), pre, "training.precision is ", t.precision,
            " but training.device is cpu: the CPU backend runs fp32; set training.precision: fp32");
+  if (t.attention_backend == "cudnn") {  // what cuDNN's attention runs (cuda/attention_cudnn.cu shape_ok)
+    const std::string fix = "; set training.attention_backend: auto (cuDNN where it can, else our kernels) or own";
+    const int64_t head_dim = m.hidden_size / m.num_attention_heads;
+    MT_CHECK(t.device != "cpu", pre, "training.attention_backend is cudnn but training.device is cpu", fix);
+    MT_CHECK(t.precision != "fp32", pre, "training.attention_backend is cudnn but training.precision is fp32 (cuDNN's "
+             "attention runs bf16 and fp16)", fix);
+    MT_CHECK(m.seq_length % 128 == 0, pre, "training.attention_backend is cudnn but model.seq_length (", m.seq_length,
+             ") is not a multiple of 128", fix);
+    MT_CHECK(head_dim == 64 || head_dim == 128, pre, "training.attention_backend is cudnn but the head dim "
+             "(model.hidden_size / num_attention_heads = ", head_dim, ") is not 64 or 128", fix);
+  }
 
   MT_CHECK(p.expert == 1, pre, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet "
            "(parallel.expert is ", p.expert, "); set parallel.expert: 1");

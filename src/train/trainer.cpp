@@ -108,6 +108,33 @@ void debug_stall(int world_rank, int64_t iteration) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// Environment switches of earlier versions: a run that sets one is refused (it would be silently ignored), naming
+// what replaced it.
+void refuse_removed_env_switches() {
+  static constexpr const char* kRemoved[][2] = {
+      {"MT_ATTENTION", "set training.attention_backend (auto, cudnn or own) instead"},
+      {"MT_ATTENTION_BWD_WORKSPACE_MIB", "set training.attention_bwd_workspace_mib instead"},
+      {"MT_FUSE_RESIDUAL", "a kernel comparison switch, removed"},
+      {"MT_GRAD_FIRST_WRITE", "a kernel comparison switch, removed"},
+      {"MT_GEMM_GELU", "a kernel comparison switch, removed"},
+      {"MT_ATTENTION_FUSED", "a kernel comparison switch, removed"},
+      {"MT_NORM_FWD", "a kernel comparison switch, removed"},
+      {"MT_NORM_BWD", "a kernel comparison switch, removed"}};
+  for (const auto& [var, instead] : kRemoved)
+    if (const char* v = std::getenv(var))
+      MT_CHECK(false, "environment variable ", var, "=", v, " is no longer read (", instead, "); unset it");
+}
+
+// training.attention_backend and attention_bwd_workspace_mib, for the whole process (like training.deterministic).
+void set_attention_policy(const TrainingConfig& t, Device device) {
+  MT_CHECK(t.attention_backend != "cudnn" || device == Device::CUDA, "training.attention_backend: cudnn, but this run "
+           "is on the CPU (training.device: ", t.device, "); set training.attention_backend: auto or own");
+  ops::set_attention_backend(t.attention_backend == "cudnn" ? ops::AttentionBackend::Cudnn
+                             : t.attention_backend == "own" ? ops::AttentionBackend::Own
+                                                            : ops::AttentionBackend::Auto);
+  ops::set_attention_bwd_workspace_mib(t.attention_bwd_workspace_mib);
+}
+
 RecomputePolicy recompute_policy(const TrainingConfig& t) {
   RecomputePolicy p;
   p.mode = t.recompute == "full"        ? RecomputePolicy::Mode::Full
@@ -190,6 +217,8 @@ TrainResult run_training(const Config& cfg) {
   const DerivedConfig& d = run.d;
   run.ctx.device = resolve_device(cfg.training, run.world->rank());
   ops::set_deterministic(cfg.training.deterministic);
+  refuse_removed_env_switches();
+  set_attention_policy(cfg.training, run.ctx.device);
   Mesh::Wrap wrap;
 #if defined(MEGATRAIN_HAVE_CUDA)
   // One process per GPU: every group carries device tensors over NCCL, host values over MPI.

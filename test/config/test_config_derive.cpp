@@ -269,3 +269,32 @@ TEST_CASE("derive: optimizer, precision and expert rules", "[config]") {
   c.training.device = "auto";
   CHECK(mt::derive_config(c, 1).world_size == 1);
 }
+
+TEST_CASE("derive: training.attention_backend cudnn needs a run cuDNN's attention can take", "[config]") {
+  mt::Config c = base();  // head dim 256 / 8 = 32, seq_length 128, fp32, device auto
+  c.training.attention_backend = "cudnn";
+  c.training.device = "cpu";
+  std::string m = derive_error(c, 1);
+  CHECK(contains(m, "training.attention_backend is cudnn but training.device is cpu; set "
+                    "training.attention_backend: auto (cuDNN where it can, else our kernels) or own"));
+  c.training.device = "cuda";
+  m = derive_error(c, 1);
+  CHECK(contains(m, "training.attention_backend is cudnn but training.precision is fp32"));
+  c.training.precision = "bf16";
+  m = derive_error(c, 1);
+  CHECK(contains(m, "the head dim (model.hidden_size / num_attention_heads = 32) is not 64 or 128"));
+  c.model.hidden_size = 512;
+  c.model.seq_length = 200;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "model.seq_length (200) is not a multiple of 128"));
+  c.model.seq_length = 256;
+  CHECK(mt::derive_config(c, 1).world_size == 1);
+  c.training.device = "auto";  // a GPU or not is known at start: the trainer refuses cudnn on the CPU
+  c.training.precision = "fp16";
+  CHECK(mt::derive_config(c, 1).world_size == 1);
+  for (const char* other : {"auto", "own"}) {  // any run
+    c = base();
+    c.training.attention_backend = other;
+    CHECK(mt::derive_config(c, 1).world_size == 1);
+  }
+}
