@@ -517,8 +517,6 @@ TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
       check_close("adamw_step v", v, vr, DType::F32);
     }
 }
-#endif
-
 TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match the CPU", "[cuda][cross_entropy]") {
   init();
   const int64_t N = 3000;
@@ -556,3 +554,5 @@ TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match
   CHECK(to_host(a1).data<double>()[0] == Approx(2 * acc_ref.data<double>()[0]).epsilon(1e-12));
   CHECK(bitwise_equal(a1, a2));
 }
+
+#endif
