@@ -87,7 +87,8 @@ MemoryBudget plan_memory_budget(const DerivedConfig& d, int world_size, int* ran
 #if defined(MEGATRAIN_HAVE_CUDA)
     if (cuda::device_count() > 0) return gpu_memory_free();
 #endif
-    if (d.device == DeviceMode::CUDA) return {};  // the GPUs are elsewhere: nothing here to compare with
+    // No GPU here: a cuda or bf16/fp16 run is planned for GPUs elsewhere; nothing here to compare with.
+    if (d.device == DeviceMode::CUDA || d.precision != Precision::FP32) return {};
   }
   *ranks_on_host = world_size;  // a CPU run: every rank on this host
   return host_memory_available();

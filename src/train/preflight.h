@@ -34,7 +34,8 @@ std::string memory_warning(int64_t per_rank_bytes, int ranks, const MemoryBudget
 
 // The budget `plan` compares with on this machine: a visible GPU's free memory when training would
 // run on it; the host's available memory for all ranks when training would run on the CPU
-// (training.device cpu, or auto without a GPU). `ranks_on_host` is set to the ranks sharing it.
+// (training.device cpu, or auto in fp32 without a GPU); unknown otherwise (a GPU run planned on a
+// machine without one). `ranks_on_host` is set to the ranks sharing the budget.
 MemoryBudget plan_memory_budget(const DerivedConfig& d, int world_size, int* ranks_on_host);
 
 // `train`, before anything is allocated (every rank): refuses a checkpoint.dir that cannot be
