@@ -127,6 +127,16 @@ struct Config {
   std::string source_file;             // where it was loaded from (for error messages)
 };
 
+// Option strings of the config, resolved once by derive_config (the schema has already refused
+// any other value); callers switch on these, never compare the strings again.
+enum class Precision { FP32, BF16, FP16 };                // training.precision
+enum class DeviceMode { Auto, CPU, CUDA };                // training.device as requested (auto resolves at run time)
+enum class RecomputeGranularity { None, Selective, Full };  // training.recompute
+enum class RecomputeMethod { Uniform, Block };            // training.recompute_method
+enum class NanPolicy { Stop, Skip };                      // training.nan_policy
+enum class DecayStyle { Cosine, Linear, Constant };       // optimizer.decay_style
+enum class TokenizerType { None, Gpt2Bpe, HfJson };       // data.tokenizer_type
+
 // Values that follow from the config and the world size. Computed and checked by derive_config.
 struct DerivedConfig {
   int world_size = 1;
@@ -139,6 +149,14 @@ struct DerivedConfig {
   int num_microbatches = 0;            // global_batch / (micro_batch * data_parallel)
   int64_t lr_decay_iters = 0;          // resolved
   int64_t tokens_per_iteration = 0;    // global_batch * seq_length
+  // ---- option strings, resolved
+  Precision precision = Precision::FP32;
+  DeviceMode device = DeviceMode::Auto;
+  RecomputeGranularity recompute = RecomputeGranularity::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  NanPolicy nan_policy = NanPolicy::Stop;
+  DecayStyle decay_style = DecayStyle::Cosine;
+  TokenizerType tokenizer_type = TokenizerType::None;
 };
 
 }  // namespace mt

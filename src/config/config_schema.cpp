@@ -97,7 +97,7 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(parallel, virtual_pipeline).min(1)
           .doc("model chunks per pipeline stage (interleaved 1F1B when > 1; needs pipeline > 1)")
           .megatron({"virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"}),
-      MT_CONFIG_KEY(parallel, context).min(1).doc("context-parallel size: each sequence split over this many ranks")
+      MT_CONFIG_KEY(parallel, context).min(1).doc("context-parallel size: each sequence split over this many ranks (not supported yet: must be 1)")
           .megatron({"context_parallel_size"}),
       MT_CONFIG_KEY(parallel, expert).min(1).doc("expert-parallel size (mixture-of-experts models, not supported yet: must be 1)")
           .megatron({"expert_model_parallel_size"}),
