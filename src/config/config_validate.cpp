@@ -8,6 +8,7 @@
 
 #include "config/config_loader.h"
 #include "config/config_schema.h"
+#include "config/model_features.h"
 #include "core/check.h"
 
 namespace mt {
@@ -23,9 +24,6 @@ std::string divisors_of(int64_t n, int limit = 12) {
   return out;
 }
 
-// Llama's SwiGLU size: 8/3 x hidden rounded up to a multiple of 256 (a suggestion only).
-int64_t llama_ffn_suggestion(int64_t hidden) { return (8 * hidden / 3 + 255) / 256 * 256; }
-
 }  // namespace
 
 void validate_config(const Config& cfg) {
@@ -33,19 +31,11 @@ void validate_config(const Config& cfg) {
   const std::string pre = config_error_prefix(origin);
   for (const ConfigField& f : config_fields()) check_field_value(f, cfg, origin);
 
-  const ModelConfig& m = cfg.model;
   const ParallelConfig& p = cfg.parallel;
   const TrainingConfig& t = cfg.training;
   const OptimizerConfig& o = cfg.optimizer;
 
-  if (m.arch == "gpt2")
-    MT_CHECK(m.num_query_groups == 0 || m.num_query_groups == m.num_attention_heads, pre, "model.num_query_groups (",
-             m.num_query_groups, ") must be 0 or model.num_attention_heads (", m.num_attention_heads,
-             ") for arch gpt2 (grouped-query attention is a llama feature); set num_query_groups: 0 or arch: llama");
-  if (m.arch == "llama")
-    MT_CHECK(m.ffn_hidden_size > 0, pre, "model.ffn_hidden_size is required for arch llama (0 means 4 x hidden_size "
-             "only for gpt2); Llama uses about 8/3 x hidden_size, e.g. ffn_hidden_size: ",
-             llama_ffn_suggestion(m.hidden_size), " for hidden_size ", m.hidden_size);
+  (void)resolve_model_features(cfg);  // the feature keys and their combinations (model_features.cpp)
   MT_CHECK(!(t.device == "cpu" && t.precision != "fp32"), pre, "training.precision is ", t.precision,
            " but training.device is cpu: the CPU backend runs fp32; set training.precision: fp32");
 
@@ -114,12 +104,8 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
            ") must divide one another (groups are split over the tensor ranks, or each group is replicated on "
            "tensor/groups ranks); tensor sizes that fit: ", divisors_of(groups), " or multiples of ", groups,
            " that divide num_attention_heads");
-  MT_CHECK(m.hidden_size % heads == 0, pre, "model.hidden_size (", m.hidden_size,
-           ") must be divisible by model.num_attention_heads (", heads, ") (head_dim = hidden_size / heads)");
-  d.head_dim = static_cast<int>(m.hidden_size / heads);
-  if (m.arch == "llama")
-    MT_CHECK(d.head_dim % 2 == 0, pre, "head_dim = model.hidden_size (", m.hidden_size, ") / num_attention_heads (",
-             heads, ") = ", d.head_dim, " must be even for RoPE (arch llama)");
+  d.features = resolve_model_features(cfg);  // also checks hidden_size / heads when kv_channels is unset
+  d.head_dim = d.features.kv_channels;
 
   // ---- MLP and vocabulary
   const int64_t ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * int64_t{m.hidden_size};

@@ -2,8 +2,11 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <sstream>
+#include <string>
 
 #include "config/config_loader.h"
+#include "config/model_features.h"
 #include "core/log.h"
 #include "runtime/mpi_communicator.h"
 #include "train/plan.h"
@@ -91,6 +94,9 @@ int run_cli(int argc, char** argv) {
     std::cout << "# derived for " << world_size << " rank(s): data_parallel_size " << d.data_parallel_size
               << ", num_microbatches " << d.num_microbatches << ", padded_vocab_size " << d.padded_vocab_size
               << ", tokens_per_iteration " << d.tokens_per_iteration << "\n";
+    std::cout << "# resolved model features (model.arch " << cfg.model.arch << " fills the keys left null):\n";
+    std::istringstream features(describe_model_features(cfg, d.features));
+    for (std::string line; std::getline(features, line);) std::cout << "#   " << line << "\n";
     return 0;
   }
   return 0;

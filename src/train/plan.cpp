@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "config/config_loader.h"
+#include "config/model_features.h"
 #include "core/check.h"
 #include "model/gpt_model.h"
 #include "parallel/pipeline_schedule.h"
@@ -28,7 +29,13 @@ DType activation_dtype(const std::string& precision) {
 }
 
 int64_t stat_size(DType act) { return act == DType::F64 ? 8 : 4; }  // Norm / attention / loss statistics
-int64_t norm_stats(const ModelConfig& m) { return m.arch == "llama" ? 1 : 2; }  // RMSNorm: rstd; LayerNorm: mean, rstd
+// Statistics a norm keeps per row: RMSNorm rstd; LayerNorm mean, rstd.
+int64_t norm_stats(Normalization n) { return n == Normalization::RMSNorm ? 1 : 2; }
+int64_t norm_stats(const ModelConfig& m) {
+  Config c;
+  c.model = m;
+  return norm_stats(resolve_model_features(c).normalization);
+}
 
 std::string layer_pattern(const std::string& name) {
   static const std::regex layer_re("decoder\\.layers\\.[0-9]+\\.");
@@ -93,17 +100,21 @@ int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int
   if (mode == RecomputePolicy::Mode::Full) return rows * C * e;  // x_in only
   const int64_t heads = m.num_attention_heads / tp;
   const int64_t groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
-  const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (m.arch == "llama" ? 2 : 1);
+  const ModelFeatures& f = d.features;
+  const bool swiglu = f.activation == Activation::SwiGLU;
+  const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (swiglu ? 2 : 1);
   int64_t bytes = 2 * rows * C * e;               // x_in, x_mid
   if (keep_norm_act) bytes += 2 * rows * C * e;   // the norm outputs (else recomputed in backward)
-  bytes += 2 * norm_stats(m) * rows * s;          // n1, n2
+  bytes += 2 * norm_stats(f.normalization) * rows * s;  // n1, n2
   bytes += (heads + 2 * groups) * D * N * e;      // attention q, k, v (all rows: gathered under SP)
+  if (f.qk_layernorm)                             // q, k before their per-head norms, and the norms' rstd
+    bytes += (heads + groups) * N * (D * e + s);
   if (mode == RecomputePolicy::Mode::None) {      // the attention core, dropped by selective recompute:
     bytes += heads * D * N * e;                   //   out
     bytes += B * heads * T * s;                   //   lse
   }
   bytes += N * fc1 * e;                           // mlp h (fc1 output)
-  if (m.arch != "llama" || keep_norm_act) bytes += N * ffn * e;  // a: GELU output; SwiGLU's unless recomputed
+  if (!swiglu || keep_norm_act) bytes += N * ffn * e;  // a: GELU output; SwiGLU's unless recomputed
   return bytes;
 }
 

@@ -18,10 +18,12 @@ namespace {
 // If one of these fails, a layer keeps a new tensor per micro-batch: count it in plan.cpp's
 // layer_activation_bytes / chunk_extra_activation_bytes and in saved_bytes() below.
 static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(SelfAttention::Saved) == 5 * sizeof(Tensor));
-static_assert(sizeof(MLP::Saved) == 2 * sizeof(Tensor));
+static_assert(sizeof(SelfAttention::Saved) == 7 * sizeof(Tensor) + 2 * sizeof(Norm::Saved));
+static_assert(sizeof(DenseMLP::Saved) == 2 * sizeof(Tensor) + sizeof(MLPState));
 static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(TransformerLayer::Saved) == 15 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
+static_assert(sizeof(TransformerLayer::Saved) == 4 * sizeof(Tensor) + 2 * sizeof(Norm::Saved) +
+                                                    sizeof(SelfAttention::Saved) + sizeof(std::shared_ptr<MLPState>) +
+                                                    alignof(Tensor));  // + bool complete
 
 Config tiny(const std::string& arch, int layers = 4) {
   Config c;
@@ -44,7 +46,8 @@ int64_t nb(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes
 int64_t saved_bytes(const Norm::Saved& s) { return nb(s.mean) + nb(s.rstd); }
 int64_t saved_bytes(const TransformerLayer::Saved& s) {
   return nb(s.x_in) + nb(s.x_mid) + nb(s.ln1_out) + nb(s.ln2_out) + saved_bytes(s.n1) + saved_bytes(s.n2) +
-         nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.mlp.h) + nb(s.mlp.a);
+         nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.attn.q_pre) +
+         nb(s.attn.k_pre) + saved_bytes(s.attn.q_norm) + saved_bytes(s.attn.k_norm) + (s.mlp ? s.mlp->nbytes() : 0);
 }
 
 // A whole model on one rank, CPU, in `dtype`, initialized: the real thing the estimate models.
