@@ -91,6 +91,35 @@ RecomputePolicy policy(RecomputePolicy::Mode mode, bool block = false, int num_l
   return p;
 }
 
+TEST_CASE("plan: activation bytes follow the model features", "[plan][features]") {
+  using Mode = RecomputePolicy::Mode;
+  // qk_layernorm (q, k before the norms and their statistics kept), kv_channels != hidden/heads, and the
+  // llama preset with layernorm + gelu (two statistics per norm, the GELU output kept).
+  Config qwen = tiny("llama");
+  qwen.model.qk_layernorm = true;
+  qwen.model.kv_channels = 12;
+  qwen.model.add_qkv_bias = true;
+  Config mixed = tiny("llama");
+  mixed.model.normalization = "layernorm";
+  mixed.model.activation = "gelu";
+  mixed.model.kv_channels = 6;
+  for (const Config& cfg : {qwen, mixed})
+    for (const RecomputePolicy& rp : {policy(Mode::None), policy(Mode::Selective), policy(Mode::None, false, 1, false)}) {
+      INFO("normalization " << cfg.model.normalization.value_or("preset") << " recompute "
+                            << recompute_mode_name(rp.mode) << " norm_act " << rp.norm_act);
+      RealModel m(cfg, DType::F64, rp);
+      const int64_t B = 3, T = 8;
+      GPTModel::MicroState st;
+      m.forward(st, B, T);
+      for (const auto& layer : st.layers)
+        CHECK(saved_bytes(layer) == layer_activation_bytes(m.cfg.model, m.d, 1, false, B, T, DType::F64, rp.mode,
+                                                           !rp.norm_act));
+      const int64_t extra = nb(st.tokens) + nb(st.labels) + nb(st.final_in) + nb(st.final_out) +
+                            saved_bytes(st.final_norm) + nb(st.head.lse);
+      CHECK(extra == chunk_extra_activation_bytes(m.cfg.model, 1, false, B, T, DType::F64, true, true));
+    }
+}
+
 TEST_CASE("plan: activation bytes per layer equal what a real forward keeps", "[plan]") {
   using Mode = RecomputePolicy::Mode;
   const RecomputePolicy policies[] = {policy(Mode::None),          policy(Mode::Selective),
