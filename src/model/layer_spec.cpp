@@ -2,17 +2,16 @@
 
 namespace mt {
 
-MLPKind mlp_kind_for_layer(const ModelContext& /*ctx*/, int /*layer_number*/) { return MLPKind::Dense; }
+MLPKind mlp_kind_for_layer(const ModelFeatures& /*features*/, int /*layer_number*/) { return MLPKind::Dense; }
 
-TransformerLayerSpec layer_spec(const ModelContext& ctx, int layer_number) {
-  const ModelFeatures& f = ctx.features();
+TransformerLayerSpec layer_spec(const ModelFeatures& f, int layer_number) {
   TransformerLayerSpec s;
   s.norm = f.normalization;
   s.self_attention.qkv_bias = f.qkv_bias;
   s.self_attention.proj_bias = f.add_bias_linear;
   s.self_attention.qk_layernorm = f.qk_layernorm;
   s.self_attention.rope = f.position_embedding == PositionEmbedding::RoPE;
-  s.mlp = mlp_kind_for_layer(ctx, layer_number);
+  s.mlp = mlp_kind_for_layer(f, layer_number);
   return s;
 }
 

@@ -21,8 +21,8 @@ struct TransformerLayerSpec {
 };
 
 // The module in layer `layer_number`'s MLP slot (global layer number, 0-based).
-MLPKind mlp_kind_for_layer(const ModelContext& ctx, int layer_number);
-TransformerLayerSpec layer_spec(const ModelContext& ctx, int layer_number);
+MLPKind mlp_kind_for_layer(const ModelFeatures& features, int layer_number);
+TransformerLayerSpec layer_spec(const ModelFeatures& features, int layer_number);
 // Builds the module of `kind` with parameters under `prefix` (decoder.layers.N.mlp).
 std::unique_ptr<MLPModule> build_mlp(MLPKind kind, const std::string& prefix, const ModelContext& ctx,
                                      ParamStore& store);

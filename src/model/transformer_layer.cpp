@@ -22,7 +22,7 @@ bool residual_fusion_enabled() {
 }  // namespace
 
 TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store)
-    : TransformerLayer(layer_number, layer_spec(ctx, layer_number), ctx, store) {}
+    : TransformerLayer(layer_number, layer_spec(ctx.features(), layer_number), ctx, store) {}
 
 // Parameters are registered slot by slot (the flat buffer's order): norm, attention, norm, MLP.
 TransformerLayer::TransformerLayer(int layer_number, const TransformerLayerSpec& spec, const ModelContext& ctx,

@@ -3,7 +3,7 @@
 //   x_mid = x + dropout(self_attention(input_layernorm(x)))
 //   x_out = x_mid + dropout(mlp(pre_mlp_layernorm(x_mid)))
 // Everything backward needs is kept per micro-batch in Saved (the pipeline keeps several in
-// flight). Under full recompute the model drops a layer's Saved but its input (complete = false)
+// flight); model/kept_tensors.h describes it for `megatrain plan` (test/plan checks the two agree). Under full recompute the model drops a layer's Saved but its input (complete = false)
 // and has the layer recompute it before backward. The norm outputs are kept only when
 // training.recompute_norm_act is false; by default backward recomputes each from the kept norm input
 // (one (rows, C) read and write) just before the weight gradient that needs it.
