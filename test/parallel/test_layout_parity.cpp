@@ -94,8 +94,8 @@ TEST_CASE("qk_layernorm + kv_channels + add_qkv_bias + rope_scaling: TP2+SP x PP
           "[parallel][parity][features]") {
   // 4 layers are enough for PP2; kv_channels 24 with 4 heads of a 64-wide model.
   check_layouts("configs/ci/qwen3-tiny.yaml",
-                "--set model.add_qkv_bias=true --set model.rope_scaling=true --set model.rope_scaling_factor=4.0 "
-                "--set model.rope_scaling_original_max_position_embeddings=64",
+                "--set model.num_layers=4 --set model.add_qkv_bias=true --set model.rope_scaling=true "
+                "--set model.rope_scaling_factor=4.0 --set model.rope_scaling_original_max_position_embeddings=64",
                 "qwen3", {{"tp2sp-pp2-dp2", 8, "--set parallel.tensor=2 --set parallel.sequence_parallel=true "
                                                "--set parallel.pipeline=2"}});
 }
