@@ -428,15 +428,16 @@ TrainResult run_training(const Config& cfg) {
   }
   if (last_saved != iteration) save(iteration);
   // The test split once, at the end of training (as Megatron does).
-  const double test_loss = run.evaluate(run.data.test);
-  if (test_loss >= 0)
-    metrics.test(iteration, test_loss);
-  else
+  const bool has_test = run.data.test && cfg.training.eval_iters > 0;
+  if (has_test) {
+    result.last_test_loss = run.evaluate(run.data.test);
+    metrics.test(iteration, result.last_test_loss);
+  } else {
     log::info("test: skipped, {}", cfg.training.eval_iters <= 0 ? "training.eval_iters is 0"
                                                                 : "the test split is empty (data.split gives it weight 0)");
-  result.last_test_loss = test_loss;
+  }
   log::info("training done: {} iterations, last loss {:.6f}", iteration, result.last_loss);
-  summary("finished", test_loss >= 0, test_loss);
+  summary("finished", has_test, result.last_test_loss);
   return result;
 }
 

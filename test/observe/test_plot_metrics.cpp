@@ -11,8 +11,19 @@ using namespace mt::test;
 
 namespace {
 
+// The first python3 with matplotlib: the one on PATH, else Debian's (a PATH may put another
+// Python first, e.g. pyenv's, that lacks Debian's python3-matplotlib).
+const std::string& python() {
+  static const std::string py = [] {
+    for (const char* p : {"python3", "/usr/bin/python3"})
+      if (std::system((std::string(p) + " -c 'import matplotlib' > /dev/null 2>&1").c_str()) == 0) return std::string(p);
+    return std::string();
+  }();
+  return py;
+}
+
 bool have_matplotlib() {
-  if (std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0) return true;
+  if (!python().empty()) return true;
   const char* req = std::getenv("MEGATRAIN_REQUIRE_TOKENIZER");
   if (req && std::string(req) == "1") FAIL("python3 matplotlib is missing: scripts/apt_install_missing.sh python3-matplotlib");
   WARN("SKIPPED: python3 matplotlib is missing; scripts/apt_install_missing.sh python3-matplotlib");
@@ -27,7 +38,7 @@ uint32_t be32(const std::string& s, size_t pos) {
 
 int run_script(const std::string& args, const std::string& tag, std::string* err) {
   const fs::path e = temp_dir() / (tag + ".plot.stderr");
-  const std::string cmd = "python3 " + source_path("scripts/plot_metrics.py") + " " + args + " > /dev/null 2> " + e.string();
+  const std::string cmd = python() + " " + source_path("scripts/plot_metrics.py") + " " + args + " > /dev/null 2> " + e.string();
   const int status = std::system(cmd.c_str());
   *err = read_file(e);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
