@@ -88,7 +88,7 @@ std::string encode_session_start_event(double wall_time, int64_t step) {
   put_key(session, 1, 0);
   put_varint(session, 1);  // SessionLog.START
   std::string e = event_head(wall_time, step);
-  put_bytes(e, 6, session);
+  put_bytes(e, 7, session);  // Event.session_log (6 is the deprecated log_message)
   return e;
 }
 
@@ -141,7 +141,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t start_step)
            "; give a writable directory or \"\" for no TensorBoard files");
   const double t = wall_seconds();
   write(tensorboard::encode_file_version_event(t));
-  if (start_step > 1) write(tensorboard::encode_session_start_event(t, start_step));
+  write(tensorboard::encode_session_start_event(t, start_step));
   std::fflush(file_);
 }
 

@@ -6,12 +6,12 @@
 //   masked_crc32c(x) = ((c >> 15) | (c << 17)) + 0xa282ead8, c = CRC-32C (Castagnoli) of x.
 // Data: the protobuf encoding of tensorflow.Event (fields we write, wire types in brackets):
 //   Event   { double wall_time = 1 [64-bit]; int64 step = 2 [varint]; string file_version = 3 [len];
-//             Summary summary = 5 [len]; SessionLog session_log = 6 [len] }
+//             Summary summary = 5 [len]; SessionLog session_log = 7 [len] }
 //   Summary { repeated Value value = 1 [len] }   Value { string tag = 1 [len]; float simple_value = 2 [32-bit] }
 //   SessionLog { SessionStatus status = 1 [varint] }   (START = 1)
-// The first event of a file has file_version "brain.Event:2". A run resumed at iteration R starts
-// with SessionLog START at step R + 1: TensorBoard then drops what an earlier run logged from that
-// step on (it did not reach a checkpoint), as the metrics file does.
+// The first event of a file has file_version "brain.Event:2", the second SessionLog START at the
+// run's first step (R + 1 for a run resumed at iteration R, else 1): TensorBoard then drops what an
+// earlier run logged from that step on (past its last checkpoint), as the metrics file does.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +43,8 @@ std::string frame_record(const std::string& data);
 class TensorBoardWriter {
  public:
   // Creates dir and a new file events.out.tfevents.<unix time>.<hostname>[.<pid>] in it; throws
-  // mt::Error naming logging.tensorboard_dir when that fails. start_step > 1 (a resumed run) writes
-  // SessionLog START at start_step.
+  // mt::Error naming logging.tensorboard_dir when that fails. Writes file_version, then SessionLog
+  // START at start_step (the run's first iteration: 1, or the resumed checkpoint's + 1).
   TensorBoardWriter(const std::string& dir, int64_t start_step);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;

@@ -431,13 +431,17 @@ TrainResult run_training(const Config& cfg) {
   const bool has_test = run.data.test && cfg.training.eval_iters > 0;
   if (has_test) {
     result.last_test_loss = run.evaluate(run.data.test);
-    metrics.test(iteration, result.last_test_loss);
+    // As validation: a record only for a finite loss.
+    if (result.last_test_loss >= 0)
+      metrics.test(iteration, result.last_test_loss);
+    else
+      log::warn("test at iter {}: the test loss is not finite ({}); no record written", iteration, result.last_test_loss);
   } else {
     log::info("test: skipped, {}", cfg.training.eval_iters <= 0 ? "training.eval_iters is 0"
                                                                 : "the test split is empty (data.split gives it weight 0)");
   }
   log::info("training done: {} iterations, last loss {:.6f}", iteration, result.last_loss);
-  summary("finished", has_test, result.last_test_loss);
+  summary("finished", has_test && result.last_test_loss >= 0, result.last_test_loss);
   return result;
 }
 

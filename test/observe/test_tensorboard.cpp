@@ -1,8 +1,8 @@
 // TensorBoard event files (logging.tensorboard_dir), read back by a reader written here from the
 // format alone (TFRecord framing, CRC-32C computed bit by bit, protobuf wire format): every record's
 // two checksums hold, the first event is file_version "brain.Event:2", and the scalars of each step
-// are the values of the metrics file's records at that iteration. A resumed run's file starts with
-// SessionLog START at the first new step.
+// are the values of the metrics file's records at that iteration. Each file's second event is
+// SessionLog START at the run's first step (a resumed run: the first new one).
 #include <cstring>
 
 #include "catch.h"
@@ -103,7 +103,7 @@ Event decode_event(const std::string& data) {
         REQUIRE(!tag.empty());
         e.scalars[tag] = value;
       }
-    if (f.number == 6 && f.wire == 2)
+    if (f.number == 7 && f.wire == 2)  // session_log
       for (const Field& x : parse_message(f.bytes))
         if (x.number == 1 && x.wire == 0) e.session_status = static_cast<int>(x.varint);
   }
@@ -170,13 +170,15 @@ TEST_CASE("a training run's event file holds the scalars of every log line", "[t
   REQUIRE(files.size() == 1);
   CHECK_THAT(files[0].filename().string(), Catch::Contains("events.out.tfevents."));
   const auto events = read_events(files[0]);
-  REQUIRE(events.size() >= 2);
+  REQUIRE(events.size() >= 3);
   CHECK(events[0].file_version == "brain.Event:2");
   CHECK(events[0].wall_time > 1.6e9);  // seconds since 1970, a 2020s date
+  CHECK(events[1].session_status == 1);  // START at the first step
+  CHECK(events[1].step == 1);
 
   // step -> tag -> value, from the event file.
   std::map<int64_t, std::map<std::string, float>> tb;
-  for (size_t i = 1; i < events.size(); ++i) {
+  for (size_t i = 2; i < events.size(); ++i) {
     CHECK(events[i].wall_time >= events[i - 1].wall_time);
     for (const auto& [tag, v] : events[i].scalars) tb[events[i].step][tag] = v;
   }
@@ -213,7 +215,7 @@ TEST_CASE("a training run's event file holds the scalars of every log line", "[t
   CHECK(tb.size() == 4);
 }
 
-TEST_CASE("a resumed run's event file starts with SessionLog START at the first new step", "[tensorboard][e2e]") {
+TEST_CASE("each event file starts with SessionLog START at the run's first step (resumed: the first new one)", "[tensorboard][e2e]") {
   const fs::path dir = temp_dir() / "tbresume";
   const std::string args = tiny_train_args("tbresume", "--set training.train_iters=6 --set logging.log_interval=1 "
                                                        "--set logging.tensorboard_dir=" +
@@ -222,9 +224,12 @@ TEST_CASE("a resumed run's event file starts with SessionLog START at the first 
   REQUIRE(run_megatrain(args, "tbresume2").code == 0);
   const auto files = event_files(dir / "tb");
   REQUIRE(files.size() == 2);
-  // The files are told apart by creation time (and pid within a second): the one with step 4 is the resumed one.
+  // The files are told apart by creation time (and pid within a second): the one starting at step 4 is the resumed one.
   std::vector<Event> first = read_events(files[0]), second = read_events(files[1]);
-  if (first.size() > 1 && first[1].session_status == 1) std::swap(first, second);
+  REQUIRE(first.size() >= 2);
+  if (first[1].step == 4) std::swap(first, second);
+  CHECK(first[1].session_status == 1);
+  CHECK(first[1].step == 1);
   REQUIRE(second.size() >= 3);
   CHECK(second[0].file_version == "brain.Event:2");
   CHECK(second[1].session_status == 1);  // START
