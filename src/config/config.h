@@ -129,6 +129,7 @@ struct CheckpointConfig {
 struct LoggingConfig {
   int64_t log_interval = 10;
   std::string metrics_file;            // "" = none
+  std::string tensorboard_dir;         // "" = none; TensorBoard event files (rank 0)
   std::string level = "info";          // trace | debug | info | warn | error
 };
 

@@ -260,6 +260,7 @@ std::vector<ConfigField> build_schema() {
       // ------------------------------------------------------------------ logging
       MT_CONFIG_KEY(logging, log_interval).min(1).doc("log and record training metrics every this many steps"),
       MT_CONFIG_KEY(logging, metrics_file).doc("JSON-lines metrics file; \"\" = none"),
+      MT_CONFIG_KEY(logging, tensorboard_dir).doc("TensorBoard event files of every logged scalar (Megatron's --tensorboard-dir); \"\" = none"),
       MT_CONFIG_KEY(logging, level).one_of({"trace", "debug", "info", "warn", "error"}).doc("log level"),
   };
 

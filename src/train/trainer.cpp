@@ -179,12 +179,15 @@ struct Run {
     return loss_sum / (static_cast<double>(d.tokens_per_iteration) * iterations);
   }
 
-  double evaluate() {
-    if (!data.valid || cfg.training.eval_iters <= 0) return -1;
+  double evaluate() { return evaluate(data.valid); }
+
+  // The mean loss over the first eval_iters global batches of a split; -1 when it is empty.
+  double evaluate(const std::shared_ptr<data::SampleDataset>& split) {
+    if (!split || cfg.training.eval_iters <= 0) return -1;
     grad_sync->wait_params();
     // The same first eval_iters global batches of the validation split every time, so that
     // validation losses are comparable across evaluations and across resumes.
-    data::BatchLoader loader(data.valid, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
+    data::BatchLoader loader(split, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
                              d.data_parallel_size, 0, cfg.data.prefetch);
     double sum = 0;
     for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += exec->evaluate(loader.next());
@@ -213,6 +216,7 @@ void install_stop_signal_handlers() {
 }
 
 TrainResult run_training(const Config& cfg) {
+  const auto run_start = Clock::now();
   ops::cpu::init_cpu_threads();
   Run run(cfg);
   run.world = make_world_communicator();
@@ -285,6 +289,8 @@ TrainResult run_training(const Config& cfg) {
   // State, possibly restored.
   int64_t iteration = 0, consumed = 0, skipped_total = 0;
   LossScaler scaler(cfg.optimizer);  // used with fp16 only
+  std::string last_checkpoint;       // for the end-of-run summary
+  TrainResult result;
   const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
   if (!load.empty()) {
     ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
@@ -295,7 +301,9 @@ TrainResult run_training(const Config& cfg) {
     run.opt->set_step_count(ck.state.at("optimizer_step").get<int64_t>());
     scaler.load_state(ck.state);
     log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+    last_checkpoint = ck.path;
   }
+  const int64_t first_iteration = iteration, first_consumed = consumed;
 
   // Data.
   const data::SampleCounts counts = data::megatron_sample_counts(cfg, d);
@@ -303,10 +311,12 @@ TrainResult run_training(const Config& cfg) {
   MT_INTERNAL_ASSERT(run.data.train, "no train dataset (derive_config refuses a data.split whose train share is 0)");
   log::info("train data: {}", run.data.train->describe());
   if (run.data.valid) log::info("valid data: {}", run.data.valid->describe());
+  if (run.data.test) log::info("test data: {}", run.data.test->describe());
   data::BatchLoader loader(run.data.train, d.global_batch_size, cfg.training.micro_batch_size, ps.dp_rank,
                            d.data_parallel_size, consumed, cfg.data.prefetch);
 
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
+  metrics.start(iteration);
   auto save = [&](int64_t it) {
     if (cfg.checkpoint.dir.empty()) return;
     run.grad_sync->wait_params();
@@ -319,12 +329,28 @@ TrainResult run_training(const Config& cfg) {
     std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
                                                 *run.opt, ps, state, run.config_yaml);
     log::info("saved checkpoint {}", path);
+    last_checkpoint = path;
+  };
+  auto summary = [&](const char* how_ended, bool has_test, double test_loss) {
+    RunSummary s;
+    s.first_iteration = first_iteration;
+    s.last_iteration = iteration;
+    s.train_iters = cfg.training.train_iters;
+    s.wall_seconds = ms_since(run_start) / 1e3;
+    s.tokens_total = loader.consumed_samples() * cfg.model.seq_length;
+    s.tokens_this_run = (loader.consumed_samples() - first_consumed) * cfg.model.seq_length;
+    s.last_loss = result.last_loss;
+    s.best_val = metrics.best_val();
+    s.has_test = has_test;
+    s.test_loss = test_loss;
+    s.last_checkpoint = last_checkpoint;
+    s.how_ended = how_ended;
+    log_run_summary(s);
   };
 
-  TrainResult result;
   IterationRecord rec;
   double interval_loss = 0, interval_ms = 0;
-  int interval_iters = 0;
+  int interval_iters = 0, interval_steps = 0;  // steps counted in the loss / all steps since the last log line
   int64_t last_saved = iteration, last_eval = -1;
   const int64_t decay_iters = d.lr_decay_iters;
   while (iteration < cfg.training.train_iters) {
@@ -379,11 +405,13 @@ TrainResult run_training(const Config& cfg) {
     iteration = it;
     rec.comm_exposed_ms += take_exposed_comm_ms(run.ctx.device);
     interval_ms += ms_since(t0);
+    ++interval_steps;
     watchdog::iteration_end(it);
     result.last_iteration = it;
     result.last_loss = loss;
 
-    const bool log_now = it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters;
+    // The first line at iteration 1 (a newcomer sees the run start), then every log_interval.
+    const bool log_now = it == 1 || it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters;
     if (log_now) {
       rec.iteration = it;
       rec.consumed_samples = loader.consumed_samples();
@@ -391,8 +419,7 @@ TrainResult run_training(const Config& cfg) {
       rec.grad_norm = gnorm;
       rec.lr = lr;
       rec.loss_scale = scaler.scale();
-      const int64_t n_iters = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval
-                                                                 : it % cfg.logging.log_interval;
+      const int64_t n_iters = interval_steps;
       rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
       rec.comm_exposed_ms /= static_cast<double>(n_iters);
       double mem = peak_memory_gib(run.ctx.device);
@@ -400,7 +427,7 @@ TrainResult run_training(const Config& cfg) {
       metrics.train(rec, mem);
       rec = IterationRecord{};
       interval_loss = interval_ms = 0;
-      interval_iters = 0;
+      interval_iters = interval_steps = 0;
     }
     if (cfg.training.eval_interval > 0 && it % cfg.training.eval_interval == 0) {
       result.last_val_loss = run.evaluate();
@@ -416,15 +443,37 @@ TrainResult run_training(const Config& cfg) {
     if (stop_signal || exit_now) {
       log::info("{} at iteration {}: checkpoint saved, exiting", stop_signal ? "stop signal received" : "exit_interval reached", it);
       result.stopped_by_signal = stop_signal;
+      summary(stop_signal ? "stopped by a signal" : "stopped at training.exit_interval", false, 0);
       return result;
     }
+  }
+  if (iteration == first_iteration) {
+    // A finished job run again: nothing to train, evaluate or save.
+    log::info("training already done: resumed at iteration {} and training.train_iters is {}; nothing to do "
+              "(raise training.train_iters to train on)", iteration, cfg.training.train_iters);
+    summary("already finished", false, 0);
+    return result;
   }
   if (last_eval != iteration) {
     result.last_val_loss = run.evaluate();
     if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
   }
   if (last_saved != iteration) save(iteration);
+  // The test split once, at the end of training (as Megatron does).
+  const bool has_test = run.data.test && cfg.training.eval_iters > 0;
+  if (has_test) {
+    result.last_test_loss = run.evaluate(run.data.test);
+    // As validation: a record only for a finite loss.
+    if (result.last_test_loss >= 0)
+      metrics.test(iteration, result.last_test_loss);
+    else
+      log::warn("test at iter {}: the test loss is not finite ({}); no record written", iteration, result.last_test_loss);
+  } else {
+    log::info("test: skipped, {}", cfg.training.eval_iters <= 0 ? "training.eval_iters is 0"
+                                                                : "the test split is empty (data.split gives it weight 0)");
+  }
   log::info("training done: {} iterations, last loss {:.6f}", iteration, result.last_loss);
+  summary("finished", has_test && result.last_test_loss >= 0, result.last_test_loss);
   return result;
 }
 

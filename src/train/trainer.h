@@ -14,6 +14,7 @@ struct TrainResult {
   int64_t last_iteration = 0;
   double last_loss = 0;
   double last_val_loss = -1;
+  double last_test_loss = -1;  // the test split at the end of training; -1: not evaluated
   bool stopped_by_signal = false;
 };
 

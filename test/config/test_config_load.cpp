@@ -135,6 +135,7 @@ checkpoint:
 logging:
   log_interval: 5
   metrics_file: m.jsonl
+  tensorboard_dir: tb
   level: debug
 )";
 
