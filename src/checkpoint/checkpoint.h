@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,10 +48,19 @@ struct SaveRequest {
 // Collective over `world`: every rank calls it. Returns the final checkpoint path.
 std::string save_checkpoint(const SaveRequest& req, Communicator& world);
 
-// Resolves checkpoint.load: "auto" -> DIR/latest if present (else ""), "none" -> "", else PATH
-// (a checkpoint directory, or a DIR holding `latest`). Throws mt::Error if an explicit path is
-// not a complete checkpoint (no DONE / no manifest).
+// Resolves checkpoint.load: "auto" -> the newest complete checkpoint in DIR (the one DIR/latest
+// names; when latest is missing, dangling or stale the newest complete one still wins, with a
+// warning saying why), "" when DIR holds none; "none" -> ""; else PATH (a checkpoint directory, or
+// a DIR holding `latest`). Throws mt::Error if an explicit path is not a complete checkpoint (no
+// DONE / no manifest), or latest names a checkpoint that is damaged and nothing newer is complete.
 std::string resolve_load_path(const std::string& load, const std::string& dir);
+
+// The complete checkpoints in DIR (iter_N directories holding DONE), by iteration, oldest first.
+std::vector<std::pair<int64_t, std::string>> list_complete_checkpoints(const std::string& dir);
+
+// A run that starts at start_iteration and saves into DIR must never replace a complete checkpoint:
+// throws mt::Error naming it when DIR holds a complete checkpoint of a later iteration.
+void refuse_overwrite(const std::string& dir, int64_t start_iteration);
 
 namespace detail {
 struct LoadIndex;  // parsed manifest + the shard tensors whose sha256 was verified (checkpoint_load.cpp)

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/ckpt_util.h"
+#include "core/log.h"
 #include "core/sha256.h"
 
 namespace mt::ckpt {
@@ -159,11 +160,74 @@ std::map<std::string, uint64_t> index_manifest(const json& m, detail::LoadIndex*
 
 }  // namespace
 
+std::vector<std::pair<int64_t, std::string>> list_complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    int64_t it = 0;
+    if (detail::parse_iter_dir_name(entry.path().filename().string(), &it) && is_dir(entry.path()) &&
+        is_file(entry.path() / "DONE"))
+      out.emplace_back(it, entry.path().string());
+  }
+  MT_CHECK(!ec, "checkpoint: cannot list ", dir, ": ", ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+// checkpoint.load: auto. The newest complete checkpoint in DIR, which is normally the one DIR/latest
+// names. When latest is missing, dangling or stale (a crash between renaming a checkpoint into place
+// and updating latest, or a deleted file) the newest complete checkpoint still wins, with a warning
+// saying why: starting fresh there would overwrite complete checkpoints.
+std::string resolve_auto(const fs::path& dir) {
+  const auto complete = list_complete_checkpoints(dir.string());
+  const fs::path latest = dir / "latest";
+  std::error_code ec;
+  const bool latest_present = fs::exists(fs::symlink_status(latest, ec));
+  if (complete.empty()) {
+    // Nothing complete to resume from: a latest that names something is still an error (the user
+    // must decide), an empty DIR is a fresh start.
+    if (latest_present) return follow_latest(dir);
+    return "";
+  }
+  const std::string& newest = complete.back().second;
+  const std::string newest_name = fs::path(newest).filename().string();
+  std::string why;
+  if (!latest_present) {
+    why = str_cat(latest.string(), " is missing");
+  } else if (!is_file(latest)) {
+    why = str_cat(latest.string(), " is a dangling link or not a file");
+  } else {
+    std::string named;
+    try {
+      named = trim(detail::read_text_file(latest.string()));
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (why.empty()) {
+      if (named == newest_name) return newest;
+      const fs::path target = dir / named;
+      int64_t it = 0;
+      if (!named.empty() && named.find('/') == std::string::npos && is_dir(target) && !is_file(target / "DONE") &&
+          detail::parse_iter_dir_name(named, &it) && it > complete.back().first)
+        require_complete(target);  // a newer, damaged checkpoint: refuse rather than silently go back
+      why = named.empty()       ? str_cat(latest.string(), " is empty")
+            : !is_dir(target) ? str_cat(latest.string(), " names '", named, "', which does not exist")
+                            : str_cat(latest.string(), " names ", named, ", but ", newest_name,
+                                      " is newer and complete (a crash before latest was updated?)");
+    }
+  }
+  log::warn("checkpoint: resuming from {}, the newest complete checkpoint in {}: {}", newest, dir.string(), why);
+  return newest;
+}
+}  // namespace
+
 std::string resolve_load_path(const std::string& load, const std::string& dir) {
   if (load == "none" || load.empty()) return "";
   if (load == "auto") {
-    if (dir.empty() || !fs::exists(fs::path(dir) / "latest")) return "";  // fresh start
-    return follow_latest(dir);
+    if (dir.empty()) return "";
+    return resolve_auto(dir);
   }
   const fs::path p = load;
   MT_CHECK(is_dir(p), "checkpoint.load: ", load, " does not exist or is not a directory");
@@ -171,6 +235,15 @@ std::string resolve_load_path(const std::string& load, const std::string& dir) {
   if (!fs::exists(p / "manifest.json") && !fs::exists(p / "DONE") && fs::exists(p / "latest")) return follow_latest(p);
   require_complete(p);
   return p.string();
+}
+
+void refuse_overwrite(const std::string& dir, int64_t start_iteration) {
+  const auto complete = list_complete_checkpoints(dir);
+  if (complete.empty() || complete.back().first <= start_iteration) return;
+  throw Error(str_cat("checkpoint.dir ", dir, " holds the complete checkpoint ", complete.back().second,
+                      " (iteration ", complete.back().first, "), newer than this run's start at iteration ",
+                      start_iteration, ", which later saves would overwrite: set checkpoint.load: auto (and "
+                      "checkpoint.finetune: false) to resume from it, or choose another checkpoint.dir"));
 }
 
 LoadedCheckpoint open_checkpoint(const std::string& path) {

@@ -265,6 +265,7 @@ TrainResult run_training(const Config& cfg) {
     scaler.load_state(ck.state);
     log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
   }
+  if (!cfg.checkpoint.dir.empty()) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
 
   // Data.
   const data::SampleCounts counts = data::megatron_sample_counts(cfg, d);

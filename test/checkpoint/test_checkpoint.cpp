@@ -282,7 +282,8 @@ TEST_CASE("a truncated or missing shard file is named", "[checkpoint]") {
   CHECK_THROWS_WITH(open_checkpoint(path), Catch::Contains(path + "/manifest.json") && Catch::Contains("not valid JSON"));
 }
 
-TEST_CASE("resolve_load_path: no latest is a fresh start, a dangling latest is an error", "[checkpoint]") {
+TEST_CASE("resolve_load_path: no checkpoint is a fresh start, a dangling latest with nothing complete is an error",
+          "[checkpoint]") {
   TempDir tmp;
   CHECK(resolve_load_path("auto", tmp.path) == "");
   CHECK(resolve_load_path("auto", tmp / "not_yet_created") == "");
@@ -290,6 +291,62 @@ TEST_CASE("resolve_load_path: no latest is a fresh start, a dangling latest is a
   CHECK_THROWS_WITH(resolve_load_path("auto", tmp.path),
                     Catch::Contains("names iter_0000042") && Catch::Contains("does not exist"));
   CHECK_THROWS_WITH(resolve_load_path(tmp / "nowhere", ""), Catch::Contains("does not exist"));
+}
+
+// Issue #20: with latest missing, dangling or stale, auto-resume must still find the newest complete
+// checkpoint (a fresh start would overwrite it).
+TEST_CASE("auto-resume finds the newest complete checkpoint when latest is missing, dangling or stale",
+          "[checkpoint][safety]") {
+  TempDir tmp;
+  save_checkpoint(simple_request(tmp.path, 10, 10.f), world());
+  const std::string newest = save_checkpoint(simple_request(tmp.path, 20, 20.f), world());
+  // An incomplete, newer one (interrupted before its DONE) never counts.
+  fs::create_directories(tmp / "iter_0000030.tmp-abc");
+  SECTION("latest deleted") { fs::remove(tmp / "latest"); }
+  SECTION("latest a dangling link") {
+    fs::remove(tmp / "latest");
+    fs::create_symlink(tmp / "gone", tmp / "latest");
+  }
+  SECTION("latest names a deleted checkpoint") { spit(tmp / "latest", "iter_0000025\n"); }
+  SECTION("crash between the rename and latest: latest names the previous one") { spit(tmp / "latest", "iter_0000010\n"); }
+  SECTION("latest empty") { spit(tmp / "latest", ""); }
+  CHECK(resolve_load_path("auto", tmp.path) == newest);
+  CHECK(load_first(resolve_load_path("auto", tmp.path)) == 20.f);
+  // The first checkpoint of a run renamed into place, latest never written.
+  TempDir first;
+  const std::string only = save_checkpoint(simple_request(first.path, 5, 5.f), world());
+  fs::remove(first / "latest");
+  CHECK(resolve_load_path("auto", first.path) == only);
+}
+
+TEST_CASE("a newer checkpoint that latest names but lacks DONE is refused, not skipped", "[checkpoint][safety]") {
+  TempDir tmp;
+  save_checkpoint(simple_request(tmp.path, 10, 10.f), world());
+  const std::string p20 = save_checkpoint(simple_request(tmp.path, 20, 20.f), world());
+  fs::remove(p20 + "/DONE");
+  CHECK_THROWS_WITH(resolve_load_path("auto", tmp.path), Catch::Contains(p20) && Catch::Contains("no DONE marker"));
+}
+
+TEST_CASE("refuse_overwrite: a run never starts below a complete checkpoint of its checkpoint.dir",
+          "[checkpoint][safety]") {
+  TempDir tmp;
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 0));
+  CHECK_NOTHROW(refuse_overwrite(tmp / "absent", 0));
+  const std::string p = save_checkpoint(simple_request(tmp.path, 20, 20.f), world());
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 20));
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 30));
+  CHECK_THROWS_WITH(refuse_overwrite(tmp.path, 0), Catch::Contains(p) && Catch::Contains("checkpoint.load: auto"));
+  CHECK_THROWS_WITH(refuse_overwrite(tmp.path, 10), Catch::Contains("iteration 20"));
+  // Incomplete directories are not checkpoints.
+  fs::remove(p + "/DONE");
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 0));
+}
+
+TEST_CASE("keep_last never deletes the checkpoint just saved or a newer one", "[checkpoint][safety]") {
+  TempDir tmp;
+  for (int64_t it : {10, 20, 30}) save_checkpoint(simple_request(tmp.path, it, float(it)), world());
+  save_checkpoint(simple_request(tmp.path, 15, 15.f, 1), world());  // keep_last 1, but 20 and 30 are newer
+  CHECK(entries(tmp.path) == std::vector<std::string>{"iter_0000015", "iter_0000020", "iter_0000030", "latest"});
 }
 
 TEST_CASE("a re-save of the same iteration replaces it", "[checkpoint]") {
