@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "checkpoint/checkpoint.h"
@@ -246,12 +247,50 @@ void refuse_overwrite(const std::string& dir, int64_t start_iteration) {
                       "checkpoint.finetune: false) to resume from it, or choose another checkpoint.dir"));
 }
 
+namespace {
+// The manifest checksum that DONE records ("manifest_sha256 <hex>" on its second line), "" if none.
+std::string done_manifest_sha256(const std::string& done_path) {
+  const std::string text = detail::read_text_file(done_path);
+  const std::string key = "\nmanifest_sha256 ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return "";
+  return trim(text.substr(at + key.size(), 64));
+}
+
+// The shard tensors of each file must lie inside it without overlapping; with the file's size
+// recorded, they must fill it exactly (a swapped or shifted byte_offset shows up here).
+void check_file_layout(const detail::LoadIndex& idx, const json& files) {
+  std::map<std::string, std::vector<std::tuple<uint64_t, uint64_t, std::string>>> ranges;
+  for (const auto& [name, t] : idx.tensors)
+    for (const detail::ShardRef& s : t.shards)
+      if (s.bytes) ranges[s.file].emplace_back(s.byte_offset, s.bytes, name);
+  for (auto& [file, r] : ranges) {
+    std::sort(r.begin(), r.end());
+    uint64_t end = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      const auto& [off, len, name] = r[i];
+      if (off < end)
+        throw Error(str_cat("tensor '", name, "' at byte ", off, " of ", file, " overlaps tensor '",
+                            std::get<2>(r[i - 1]), "' (which ends at byte ", end, ")"));
+      if (files.contains(file) && off != end)
+        throw Error(str_cat("tensor '", name, "' starts at byte ", off, " of ", file, ", the previous one ends at ", end));
+      end = off + len;
+    }
+    if (files.contains(file) && end != files[file].get<uint64_t>())
+      throw Error(str_cat("the tensors of ", file, " end at byte ", end, ", the file should hold ", files[file].get<uint64_t>()));
+  }
+}
+}  // namespace
+
 LoadedCheckpoint open_checkpoint(const std::string& path) {
   require_complete(path);
   const std::string mpath = (fs::path(path) / "manifest.json").string();
+  const std::string done_path = (fs::path(path) / "DONE").string();
+  const std::string mtext = detail::read_text_file(mpath);
+  const std::string want_sha = done_manifest_sha256(done_path);
   json m;
   try {
-    m = json::parse(detail::read_text_file(mpath));
+    m = json::parse(mtext);
   } catch (const json::exception& e) {
     throw Error(str_cat("checkpoint ", path, ": ", mpath, " is not valid JSON: ", e.what()));
   }
@@ -263,13 +302,33 @@ LoadedCheckpoint open_checkpoint(const std::string& path) {
   std::map<std::string, uint64_t> need;
   try {
     const int version = m.at("version").get<int>();
-    MT_CHECK(version == 1, "format version ", version, " is not supported (this megatrain reads version 1; ",
-             version > 1 ? "it was written by a newer megatrain)" : "unknown version)");
+    MT_CHECK(version == 1 || version == 2, "format version ", version,
+             " is not supported (this megatrain reads versions 1 and 2; ",
+             version > 2 ? "it was written by a newer megatrain)" : "unknown version)");
+    // Version 2 records the manifest's checksum in DONE (version 1, older megatrains, did not).
+    if (version >= 2) {
+      MT_CHECK(!want_sha.empty(), "format version 2, but ", done_path,
+               " records no manifest_sha256 (DONE was edited or replaced)");
+      MT_CHECK(sha256_hex(mtext.data(), mtext.size()) == want_sha,
+               "its checksum does not match the manifest_sha256 that ", done_path,
+               " records: the manifest was edited or is corrupt; load another checkpoint");
+    }
     ck.iteration = m.at("iteration").get<int64_t>();
     ck.world_size = m.at("world_size").get<int>();
     ck.state = m.value("state", json());
     ck.config_yaml = m.value("config_yaml", std::string());
+    // The iteration agrees with the directory name and the training state.
+    int64_t dir_it = 0;
+    fs::path norm = fs::path(path).lexically_normal();
+    if (norm.filename().empty()) norm = norm.parent_path();  // a trailing '/'
+    if (detail::parse_iter_dir_name(norm.filename().string(), &dir_it))
+      MT_CHECK(dir_it == ck.iteration, "'iteration' ", ck.iteration, " does not match the directory name (iteration ",
+               dir_it, ")");
+    if (ck.state.is_object() && ck.state.contains("iteration"))
+      MT_CHECK(ck.state["iteration"] == m["iteration"], "'state.iteration' ", ck.state["iteration"].dump(),
+               " does not match 'iteration' ", ck.iteration);
     need = index_manifest(m, ck.index.get());
+    check_file_layout(*ck.index, m.value("files", json::object()));
   } catch (const std::exception& e) {
     throw Error(str_cat("checkpoint ", path, ": ", mpath, " is malformed: ", e.what()));
   }

@@ -177,7 +177,7 @@ json merge_manifest(const SaveRequest& req, int world_size, const fs::path& tmp)
                        shape_str(domain.len), ": ", problem);
   }
   return {{"format", "megatrain-checkpoint"},
-          {"version", 1},
+          {"version", 2},
           {"iteration", req.iteration},
           {"world_size", world_size},
           {"state", req.state},
@@ -295,9 +295,11 @@ std::string save_checkpoint(const SaveRequest& req, Communicator& world) {
   bool renamed = false;
   f = capture([&] {
     if (rank != 0) return;
-    json manifest = merge_manifest(req, world.size(), tmp);
-    detail::write_file_durable((tmp / "manifest.json").string(), manifest.dump(1));
-    detail::write_file_durable((tmp / "DONE").string(), str_cat(name, "\n"));
+    const std::string manifest = merge_manifest(req, world.size(), tmp).dump(1);
+    detail::write_file_durable((tmp / "manifest.json").string(), manifest);
+    // DONE holds the manifest's checksum: load refuses an edited or damaged manifest.
+    detail::write_file_durable((tmp / "DONE").string(),
+                               str_cat(name, "\nmanifest_sha256 ", sha256_hex(manifest.data(), manifest.size()), "\n"));
     detail::fsync_dir(tmp.string());
     move_into_place(tmp, final_path, nonce);
     renamed = true;

@@ -254,16 +254,29 @@ TrainResult run_training(const Config& cfg) {
   // State, possibly restored.
   int64_t iteration = 0, consumed = 0, skipped_total = 0;
   LossScaler scaler(cfg.optimizer);  // used with fp16 only
+  MT_CHECK(!cfg.checkpoint.async_save, "checkpoint.async_save: true is not implemented yet; set it to false");
+  MT_CHECK(!cfg.checkpoint.finetune || (cfg.checkpoint.load != "auto" && cfg.checkpoint.load != "none"),
+           "checkpoint.finetune: true needs checkpoint.load: PATH (the checkpoint whose weights to start from); it is ",
+           cfg.checkpoint.load);
   const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
   if (!load.empty()) {
     ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
-    load_training_checkpoint(ck, *run.store, *run.opt);
-    iteration = ck.state.at("iteration").get<int64_t>();
-    consumed = ck.state.at("consumed_train_samples").get<int64_t>();
-    skipped_total = ck.state.value("skipped_iterations", int64_t{0});
-    run.opt->set_step_count(ck.state.at("optimizer_step").get<int64_t>());
-    scaler.load_state(ck.state);
-    log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+    check_checkpoint_matches_model(ck, *run.store, cfg.model.vocab_size, cfg.checkpoint.finetune, *run.world);
+    if (cfg.checkpoint.finetune) {
+      // Megatron's --finetune: the weights only; iteration 0, fresh optimizer and data position.
+      load_model_weights(ck, *run.store);
+      log::info("finetuning from the weights of {} (iteration {}): starting at iteration 0 with a fresh optimizer "
+                "and data position", ck.path, ck.iteration);
+    } else {
+      const TrainingState st = read_training_state(ck);  // before anything is loaded
+      load_training_checkpoint(ck, *run.store, *run.opt);
+      iteration = st.iteration;
+      consumed = st.consumed_train_samples;
+      skipped_total = st.skipped_iterations;
+      run.opt->set_step_count(st.optimizer_step);
+      scaler.load_state(ck.state);
+      log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+    }
   }
   if (!cfg.checkpoint.dir.empty()) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
 

@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "core/check.h"
+#include "core/sha256.h"
 #include "runtime/mpi_communicator.h"
 #include "test/catch.h"
 
@@ -120,7 +122,7 @@ TEST_CASE("checkpoint round trip: fp32, fp64, int64, bf16, a scalar, state and c
   CHECK(ck.state == req.state);
   CHECK(ck.config_yaml == req.config_yaml);
   CHECK(ck.manifest["format"] == "megatrain-checkpoint");
-  CHECK(ck.manifest["version"] == 1);
+  CHECK(ck.manifest["version"] == 2);
   CHECK(ck.manifest["tensors"]["embedding.weight"]["shards"].size() == 1);
   CHECK(ck.manifest["tensors"]["embedding.weight"]["dtype"] == "fp32");
   CHECK(has_tensor(ck, "step_counts"));
@@ -376,4 +378,77 @@ TEST_CASE("a save that cannot write is an error naming the path and leaves lates
   CHECK_THROWS_AS(save_checkpoint(bad, world()), InternalError);
   CHECK(entries(tmp.path) == std::vector<std::string>{"blocker", "iter_0000001", "latest"});
   CHECK(resolve_load_path("auto", tmp.path) == good);
+}
+
+namespace {
+// A checkpoint with two same-size tensors "a" (all 1) and "b" (all 2), and its manifest rewritten by
+// `edit` with DONE's manifest checksum either kept (the edit is caught by it) or updated to match
+// (the cross-checks must catch it on their own).
+std::string edited_checkpoint(const TempDir& tmp, const std::function<void(nlohmann::json&)>& edit, bool fix_sum) {
+  SaveRequest r;
+  r.dir = tmp.path;
+  r.iteration = 3;
+  r.tensors.push_back(whole("a", make<float>({2, 2}, [](int64_t) { return 1.f; })));
+  r.tensors.push_back(whole("b", make<float>({2, 2}, [](int64_t) { return 2.f; })));
+  r.state = {{"iteration", 3}};
+  const std::string path = save_checkpoint(r, world());
+  nlohmann::json m = nlohmann::json::parse(slurp(path + "/manifest.json"));
+  edit(m);
+  const std::string text = m.dump(1);
+  spit(path + "/manifest.json", text);
+  if (fix_sum) spit(path + "/DONE", "iter_0000003\nmanifest_sha256 " + sha256_hex(text.data(), text.size()) + "\n");
+  return path;
+}
+}  // namespace
+
+TEST_CASE("the manifest is checksummed in DONE and cross-checked: edits are refused before anything loads",
+          "[checkpoint][integrity]") {
+  auto swap_field = [](const char* field) {
+    return [field](nlohmann::json& m) {
+      std::swap(m["tensors"]["a"]["shards"][0][field], m["tensors"]["b"]["shards"][0][field]);
+    };
+  };
+  for (bool fix_sum : {false, true}) {
+    INFO("DONE's checksum updated: " << fix_sum);
+    {
+      TempDir tmp;
+      const std::string p = edited_checkpoint(tmp, [](nlohmann::json& m) { m["state"]["iteration"] = 2; }, fix_sum);
+      CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains(p + "/manifest.json") &&
+                                                Catch::Contains(fix_sum ? "state.iteration" : "manifest_sha256"));
+    }
+    {
+      TempDir tmp;
+      const std::string p = edited_checkpoint(
+          tmp, [](nlohmann::json& m) { m["iteration"] = 4, m["state"]["iteration"] = 4; }, fix_sum);
+      CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains(fix_sum ? "directory name" : "manifest_sha256"));
+    }
+    {
+      TempDir tmp;
+      const std::string p = edited_checkpoint(
+          tmp, [](nlohmann::json& m) { m["tensors"]["b"]["shards"][0]["byte_offset"] = 8; }, fix_sum);
+      CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains(fix_sum ? "overlaps" : "manifest_sha256"));
+    }
+  }
+  // Offsets and checksums swapped together: every shard still hashes right, only DONE's manifest
+  // checksum tells that "a" would load "b"'s values.
+  TempDir tmp;
+  const std::string p = edited_checkpoint(
+      tmp,
+      [&](nlohmann::json& m) {
+        swap_field("byte_offset")(m);
+        swap_field("sha256")(m);
+      },
+      false);
+  CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains("manifest_sha256") && Catch::Contains(p + "/DONE"));
+  // Offsets alone swapped, checksum fixed: the per-tensor checksum refuses the read.
+  TempDir tmp2;
+  const std::string p2 = edited_checkpoint(tmp2, swap_field("byte_offset"), true);
+  LoadedCheckpoint ck = open_checkpoint(p2);
+  Tensor t = Tensor::empty({2, 2}, DType::F32);
+  CHECK_THROWS_WITH(load_tensor(ck, "a", {2, 2}, {0, 0}, t), Catch::Contains("checksum mismatch") && Catch::Contains("'a'"));
+  // DONE without the checksum line (an old-format DONE) on a version 2 manifest.
+  TempDir tmp3;
+  const std::string p3 = edited_checkpoint(tmp3, [](nlohmann::json&) {}, false);
+  spit(p3 + "/DONE", "iter_0000003\n");
+  CHECK_THROWS_WITH(open_checkpoint(p3), Catch::Contains("records no manifest_sha256"));
 }
