@@ -5,7 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <thread>
+
+#include <pthread.h>
+#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -35,8 +39,26 @@ namespace mt {
 
 namespace {
 
+// SIGTERM, SIGUSR1 and the first SIGINT ask the loop to stop after the current iteration (saving a
+// checkpoint); a second SIGINT exits at once. Only async-signal-safe calls here.
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+std::atomic<int> g_sigint_count{0};
+void say(const char* msg) {
+  ssize_t ignored = ::write(STDERR_FILENO, msg, std::strlen(msg));
+  (void)ignored;
+}
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_sigint_count.fetch_add(1) > 0) {
+    say("megatrain: second SIGINT: exiting now without saving a checkpoint\n");
+    ::_exit(130);
+  }
+  say(sig == SIGINT    ? "megatrain: SIGINT: stopping after the current iteration (a checkpoint is saved if "
+                         "checkpoint.dir is set); press Ctrl-C again to exit at once\n"
+      : sig == SIGTERM ? "megatrain: SIGTERM: stopping after the current iteration\n"
+                       : "megatrain: SIGUSR1: stopping after the current iteration\n");
+  g_stop_signal.store(sig);
+}
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
@@ -178,8 +200,18 @@ int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
 }  // namespace
 
 void install_stop_signal_handlers() {
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) {
+    sigaction(sig, &sa, nullptr);
+    sigaddset(&set, sig);
+  }
+  // A launcher may have blocked them: unblocked, one already pending is handled now.
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 TrainResult run_training(const Config& cfg) {
@@ -304,6 +336,14 @@ TrainResult run_training(const Config& cfg) {
   };
 
   TrainResult result;
+  // A stop signal during start-up (data, model, loading): exit before the first iteration.
+  if (const int sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max))) {
+    log::info("{} received during start-up: exiting before iteration {} (nothing new to save)", signal_name(sig),
+              iteration + 1);
+    result.last_iteration = iteration;
+    result.stopped_by_signal = true;
+    return result;
+  }
   IterationRecord rec;
   double interval_loss = 0, interval_ms = 0;
   int interval_iters = 0;
@@ -389,14 +429,16 @@ TrainResult run_training(const Config& cfg) {
       if (result.last_val_loss >= 0) metrics.eval(it, result.last_val_loss);
       last_eval = it;
     }
-    const bool stop_signal = run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max) != 0;
+    const int stop_sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max));
+    const bool stop_signal = stop_sig != 0;
     const bool exit_now = cfg.training.exit_interval > 0 && it % cfg.training.exit_interval == 0;
     if ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) || stop_signal || exit_now) {
       save(it);
       last_saved = it;
     }
     if (stop_signal || exit_now) {
-      log::info("{} at iteration {}: checkpoint saved, exiting", stop_signal ? "stop signal received" : "exit_interval reached", it);
+      log::info("{} at iteration {}: {}, exiting", stop_signal ? str_cat(signal_name(stop_sig), " received") : "exit_interval reached",
+                it, cfg.checkpoint.dir.empty() ? "no checkpoint saved (checkpoint.dir is empty)" : "checkpoint saved");
       result.stopped_by_signal = stop_signal;
       return result;
     }
