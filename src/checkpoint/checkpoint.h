@@ -14,7 +14,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -47,6 +49,33 @@ struct SaveRequest {
 
 // Collective over `world`: every rank calls it. Returns the final checkpoint path.
 std::string save_checkpoint(const SaveRequest& req, Communicator& world);
+
+// checkpoint.async_save: the same save with phase 2 (each rank writing its shard) on a background
+// thread. The constructor (collective) creates the temp directory; the tensors of `req` must be
+// host copies that nothing else changes (a snapshot). written() says whether this rank's shard is
+// on disk; finish() (collective) waits for it, then agrees and commits (manifest, DONE, rename,
+// latest, prune) exactly as save_checkpoint does, throwing the agreed error of any rank. A process
+// killed before finish() leaves only a temp directory: the newest complete checkpoint is untouched.
+class AsyncSave {
+ public:
+  AsyncSave(SaveRequest req, Communicator& world);
+  ~AsyncSave();  // waits for the thread; never commits
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+  bool written() const;
+  std::string finish();
+  int64_t iteration() const { return req_.iteration; }
+
+ private:
+  SaveRequest req_;
+  Communicator& world_;
+  std::string nonce_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  bool done_ = false;
+  int failure_kind_ = 0;
+  std::string failure_msg_;
+};
 
 // Resolves checkpoint.load: "auto" -> the newest complete checkpoint in DIR (the one DIR/latest
 // names; when latest is missing, dangling or stale the newest complete one still wins, with a

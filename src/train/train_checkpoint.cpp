@@ -25,9 +25,9 @@ Tensor param_view(const Tensor& flat, const Param& p) {
 const char* kSuffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
 }  // namespace
 
-std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
-                                     const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                     const std::string& config_yaml) {
+ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                        const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                        const std::string& config_yaml, bool snapshot) {
   ckpt::SaveRequest req;
   req.dir = dir;
   req.iteration = iteration;
@@ -39,6 +39,7 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank.
     const bool owner = ps.dp_rank == 0 && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
+    if (!owner) continue;  // the save writes owned boxes only
     const Tensor sources[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes) {
@@ -46,13 +47,21 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
         st.name = p->spec.name + kSuffix[k];
         st.global_shape = p->spec.global_shape;
         st.offset = b.global_offset;
+        st.owner = true;
         st.data = box_view(sources[k], b, true);
-        st.owner = owner;
+        if (snapshot && sources[k].device() == Device::CPU) st.data = st.data.clone();
         req.tensors.push_back(std::move(st));
       }
     }
   }
-  return ckpt::save_checkpoint(req, *ps.world);
+  return req;
+}
+
+std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                     const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                     const std::string& config_yaml) {
+  return ckpt::save_checkpoint(
+      training_save_request(dir, iteration, keep_last, store, opt, ps, state, config_yaml, false), *ps.world);
 }
 
 TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck) {

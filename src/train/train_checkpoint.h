@@ -13,6 +13,12 @@
 
 namespace mt {
 
+// What a rank saves: every parameter box it owns (value, exp_avg, exp_avg_sq; replicas are written
+// by one rank). With snapshot they are host copies that training cannot change (async_save).
+ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                        const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                        const std::string& config_yaml, bool snapshot);
+
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                      const std::string& config_yaml);

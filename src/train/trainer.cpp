@@ -286,7 +286,6 @@ TrainResult run_training(const Config& cfg) {
   // State, possibly restored.
   int64_t iteration = 0, consumed = 0, skipped_total = 0;
   LossScaler scaler(cfg.optimizer);  // used with fp16 only
-  MT_CHECK(!cfg.checkpoint.async_save, "checkpoint.async_save: true is not implemented yet; set it to false");
   MT_CHECK(!cfg.checkpoint.finetune || (cfg.checkpoint.load != "auto" && cfg.checkpoint.load != "none"),
            "checkpoint.finetune: true needs checkpoint.load: PATH (the checkpoint whose weights to start from); it is ",
            cfg.checkpoint.load);
@@ -321,6 +320,15 @@ TrainResult run_training(const Config& cfg) {
                            d.data_parallel_size, consumed, cfg.data.prefetch);
 
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
+  // checkpoint.async_save: the save in flight, committed (collectively) once every rank wrote its
+  // shard, before the next save, and before the run ends; its errors surface there.
+  std::unique_ptr<ckpt::AsyncSave> async_save;
+  auto finish_async_save = [&] {
+    if (!async_save) return;
+    const std::string path = async_save->finish();
+    async_save.reset();
+    log::info("saved checkpoint {} (written in the background)", path);
+  };
   auto save = [&](int64_t it) {
     if (cfg.checkpoint.dir.empty()) return;
     run.grad_sync->wait_params();
@@ -330,9 +338,20 @@ TrainResult run_training(const Config& cfg) {
                             {"skipped_iterations", skipped_total},
                             {"seed", cfg.training.seed}};
     if (run.ctx.dtype == DType::F16) scaler.save_state(state);
-    std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
-                                                *run.opt, ps, state, run.config_yaml);
-    log::info("saved checkpoint {}", path);
+    if (!cfg.checkpoint.async_save) {
+      std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
+                                                  *run.opt, ps, state, run.config_yaml);
+      log::info("saved checkpoint {}", path);
+      return;
+    }
+    // async_save: at most one save in flight; a snapshot on the host, written in the background.
+    finish_async_save();
+    const auto t0 = Clock::now();
+    async_save = std::make_unique<ckpt::AsyncSave>(
+        training_save_request(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
+                              run.config_yaml, true),
+        *run.world);
+    log::info("checkpoint of iteration {}: snapshot taken in {:.1f} ms, writing in the background", it, ms_since(t0));
   };
 
   TrainResult result;
@@ -436,7 +455,9 @@ TrainResult run_training(const Config& cfg) {
       save(it);
       last_saved = it;
     }
+    if (async_save && run.world->all_reduce_int(async_save->written() ? 1 : 0, ReduceOp::Min) == 1) finish_async_save();
     if (stop_signal || exit_now) {
+      finish_async_save();
       log::info("{} at iteration {}: {}, exiting", stop_signal ? str_cat(signal_name(stop_sig), " received") : "exit_interval reached",
                 it, cfg.checkpoint.dir.empty() ? "no checkpoint saved (checkpoint.dir is empty)" : "checkpoint saved");
       result.stopped_by_signal = stop_signal;
@@ -448,6 +469,7 @@ TrainResult run_training(const Config& cfg) {
     if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
   }
   if (last_saved != iteration) save(iteration);
+  finish_async_save();
   log::info("training done: {} iterations, last loss {:.6f}", iteration, result.last_loss);
   return result;
 }

@@ -452,3 +452,29 @@ TEST_CASE("the manifest is checksummed in DONE and cross-checked: edits are refu
   spit(p3 + "/DONE", "iter_0000003\n");
   CHECK_THROWS_WITH(open_checkpoint(p3), Catch::Contains("records no manifest_sha256"));
 }
+
+TEST_CASE("AsyncSave: the snapshot is written in the background and committed by finish()", "[checkpoint][async]") {
+  TempDir tmp;
+  save_checkpoint(simple_request(tmp.path, 1, 1.f), world());
+  SaveRequest req = simple_request(tmp.path, 2, 2.f);
+  {
+    AsyncSave save(req, world());
+    // Until finish() nothing outside the temp directory changes.
+    CHECK(slurp(tmp / "latest") == "iter_0000001\n");
+    CHECK(!fs::exists(tmp / "iter_0000002"));
+    CHECK(save.finish() == tmp / "iter_0000002");
+  }
+  CHECK(slurp(tmp / "latest") == "iter_0000002\n");
+  CHECK(load_first(tmp / "iter_0000002") == 2.f);
+  // An error on the writing thread comes out of finish() and leaves nothing behind.
+  SaveRequest bad = simple_request(tmp.path, 3, 3.f);
+  bad.tensors[0].offset = {0};
+  AsyncSave failing(bad, world());
+  CHECK_THROWS_AS(failing.finish(), InternalError);
+  CHECK(entries(tmp.path) == std::vector<std::string>{"iter_0000001", "iter_0000002", "latest"});
+  // A process that dies before finish() (the destructor never commits) leaves latest alone.
+  { AsyncSave abandoned(simple_request(tmp.path, 4, 4.f), world()); }
+  CHECK(slurp(tmp / "latest") == "iter_0000002\n");
+  CHECK(!fs::exists(tmp / "iter_0000004"));
+  CHECK(resolve_load_path("auto", tmp.path) == tmp / "iter_0000002");
+}
