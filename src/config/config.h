@@ -124,6 +124,8 @@ struct CheckpointConfig {
   int64_t save_interval = 0;           // 0 = only at the end
   int keep_last = 0;                   // 0 = keep all
   std::string load = "auto";           // auto (latest in dir, if any) | none | PATH
+  bool finetune = false;               // load weights only: iteration 0, fresh optimizer and data
+  bool async_save = false;             // write checkpoints from a background thread
 };
 
 struct LoggingConfig {

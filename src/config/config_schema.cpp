@@ -256,7 +256,13 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(checkpoint, dir).doc("checkpoint directory (DIR/iter_NNNNNNN/); \"\" = no checkpoints").megatron({"save"}),
       MT_CONFIG_KEY(checkpoint, save_interval).min(0).doc("save every this many steps; 0 = only at the end"),
       MT_CONFIG_KEY(checkpoint, keep_last).min(0).doc("newest checkpoints kept, older ones deleted; 0 = keep all"),
-      MT_CONFIG_KEY(checkpoint, load).doc("auto = resume from the latest checkpoint in dir, if any; none = start fresh; or a checkpoint path"),
+      MT_CONFIG_KEY(checkpoint, load).doc("auto = resume from the newest complete checkpoint in dir, if any; none = start fresh; or a checkpoint path"),
+      MT_CONFIG_KEY(checkpoint, finetune)
+          .doc("with load: PATH, load the model weights only: iteration 0, fresh optimizer and data position")
+          .megatron({"finetune"}),
+      MT_CONFIG_KEY(checkpoint, async_save)
+          .doc("copy the tensors to host memory and write the checkpoint from a background thread while training goes on")
+          .megatron({"async_save"}),
       // ------------------------------------------------------------------ logging
       MT_CONFIG_KEY(logging, log_interval).min(1).doc("log and record training metrics every this many steps"),
       MT_CONFIG_KEY(logging, metrics_file).doc("JSON-lines metrics file; \"\" = none"),

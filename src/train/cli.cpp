@@ -109,9 +109,9 @@ int run_cli(int argc, char** argv) {
   }
 
   if (*train) {
+    install_stop_signal_handlers();  // first: a signal during start-up is handled too
     Config cfg = load_config(config_path, overrides);
     log::init(mpi_world_rank(), mpi_world_size(), cfg.logging.level);
-    install_stop_signal_handlers();
     run_training(cfg);
     return 0;
   }

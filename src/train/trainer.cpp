@@ -5,7 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <thread>
+
+#include <pthread.h>
+#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -36,8 +40,26 @@ namespace mt {
 
 namespace {
 
+// SIGTERM, SIGUSR1 and the first SIGINT ask the loop to stop after the current iteration (saving a
+// checkpoint); a second SIGINT exits at once. Only async-signal-safe calls here.
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+std::atomic<int> g_sigint_count{0};
+void say(const char* msg) {
+  ssize_t ignored = ::write(STDERR_FILENO, msg, std::strlen(msg));
+  (void)ignored;
+}
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_sigint_count.fetch_add(1) > 0) {
+    say("megatrain: second SIGINT: exiting now without saving a checkpoint\n");
+    ::_exit(130);
+  }
+  say(sig == SIGINT    ? "megatrain: SIGINT: stopping after the current iteration (a checkpoint is saved if "
+                         "checkpoint.dir is set); press Ctrl-C again to exit at once\n"
+      : sig == SIGTERM ? "megatrain: SIGTERM: stopping after the current iteration\n"
+                       : "megatrain: SIGUSR1: stopping after the current iteration\n");
+  g_stop_signal.store(sig);
+}
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
@@ -211,8 +233,18 @@ int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
 }  // namespace
 
 void install_stop_signal_handlers() {
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) {
+    sigaction(sig, &sa, nullptr);
+    sigaddset(&set, sig);
+  }
+  // A launcher may have blocked them: unblocked, one already pending is handled now.
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 TrainResult run_training(const Config& cfg) {
@@ -291,18 +323,31 @@ TrainResult run_training(const Config& cfg) {
   LossScaler scaler(cfg.optimizer);  // used with fp16 only
   std::string last_checkpoint;       // for the end-of-run summary
   TrainResult result;
+  MT_CHECK(!cfg.checkpoint.finetune || (cfg.checkpoint.load != "auto" && cfg.checkpoint.load != "none"),
+           "checkpoint.finetune: true needs checkpoint.load: PATH (the checkpoint whose weights to start from); it is ",
+           cfg.checkpoint.load);
   const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
   if (!load.empty()) {
     ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
-    load_training_checkpoint(ck, *run.store, *run.opt);
-    iteration = ck.state.at("iteration").get<int64_t>();
-    consumed = ck.state.at("consumed_train_samples").get<int64_t>();
-    skipped_total = ck.state.value("skipped_iterations", int64_t{0});
-    run.opt->set_step_count(ck.state.at("optimizer_step").get<int64_t>());
-    scaler.load_state(ck.state);
-    log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
-    last_checkpoint = ck.path;
+    check_checkpoint_matches_model(ck, *run.store, cfg.model.vocab_size, cfg.checkpoint.finetune, *run.world);
+    if (cfg.checkpoint.finetune) {
+      // Megatron's --finetune: the weights only; iteration 0, fresh optimizer and data position.
+      load_model_weights(ck, *run.store);
+      log::info("finetuning from the weights of {} (iteration {}): starting at iteration 0 with a fresh optimizer "
+                "and data position", ck.path, ck.iteration);
+    } else {
+      const TrainingState st = read_training_state(ck);  // before anything is loaded
+      load_training_checkpoint(ck, *run.store, *run.opt);
+      iteration = st.iteration;
+      consumed = st.consumed_train_samples;
+      skipped_total = st.skipped_iterations;
+      run.opt->set_step_count(st.optimizer_step);
+      scaler.load_state(ck.state);
+      log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+      last_checkpoint = ck.path;
+    }
   }
+  if (!cfg.checkpoint.dir.empty()) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
   const int64_t first_iteration = iteration, first_consumed = consumed;
 
   // Data.
@@ -317,6 +362,16 @@ TrainResult run_training(const Config& cfg) {
 
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
   metrics.start(iteration);
+  // checkpoint.async_save: the save in flight, committed (collectively) once every rank wrote its
+  // shard, before the next save, and before the run ends; its errors surface there.
+  std::unique_ptr<ckpt::AsyncSave> async_save;
+  auto finish_async_save = [&] {
+    if (!async_save) return;
+    const std::string path = async_save->finish();
+    async_save.reset();
+    log::info("saved checkpoint {} (written in the background)", path);
+    last_checkpoint = path;
+  };
   auto save = [&](int64_t it) {
     if (cfg.checkpoint.dir.empty()) return;
     run.grad_sync->wait_params();
@@ -326,11 +381,23 @@ TrainResult run_training(const Config& cfg) {
                             {"skipped_iterations", skipped_total},
                             {"seed", cfg.training.seed}};
     if (run.ctx.dtype == DType::F16) scaler.save_state(state);
-    std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
-                                                *run.opt, ps, state, run.config_yaml);
-    log::info("saved checkpoint {}", path);
-    last_checkpoint = path;
+    if (!cfg.checkpoint.async_save) {
+      std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
+                                                  *run.opt, ps, state, run.config_yaml);
+      log::info("saved checkpoint {}", path);
+      last_checkpoint = path;
+      return;
+    }
+    // async_save: at most one save in flight; a snapshot on the host, written in the background.
+    finish_async_save();
+    const auto t0 = Clock::now();
+    async_save = std::make_unique<ckpt::AsyncSave>(
+        training_save_request(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
+                              run.config_yaml, true),
+        *run.world);
+    log::info("checkpoint of iteration {}: snapshot taken in {:.1f} ms, writing in the background", it, ms_since(t0));
   };
+
   auto summary = [&](const char* how_ended, bool has_test, double test_loss) {
     RunSummary s;
     s.first_iteration = first_iteration;
@@ -348,6 +415,14 @@ TrainResult run_training(const Config& cfg) {
     log_run_summary(s);
   };
 
+  // A stop signal during start-up (data, model, loading): exit before the first iteration.
+  if (const int sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max))) {
+    log::info("{} received during start-up: exiting before iteration {} (nothing new to save)", signal_name(sig),
+              iteration + 1);
+    result.last_iteration = iteration;
+    result.stopped_by_signal = true;
+    return result;
+  }
   IterationRecord rec;
   double interval_loss = 0, interval_ms = 0;
   int interval_iters = 0, interval_steps = 0;  // steps counted in the loss / all steps since the last log line
@@ -434,14 +509,18 @@ TrainResult run_training(const Config& cfg) {
       if (result.last_val_loss >= 0) metrics.eval(it, result.last_val_loss);
       last_eval = it;
     }
-    const bool stop_signal = run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max) != 0;
+    const int stop_sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max));
+    const bool stop_signal = stop_sig != 0;
     const bool exit_now = cfg.training.exit_interval > 0 && it % cfg.training.exit_interval == 0;
     if ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) || stop_signal || exit_now) {
       save(it);
       last_saved = it;
     }
+    if (async_save && run.world->all_reduce_int(async_save->written() ? 1 : 0, ReduceOp::Min) == 1) finish_async_save();
     if (stop_signal || exit_now) {
-      log::info("{} at iteration {}: checkpoint saved, exiting", stop_signal ? "stop signal received" : "exit_interval reached", it);
+      finish_async_save();
+      log::info("{} at iteration {}: {}, exiting", stop_signal ? str_cat(signal_name(stop_sig), " received") : "exit_interval reached",
+                it, cfg.checkpoint.dir.empty() ? "no checkpoint saved (checkpoint.dir is empty)" : "checkpoint saved");
       result.stopped_by_signal = stop_signal;
       summary(stop_signal ? "stopped by a signal" : "stopped at training.exit_interval", false, 0);
       return result;
@@ -459,6 +538,7 @@ TrainResult run_training(const Config& cfg) {
     if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
   }
   if (last_saved != iteration) save(iteration);
+  finish_async_save();
   // The test split once, at the end of training (as Megatron does).
   const bool has_test = run.data.test && cfg.training.eval_iters > 0;
   if (has_test) {

@@ -132,6 +132,8 @@ checkpoint:
   save_interval: 25
   keep_last: 3
   load: none
+  finetune: true
+  async_save: true
 logging:
   log_interval: 5
   metrics_file: m.jsonl
