@@ -83,6 +83,7 @@ training:
   recompute_num_layers: 2
   recompute_norm_act: false
   nan_policy: skip
+  nan_max_skips: 3
   exit_interval: 77
   collective_timeout_s: 45.5
 optimizer:
