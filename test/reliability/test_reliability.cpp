@@ -173,8 +173,8 @@ struct Outcome {
   std::string err;
 };
 
-// Runs megatrain config --config FILE with stdout to /dev/null and stderr to a file.
-Outcome run_config(const std::string& file, const std::string& err_file) {
+// Starts megatrain config --config FILE with stdout to /dev/null and stderr to err_file.
+pid_t spawn_config(const std::string& file, const std::string& err_file) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
@@ -187,6 +187,10 @@ Outcome run_config(const std::string& file, const std::string& err_file) {
   const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   REQUIRE(rc == 0);
+  return pid;
+}
+
+Outcome finish_config(pid_t pid, const std::string& err_file) {
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
   Outcome o;
@@ -212,12 +216,25 @@ TEST_CASE("reliability: >= 1,000 generated bad configs through `megatrain config
   REQUIRE(all.size() >= 1000);
   std::map<std::string, std::array<int, 2>> by_kind;  // refused, accepted
   int crashes = 0, bad_exit = 0, not_one_line = 0, unnamed = 0, wrongly_accepted = 0, refused = 0, accepted = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
+  constexpr size_t kParallel = 4;  // processes at a time (each mostly waits on start-up)
+  auto file_of = [&](size_t i) {
     std::string name = "m";  // (not "m" + to_string: g++ 12 warns, -Wrestrict, falsely)
     name += std::to_string(i);
-    const std::string file = (dir / (name + ".yaml")).string();
-    std::ofstream(file, std::ios::binary) << all[i].text;
-    const Outcome o = run_config(file, (dir / "err.txt").string());
+    return (dir / (name + ".yaml")).string();
+  };
+  auto err_of = [&](size_t i) { return (dir / ("err" + std::to_string(i % kParallel) + ".txt")).string(); };
+  std::vector<Outcome> outcomes(all.size());
+  for (size_t b = 0; b < all.size(); b += kParallel) {
+    std::vector<pid_t> pids;
+    for (size_t i = b; i < std::min(all.size(), b + kParallel); ++i) {
+      std::ofstream(file_of(i), std::ios::binary) << all[i].text;
+      pids.push_back(spawn_config(file_of(i), err_of(i)));
+    }
+    for (size_t i = b; i < b + pids.size(); ++i) outcomes[i] = finish_config(pids[i - b], err_of(i));
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    const std::string file = file_of(i);
+    const Outcome& o = outcomes[i];
     INFO("mutation " << i << " (" << all[i].kind << "): " << file << "\n" << o.err);
     if (o.signaled) ++crashes;
     CHECK_FALSE(o.signaled);
