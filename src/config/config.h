@@ -81,6 +81,7 @@ struct TrainingConfig {
   int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)
   bool recompute_norm_act = true;      // recompute norm outputs and llama's SwiGLU output in backward
   std::string nan_policy = "stop";     // stop | skip: what a NaN/Inf loss or gradient norm does
+  int64_t nan_max_skips = 10;          // skip: this many non-finite iterations in a row stop the run
   int64_t exit_interval = 0;           // stop (with a checkpoint) after this many iterations; 0 = off
   double collective_timeout_s = 600;   // hang watchdog: a collective pending this long aborts the job; 0 = off
 };

@@ -216,6 +216,9 @@ std::vector<ConfigField> build_schema() {
                "token per layer in bf16 (gpt2: 2 x hidden, its GELU output is always kept)"),
       MT_CONFIG_KEY(training, nan_policy).one_of({"stop", "skip"})
           .doc("a NaN/Inf loss or gradient norm: stop = exit with an error, skip = drop that step's update and go on"),
+      MT_CONFIG_KEY(training, nan_max_skips).min(1)
+          .doc("nan_policy skip: this many non-finite iterations in a row stop the run with an error (the last "
+               "checkpoint is kept)"),
       MT_CONFIG_KEY(training, exit_interval).min(0).doc("save a checkpoint and exit after this many steps; 0 = off"),
       MT_CONFIG_KEY(training, collective_timeout_s).min(0)
           .doc("hang watchdog: a collective not completed after this many seconds makes every rank log where it is and exit; 0 = off")

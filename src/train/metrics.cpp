@@ -69,7 +69,7 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
       sc.insert(sc.end(), {{"throughput", tflops}, {"mfu", mfu}, {"mem-max-allocated-bytes", mem_gib * (1 << 30)}});
       if (d_->world_size > 1) sc.emplace_back("comm-exposed-ms", r.comm_exposed_ms);
     }
-    if (cfg_->training.precision == "fp16") sc.emplace_back("loss-scale", r.loss_scale);
+    if (d_->precision == Precision::FP16) sc.emplace_back("loss-scale", r.loss_scale);
     tb_->add_scalars(r.iteration, sc);
   }
   if (!file_ || !first_record(Kind::Train, r.iteration)) return;

@@ -427,6 +427,8 @@ TrainResult run_training(const Config& cfg) {
   double interval_loss = 0, interval_ms = 0;
   int interval_iters = 0, interval_steps = 0;  // steps counted in the loss / all steps since the last log line
   int64_t last_saved = iteration, last_eval = -1;
+  int64_t nan_streak = 0;           // non-finite iterations in a row (nan_policy skip)
+  bool updated_since_save = false;  // periodic saves of weights no update has changed are not written
   const int64_t decay_iters = d.lr_decay_iters;
   while (iteration < cfg.training.train_iters) {
     auto t0 = Clock::now();
@@ -448,14 +450,28 @@ TrainResult run_training(const Config& cfg) {
     bool skip = false;
     // A non-finite loss is divergence (training.nan_policy); with fp16 a non-finite gradient alone is
     // an overflow of the scaled gradients: the loss scaler's business, never nan_policy's.
-    if (!std::isfinite(loss) || (!fp16 && !std::isfinite(gnorm))) {
-      MT_CHECK(d.nan_policy == NanPolicy::Skip, "iteration ", it, ": loss ", loss, ", gradient norm ", gnorm,
-               " is not finite; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
+    // The update's effect on Adam's second moment is checked before it is applied: an Inf there
+    // would silently freeze those weights from then on (optim/adamw.h, AdamW::would_overflow).
+    const double clip_scale =
+        (cfg.optimizer.clip_grad > 0 && gnorm > cfg.optimizer.clip_grad) ? cfg.optimizer.clip_grad / (gnorm + 1e-6) : 1.0;
+    const bool moments_overflow = std::isfinite(gnorm) && run.opt->would_overflow(gnorm * clip_scale);
+    if (!std::isfinite(loss) || (!fp16 && !std::isfinite(gnorm)) || moments_overflow) {
+      const std::string what = moments_overflow
+                                   ? str_cat("gradient norm ", gnorm, " would overflow Adam's second moment")
+                                   : str_cat("loss ", loss, ", gradient norm ", gnorm, " is not finite");
+      MT_CHECK(d.nan_policy == NanPolicy::Skip, "iteration ", it, ": ", what,
+               "; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
                "training.nan_policy: skip to skip such iterations");
+      ++nan_streak;
+      MT_CHECK(nan_streak < cfg.training.nan_max_skips, "iteration ", it, ": ", what, ", the ", nan_streak,
+               "th such iteration in a row (training.nan_max_skips = ", cfg.training.nan_max_skips,
+               "); stopping (the last checkpoint is untouched). Lower optimizer.lr, or resume from an earlier "
+               "checkpoint");
       skip = true;
       ++skipped_total;
       ++rec.skipped;
-      log::warn("iteration {}: non-finite loss/gradient norm, update skipped", it);
+      log::warn("iteration {}: {}, update skipped ({} in a row, training.nan_max_skips = {})", it, what, nan_streak,
+                cfg.training.nan_max_skips);
     } else if (fp16) {
       const bool overflow = !std::isfinite(gnorm);
       scaler.update(overflow);
@@ -472,8 +488,10 @@ TrainResult run_training(const Config& cfg) {
     if (!skip) {
       const double clip = cfg.optimizer.clip_grad;
       const double scale = (clip > 0 && gnorm > clip) ? clip / (gnorm + 1e-6) : 1.0;
-      run.opt->step(lr, scale / loss_scale);
+      run.opt->step(lr, scale / loss_scale, gnorm * scale);
       run.grad_sync->gather_params();
+      nan_streak = 0;
+      updated_since_save = true;
       interval_loss += loss;
       ++interval_iters;
     }
@@ -506,15 +524,20 @@ TrainResult run_training(const Config& cfg) {
     }
     if (cfg.training.eval_interval > 0 && it % cfg.training.eval_interval == 0) {
       result.last_val_loss = run.evaluate();
-      if (result.last_val_loss >= 0) metrics.eval(it, result.last_val_loss);
+      if (!(result.last_val_loss < 0)) metrics.eval(it, result.last_val_loss);  // NaN too: logged as null
       last_eval = it;
     }
     const int stop_sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max));
     const bool stop_signal = stop_sig != 0;
     const bool exit_now = cfg.training.exit_interval > 0 && it % cfg.training.exit_interval == 0;
-    if ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) || stop_signal || exit_now) {
+    const bool periodic = cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0;
+    if (periodic && !updated_since_save && !stop_signal && !exit_now && !cfg.checkpoint.dir.empty()) {
+      log::warn("iteration {}: no update since the checkpoint of iteration {} (every iteration skipped): not saving "
+                "the same weights again", it, last_saved);
+    } else if (periodic || stop_signal || exit_now) {
       save(it);
       last_saved = it;
+      updated_since_save = false;
     }
     if (async_save && run.world->all_reduce_int(async_save->written() ? 1 : 0, ReduceOp::Min) == 1) finish_async_save();
     if (stop_signal || exit_now) {
@@ -535,7 +558,7 @@ TrainResult run_training(const Config& cfg) {
   }
   if (last_eval != iteration) {
     result.last_val_loss = run.evaluate();
-    if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
+    if (!(result.last_val_loss < 0)) metrics.eval(iteration, result.last_val_loss);  // NaN too: logged as null
   }
   if (last_saved != iteration) save(iteration);
   finish_async_save();
