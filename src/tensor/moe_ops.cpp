@@ -36,6 +36,8 @@ void check(const char* op, const Tensor& t, const char* name, const Tensor& ref,
   MOE_ASSERT(t.dtype() == dt, name, " ", t.str(), " should be ", dtype_name(dt));
   MOE_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
 }
+// The router dtype of activations of dtype t: fp64 for fp64, else fp32.
+DType router_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 void check_2d(const char* op, const Tensor& t, const char* name) {
   MOE_ASSERT(t.defined() && t.dim() == 2, name, " ", t.defined() ? t.str() : "undefined", " should be 2-d");
 }
@@ -218,7 +220,7 @@ void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, c
   check_2d(op, weights, "weights");
   const int64_t N = y.size(0), C = y.size(1), k = weights.size(1);
   check(op, yp, "yp", y, y.dtype(), {yp.size(0), C});
-  check(op, weights, "weights", y, y.dtype(), {N, k});
+  check(op, weights, "weights", y, router_dtype(y.dtype()), {N, k});
   check(op, row_of_slot, "row_of_slot", y, DType::I32, {N * k});
   cpu_float(op, y, [&](auto z) {
     using T = decltype(z);
@@ -236,8 +238,8 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
   const int64_t N = dy.size(0), C = dy.size(1), k = weights.size(1);
   check(op, yp, "yp", dy, dy.dtype(), {yp.size(0), C});
   check(op, dyp, "dyp", dy, dy.dtype(), yp.shape());
-  check(op, weights, "weights", dy, dy.dtype(), {N, k});
-  check(op, dweights, "dweights", dy, dy.dtype(), {N, k});
+  check(op, weights, "weights", dy, router_dtype(dy.dtype()), {N, k});
+  check(op, dweights, "dweights", dy, router_dtype(dy.dtype()), {N, k});
   check(op, row_of_slot, "row_of_slot", dy, DType::I32, {N * k});
   cpu_float(op, dy, [&](auto z) {
     using T = decltype(z);
