@@ -4,9 +4,13 @@
 
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/cpu/moe_cpu.h"
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/moe_cuda.h"
+#endif
 
 namespace mt::ops {
 
@@ -36,6 +40,34 @@ void check(const char* op, const Tensor& t, const char* name, const Tensor& ref,
   MOE_ASSERT(t.dtype() == dt, name, " ", t.str(), " should be ", dtype_name(dt));
   MOE_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
 }
+[[maybe_unused]] bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
+// A CUDA op of router tensors: fp32 only.
+[[maybe_unused]] void cuda_f32(const char* op, const Tensor& t) {
+  if (t.dtype() != DType::F32) unsupported(op, t);
+}
+// Host copy of a tensor (for the few ops that run on the host on every device) and back.
+Tensor host_copy(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  h.copy_from(t);
+  return h;
+}
+
+// Calls f(T{}) for an activation dtype: CPU float/double through cpu_float, CUDA float/bf16/f16.
+template <typename F>
+void any_float(const char* op, const Tensor& t, F&& f) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(t)) {
+    switch (t.dtype()) {
+      case DType::F32: f(float{}); return;
+      case DType::BF16: f(bf16{}); return;
+      case DType::F16: f(f16{}); return;
+      default: unsupported(op, t);
+    }
+  }
+#endif
+  cpu_float(op, t, f);
+}
+
 // The router dtype of activations of dtype t: fp64 for fp64, else fp32.
 DType router_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 void check_2d(const char* op, const Tensor& t, const char* name) {
@@ -56,6 +88,14 @@ void moe_router_forward(Tensor& indices, Tensor& weights, Tensor& scores, const 
   check(op, weights, "weights", logits, logits.dtype(), {N, k});
   check(op, scores, "scores", logits, logits.dtype(), {N, E});
   if (bias) check(op, *bias, "bias", logits, logits.dtype(), {E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(logits)) {
+    cuda_f32(op, logits);
+    cuda::moe_router_forward_cuda(indices.data<int32_t>(), weights.data<float>(), scores.data<float>(),
+                                  logits.data<float>(), bias ? bias->data<float>() : nullptr, N, E, spec);
+    return;
+  }
+#endif
   cpu_float(op, logits, [&](auto z) {
     using T = decltype(z);
     cpu::moe_router_forward_cpu<T>(indices.data<int32_t>(), weights.data<T>(), scores.data<T>(), logits.data<T>(),
@@ -71,6 +111,14 @@ void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& 
   check(op, indices, "indices", scores, DType::I32, {N, k});
   check(op, dweights, "dweights", scores, scores.dtype(), {N, k});
   check(op, dlogits, "dlogits", scores, scores.dtype(), {N, E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(scores)) {
+    cuda_f32(op, scores);
+    cuda::moe_router_backward_cuda(dlogits.data<float>(), dweights.data<float>(), scores.data<float>(),
+                                   indices.data<int32_t>(), N, E, spec);
+    return;
+  }
+#endif
   cpu_float(op, scores, [&](auto z) {
     using T = decltype(z);
     cpu::moe_router_backward_cpu<T>(dlogits.data<T>(), dweights.data<T>(), scores.data<T>(),
@@ -90,6 +138,14 @@ void aux_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& score
   MOE_ASSERT(groups >= 1 && N % groups == 0, N, " rows do not split into ", groups, " groups");
   if (loss) check(op, *loss, "loss", scores, scores.dtype(), {1});
   if (dlogits) check(op, *dlogits, "dlogits", scores, scores.dtype(), {N, E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(scores)) {
+    cuda_f32(op, scores);
+    cuda::moe_aux_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
+                            scores.data<float>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss);
+    return;
+  }
+#endif
   cpu_float(op, scores, [&](auto z) {
     using T = decltype(z);
     cpu::moe_aux_loss_cpu<T>(loss ? loss->data<T>() : nullptr, dlogits ? dlogits->data<T>() : nullptr,
@@ -101,6 +157,14 @@ void z_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& logits,
   const int64_t N = logits.size(0), E = logits.size(1);
   if (loss) check(op, *loss, "loss", logits, logits.dtype(), {1});
   if (dlogits) check(op, *dlogits, "dlogits", logits, logits.dtype(), {N, E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(logits)) {
+    cuda_f32(op, logits);
+    cuda::moe_z_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
+                          logits.data<float>(), N, E, coeff, dloss);
+    return;
+  }
+#endif
   cpu_float(op, logits, [&](auto z) {
     using T = decltype(z);
     cpu::moe_z_loss_cpu<T>(loss ? loss->data<T>() : nullptr, dlogits ? dlogits->data<T>() : nullptr,
@@ -128,6 +192,12 @@ void moe_expert_counts(Tensor& counts, const Tensor& indices, int64_t E) {
   const char* op = "moe_expert_counts";
   check(op, counts, "counts", indices, DType::I32, {E});
   MOE_ASSERT(indices.dtype() == DType::I32, "indices ", indices.str(), " should be int32");
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(indices)) {
+    cuda::moe_expert_counts_cuda(counts.data<int32_t>(), indices.data<int32_t>(), indices.numel(), E);
+    return;
+  }
+#endif
   if (indices.device() != Device::CPU) unsupported(op, indices);
   cpu::moe_expert_counts_cpu(counts.data<int32_t>(), indices.data<int32_t>(), indices.numel(), E);
 }
@@ -137,6 +207,12 @@ void moe_expert_bias_update(Tensor& bias, const Tensor& load, double rate) {
   MOE_ASSERT(bias.defined() && bias.dim() == 1, "bias should be (E)");
   const int64_t E = bias.numel();
   MOE_ASSERT(load.defined() && load.numel() == E && load.device() == bias.device(), "load should be (E)");
+  if (bias.device() != Device::CPU) {  // E values: on the host, then back
+    Tensor b = host_copy(bias);
+    moe_expert_bias_update(b, host_copy(load), rate);
+    bias.copy_from(b);
+    return;
+  }
   if (load.device() != Device::CPU) unsupported(op, load);
   std::vector<double> load64(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
@@ -165,6 +241,13 @@ void moe_apply_capacity(Tensor& indices, const Tensor& weights, int64_t E, int64
   check_2d(op, weights, "weights");
   check(op, indices, "indices", weights, DType::I32, weights.shape());
   MOE_ASSERT(capacity >= 0, "capacity ", capacity);
+  if (weights.device() != Device::CPU) {  // a per-expert sort: on the host (N * k values), then back
+    Tensor idx = host_copy(indices), w = host_copy(weights);
+    if (w.dtype() != DType::F32 && w.dtype() != DType::F64) unsupported(op, w);
+    moe_apply_capacity(idx, w, E, capacity);
+    indices.copy_from(idx);
+    return;
+  }
   cpu_float(op, weights, [&](auto z) {
     using T = decltype(z);
     cpu::moe_apply_capacity_cpu<T>(indices.data<int32_t>(), weights.data<T>(), indices.numel(), E, capacity);
@@ -181,6 +264,13 @@ void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, c
   check(op, slot_of_row, "slot_of_row", indices, DType::I32, {S});
   check(op, row_of_slot, "row_of_slot", indices, DType::I32, {S});
   check(op, counts, "counts", indices, DType::I32, {E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(indices)) {
+    cuda::moe_routing_map_cuda(slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>(), counts.data<int32_t>(),
+                               indices.data<int32_t>(), S, E);
+    return;
+  }
+#endif
   if (indices.device() != Device::CPU) unsupported(op, indices);
   cpu::moe_routing_map_cpu(slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>(), counts.data<int32_t>(),
                            indices.data<int32_t>(), S, E);
@@ -194,9 +284,13 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   check(op, out, "out", x, x.dtype(), {M, C});
   check(op, slot_of_row, "slot_of_row", x, DType::I32, {N * k});
   MOE_ASSERT(M <= N * k, "out ", out.str(), " has more rows than the ", N * k, " slots");
-  cpu_float(op, x, [&](auto z) {
+  any_float(op, x, [&](auto z) {
     using T = decltype(z);
-    cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(x)) return cuda::moe_permute_forward_cuda<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
   });
 }
 
@@ -207,9 +301,13 @@ void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_s
   const int64_t N = dx.size(0), C = dx.size(1);
   check(op, dout, "dout", dx, dx.dtype(), {dout.size(0), C});
   check(op, row_of_slot, "row_of_slot", dx, DType::I32, {N * k});
-  cpu_float(op, dx, [&](auto z) {
+  any_float(op, dx, [&](auto z) {
     using T = decltype(z);
-    cpu::moe_permute_backward_cpu<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(dx)) return cuda::moe_permute_backward_cuda<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_permute_backward_cpu<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
   });
 }
 
@@ -222,10 +320,16 @@ void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, c
   check(op, yp, "yp", y, y.dtype(), {yp.size(0), C});
   check(op, weights, "weights", y, router_dtype(y.dtype()), {N, k});
   check(op, row_of_slot, "row_of_slot", y, DType::I32, {N * k});
-  cpu_float(op, y, [&](auto z) {
+  any_float(op, y, [&](auto z) {
     using T = decltype(z);
-    cpu::moe_unpermute_forward_cpu<T>(y.data<T>(), yp.data<T>(), weights.data<T>(), row_of_slot.data<int32_t>(), N,
-                                      C, k);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(y))
+      return cuda::moe_unpermute_forward_cuda<T>(y.data<T>(), yp.data<T>(), weights.data<float>(),
+                                                 row_of_slot.data<int32_t>(), N, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_unpermute_forward_cpu<T>(y.data<T>(), yp.data<T>(), weights.data<T>(), row_of_slot.data<int32_t>(), N,
+                                        C, k);
   });
 }
 
@@ -241,10 +345,16 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
   check(op, weights, "weights", dy, router_dtype(dy.dtype()), {N, k});
   check(op, dweights, "dweights", dy, router_dtype(dy.dtype()), {N, k});
   check(op, row_of_slot, "row_of_slot", dy, DType::I32, {N * k});
-  cpu_float(op, dy, [&](auto z) {
+  any_float(op, dy, [&](auto z) {
     using T = decltype(z);
-    cpu::moe_unpermute_backward_cpu<T>(dyp.data<T>(), dweights.data<T>(), dy.data<T>(), yp.data<T>(),
-                                       weights.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(dy))
+      return cuda::moe_unpermute_backward_cuda<T>(dyp.data<T>(), dweights.data<float>(), dy.data<T>(), yp.data<T>(),
+                                                  weights.data<float>(), row_of_slot.data<int32_t>(), N, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_unpermute_backward_cpu<T>(dyp.data<T>(), dweights.data<T>(), dy.data<T>(), yp.data<T>(),
+                                         weights.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
   });
 }
 
@@ -271,6 +381,17 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
   const char* op = "moe_grouped_linear_forward";
   grouped_shapes(op, x, weight, counts);
   check(op, out, "out", x, x.dtype(), {x.size(0), weight.size(1)});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(x)) {
+    any_float(op, x, [&](auto z) {
+      using T = decltype(z);
+      if constexpr (!std::is_same_v<T, double>)
+        cuda::moe_grouped_linear_forward_cuda<T>(out.data<T>(), x.data<T>(), weight.data<T>(), counts.data(),
+                                                 weight.size(0), weight.size(2), weight.size(1));
+    });
+    return;
+  }
+#endif
   if (x.device() != Device::CPU) unsupported(op, x);
   int64_t r0 = 0;  // CPU: one GEMM per group
   for (size_t e = 0; e < counts.size(); ++e) {
@@ -289,7 +410,22 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
   grouped_shapes(op, x, weight, counts);
   check(op, dout, "dout", x, x.dtype(), {x.size(0), weight.size(1)});
   if (dx) check(op, *dx, "dx", x, x.dtype(), x.shape());
-  if (dweight) check(op, *dweight, "dweight", x, x.dtype(), weight.shape());
+  // parameter gradients: the op's dtype on CPU, fp32 main grads on CUDA
+  if (dweight) check(op, *dweight, "dweight", x, on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(x)) {
+    any_float(op, x, [&](auto z) {
+      using T = decltype(z);
+      if constexpr (!std::is_same_v<T, double>)
+        cuda::moe_grouped_linear_backward_cuda<T>(dx ? dx->data<T>() : nullptr,
+                                                  dweight ? dweight->data<float>() : nullptr, dout.data<T>(),
+                                                  x.data<T>(), weight.data<T>(), counts.data(), weight.size(0),
+                                                  weight.size(2), weight.size(1),
+                                                  dweight_mode == GradMode::Accumulate);
+    });
+    return;
+  }
+#endif
   if (x.device() != Device::CPU) unsupported(op, x);
   int64_t r0 = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
