@@ -5,6 +5,7 @@
 #include "catch.h"
 #include "config/config_loader.h"
 #include "config/config_validate_moe.h"
+#include "model/moe/moe_options.h"
 
 namespace {
 const char* kBase = R"(model:
@@ -71,4 +72,21 @@ TEST_CASE("moe config: cross-field checks, layer pattern, not wired yet", "[moe]
   m.moe_layer_freq = {0, 0, 1, 1};  // DeepSeek: the first layers dense
   CHECK_FALSE(mt::is_moe_layer(m, 1));
   CHECK(mt::is_moe_layer(m, 3));
+  // the layer's options from the config
+  m.arch = "gpt2";
+  m.seq_length = 32;
+  m.moe_router_topk = 3;
+  m.moe_ffn_hidden_size = 48;
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_load_balancing_type = "seq_aux_loss";
+  m.moe_expert_capacity_factor = 1.25;
+  const mt::MoEOptions o = mt::moe_options(m);
+  CHECK(o.num_experts == 8);
+  CHECK(o.topk == 3);
+  CHECK(o.ffn_hidden_size == 48);
+  CHECK_FALSE(o.swiglu);
+  CHECK(o.sigmoid);
+  CHECK(o.load_balancing == "seq_aux_loss");
+  CHECK(o.capacity_factor == 1.25);
+  CHECK(o.seq_length == 32);
 }

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "config/config.h"
+
 namespace mt {
 
 struct MoEOptions {
@@ -24,5 +26,8 @@ struct MoEOptions {
   double capacity_factor = 0.0;        // moe_expert_capacity_factor (0: dropless)
   int64_t seq_length = 0;              // rows per sequence (seq_aux_loss groups the rows by it)
 };
+
+// The options of the model's MoE layers from its config (model.num_experts > 0; activation from model.arch).
+MoEOptions moe_options(const ModelConfig& m);
 
 }  // namespace mt
