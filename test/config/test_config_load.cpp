@@ -39,7 +39,7 @@ std::string with(const std::string& section, const std::string& lines) {
   return yaml;
 }
 
-// Every key set to a value other than its default (parallel.expert excepted: > 1 is refused).
+// Every key set to a value other than its default (parallel.expert and the MoE keys excepted: refused for now).
 const char* kAllKeysYaml = R"(model:
   arch: gpt2
   num_layers: 8
@@ -193,7 +193,9 @@ TEST_CASE("config: a file setting every key loads each one and round-trips throu
   const mt::Config defaults;
   for (const mt::ConfigField& f : mt::config_fields()) {
     INFO(f.path);
-    if (f.path != "parallel.expert") CHECK_FALSE(mt::field_equal(f, c, defaults));
+    // parallel.expert > 1 and the MoE keys are refused until MoE layers are wired (test/moe/test_moe_config.cpp)
+    const bool moe = f.path == "model.num_experts" || f.path.rfind("model.moe_", 0) == 0;
+    if (f.path != "parallel.expert" && !moe) CHECK_FALSE(mt::field_equal(f, c, defaults));
   }
   CHECK(c.training.seed == 18446744073709551615ull);
   CHECK(c.data.paths.size() == 2);
