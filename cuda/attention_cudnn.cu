@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "cuda/attention_common.cuh"
-#include "tensor/ops.h"
+#include "core/op_policy.h"
 
 namespace mt::ops::cuda::attn {
 

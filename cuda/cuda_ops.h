@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
-#include "tensor/dtype.h"
-#include "tensor/rope_params.h"
+#include "core/dtype.h"
+#include "core/rope_params.h"
 
 namespace mt::ops::cuda {
 

@@ -6,7 +6,7 @@
 // on the CPU, so fp32 outputs are bit-identical too. Any shape, n elements; 16-byte accesses.
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 
 namespace mt::ops::cuda {
 

@@ -15,8 +15,8 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_context.h"
-#include "tensor/dtype.h"
-#include "tensor/tensor.h"
+#include "core/dtype.h"
+#include "core/allocator.h"
 
 namespace mt::cuda {
 
@@ -156,13 +156,16 @@ inline void sum_rows_accumulate(float* out, const float* in, int rows, int64_t C
 // current stream, so the next user of the block is ordered after them.
 class Scratch {
  public:
-  explicit Scratch(size_t bytes)
-      : t_(Tensor::empty({static_cast<int64_t>(bytes == 0 ? 1 : bytes)}, DType::U8, Device::CUDA)) {}
+  explicit Scratch(size_t bytes) : bytes_(bytes == 0 ? 1 : bytes), p_(allocator_for(Device::CUDA)->allocate(bytes_)) {}
+  ~Scratch() { allocator_for(Device::CUDA)->deallocate(p_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   template <typename T>
-  T* as() const { return static_cast<T*>(t_.raw()); }
+  T* as() const { return static_cast<T*>(p_); }
 
  private:
-  Tensor t_;
+  size_t bytes_;
+  void* p_;
 };
 
 // ---------------------------------------------------------------- launch attributes

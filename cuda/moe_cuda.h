@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "tensor/dtype.h"
-#include "tensor/moe_ops.h"
+#include "core/dtype.h"
+#include "core/moe_router_spec.h"
 
 namespace mt::ops::cuda {
 

@@ -5,7 +5,7 @@
 //   dx_e^T  (IC, m_e) = W_e (stored (IC, OC))       x dout_e^T (stored (OC, m_e))      m=IC n=m_e k=OC
 //   dW_e^T  (IC, OC)  = x_e^T (stored (IC, m_e))    x dout_e (stored (OC, m_e), op T)  m=IC n=OC  k=m_e  (fp32 C)
 // Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays go to the device in one copy.
-// Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the image has 13.1 (DESIGN.md).
+// Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the GPU image ships libcublasLt 13.1.0.3 (seen 2026-11-23).
 #include <vector>
 
 #include "cuda/cuda_check.h"

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "cuda/kernel_utils.cuh"
-#include "tensor/rope_params.h"
+#include "core/rope_params.h"
 
 namespace mt::cuda {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #if defined(MEGATRAIN_HAVE_CUDA)
-#include "cuda/cuda_runtime.h"
+#include "runtime/cuda/cuda_runtime.h"
 #endif
 
 namespace mt::test {

@@ -1,4 +1,4 @@
-// Sharded checkpoints (DESIGN.md):
+// Sharded checkpoints (docs/ARCHITECTURE.md):
 //   DIR/iter_0000100/                 one complete checkpoint
 //       shard_r00000.bin              this rank's slices, raw little-endian, concatenated
 //       shard_r00000.json             what shard_r00000.bin holds (written by its rank)

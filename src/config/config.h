@@ -1,4 +1,4 @@
-// The run configuration: one struct per YAML section, field names = YAML keys (DESIGN.md).
+// The run configuration: one struct per YAML section, field names = YAML keys (docs/ARCHITECTURE.md).
 // Loading (config_loader.cpp) is strict: unknown keys, wrong types and out-of-range values are
 // errors naming the file, the key path and the fix. Values derived from the config live in
 // DerivedConfig and are never written back into Config (nothing the user wrote is altered).

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 namespace mt::data {
 

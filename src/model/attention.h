@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "model/linear.h"
-#include "tensor/rope_params.h"
+#include "core/rope_params.h"
 
 namespace mt {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "parallel/mappings.h"
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 #include "tensor/ops.h"
 
 namespace mt {

@@ -5,7 +5,8 @@
 #include <cstdint>
 
 #include "config/config.h"
-#include "parallel/parallel_state.h"
+#include "params/param_sync_hooks.h"
+#include "runtime/parallel_state.h"
 #include "tensor/tensor.h"
 
 namespace mt {
@@ -22,18 +23,6 @@ struct RecomputePolicy {
   bool block = false;  // full: block (else uniform)
   int num_layers = 1;
   bool norm_act = true;
-};
-
-// What the model reports while it runs, so that communication can overlap it (parallel/grad_sync.h
-// implements it). Ranges are element ranges of the parameter store's flat buffers; each layer's
-// parameters form one range.
-class ParamSyncHooks {
- public:
-  virtual ~ParamSyncHooks() = default;
-  // The parameters in [begin, end) are about to be read by a forward.
-  virtual void params_needed(int64_t begin, int64_t end) = 0;
-  // A backward finished accumulating one micro-batch into the gradients of [begin, end).
-  virtual void grads_accumulated(int64_t begin, int64_t end) = 0;
 };
 
 struct ModelContext {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 #include "tensor/ops.h"
 
 namespace mt {

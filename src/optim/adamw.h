@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "config/config.h"
-#include "model/param_store.h"
+#include "params/param_store.h"
 #include "parallel/grad_sync.h"
-#include "parallel/parallel_state.h"
+#include "runtime/parallel_state.h"
 
 namespace mt {
 

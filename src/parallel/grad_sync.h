@@ -25,9 +25,9 @@
 #include <memory>
 #include <vector>
 
-#include "model/model_context.h"
-#include "model/param_store.h"
-#include "parallel/parallel_state.h"
+#include "params/param_store.h"
+#include "params/param_sync_hooks.h"
+#include "runtime/parallel_state.h"
 
 namespace mt {
 

@@ -15,7 +15,7 @@
 
 #include <memory>
 
-#include "parallel/parallel_state.h"
+#include "runtime/parallel_state.h"
 #include "tensor/tensor.h"
 
 namespace mt {

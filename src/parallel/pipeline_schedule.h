@@ -1,4 +1,4 @@
-// Pipeline schedules as data (DESIGN.md): a pure function gives each stage the ordered list of
+// Pipeline schedules as data (docs/ARCHITECTURE.md): a pure function gives each stage the ordered list of
 // actions it runs for one training iteration, for 1F1B (virtual_stages = 1) and interleaved 1F1B
 // (virtual_stages > 1), in Megatron-Core's ordering (schedules.py:
 // forward_backward_pipelining_without_interleaving / _with_interleaving). The executor in

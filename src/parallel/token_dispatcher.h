@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "parallel/parallel_state.h"
+#include "runtime/parallel_state.h"
 #include "tensor/tensor.h"
 
 namespace mt {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "parallel/parallel_state.h"
+#include "runtime/parallel_state.h"
 #include "runtime/rank_generator.h"
 
 namespace mt {

@@ -12,21 +12,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/moe_router_spec.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace mt::ops {
-
-// How the router turns logits into expert choices and weights (Megatron-Core moe/router.py).
-struct RouterSpec {
-  int64_t topk = 1;
-  bool sigmoid = false;       // score function: sigmoid (DeepSeek-V3) instead of softmax
-  bool pre_softmax = false;   // softmax only: weights are the softmax over all E (not renormalized over the k)
-  double scaling = 1.0;       // moe_router_topk_scaling_factor (1: none)
-  // Weights are the chosen scores divided by their sum: softmax without pre_softmax (= softmax over the
-  // k chosen logits), sigmoid when k > 1 (DeepSeek-V3).
-  bool normalize() const { return sigmoid ? topk > 1 : !pre_softmax; }
-};
 
 // ---------------------------------------------------------------- router
 // scores (N, E) = softmax(logits) or sigmoid(logits). The choice is the top k of scores + bias (bias (E) or

@@ -54,19 +54,6 @@ int64_t shape_numel(const Shape& s) {
 }
 
 namespace {
-class CpuAllocator final : public Allocator {
- public:
-  void* allocate(size_t bytes) override {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    MT_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
-    return p;
-  }
-  void deallocate(void* ptr, size_t) override { std::free(ptr); }
-};
-
-CpuAllocator g_cpu_allocator;
-Allocator* g_allocators[3] = {&g_cpu_allocator, nullptr, nullptr};
 
 void default_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   MT_INTERNAL_ASSERT(dst_dev == Device::CPU && src_dev == Device::CPU, "copy ", device_name(src_dev), " -> ",
@@ -77,8 +64,6 @@ DeviceCopyFn g_copy = default_copy;
 DeviceZeroFn g_zero = nullptr;
 }  // namespace
 
-Allocator* allocator_for(Device d) { return g_allocators[static_cast<int>(d)]; }
-void set_allocator(Device d, Allocator* a) { g_allocators[static_cast<int>(d)] = a; }
 void set_device_copy(DeviceCopyFn fn) { g_copy = fn; }
 void set_device_zero(DeviceZeroFn fn) { g_zero = fn; }
 

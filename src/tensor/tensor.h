@@ -10,24 +10,14 @@
 #include <vector>
 
 #include "core/check.h"
-#include "tensor/dtype.h"
+#include "core/allocator.h"
+#include "core/dtype.h"
 
 namespace mt {
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[2, 3]"
 int64_t shape_numel(const Shape& s);
-
-class Allocator {
- public:
-  virtual ~Allocator() = default;
-  virtual void* allocate(size_t bytes) = 0;
-  virtual void deallocate(void* ptr, size_t bytes) = 0;
-};
-
-// The allocator used for new tensors on a device. CPU: aligned malloc; Meta: none (no data).
-Allocator* allocator_for(Device d);
-void set_allocator(Device d, Allocator* a);  // the CUDA backend installs its caching allocator
 
 struct Storage {
   void* data = nullptr;

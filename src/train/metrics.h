@@ -1,5 +1,5 @@
 // Training progress: the log line every log_interval iterations and the JSON-lines metrics file.
-// FLOPs follow DESIGN.md: model FLOPs per token = 6 N + 12 L h s (N = trainable parameters without
+// FLOPs as docs/ARCHITECTURE.md counts them: model FLOPs per token = 6 N + 12 L h s (N = trainable parameters without
 // learned position embeddings, a tied table once); MFU against 989.4 TFLOP/s (dense bf16 H100/H200).
 #pragma once
 

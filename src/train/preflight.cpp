@@ -11,7 +11,7 @@
 #include <fstream>
 
 #if defined(MEGATRAIN_HAVE_CUDA)
-#include "cuda/cuda_runtime.h"
+#include "runtime/cuda/cuda_runtime.h"
 #endif
 #include "config/config_loader.h"
 #include "config/config_schema.h"

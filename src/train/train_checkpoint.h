@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "model/param_store.h"
+#include "params/param_store.h"
 #include "optim/adamw.h"
-#include "parallel/parallel_state.h"
+#include "runtime/parallel_state.h"
 
 namespace mt {
 

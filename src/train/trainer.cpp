@@ -13,8 +13,8 @@
 
 #include "checkpoint/checkpoint.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
-#include "cuda/cuda_runtime.h"
-#include "cuda/nccl_communicator.h"
+#include "runtime/cuda/cuda_runtime.h"
+#include "runtime/cuda/nccl_communicator.h"
 #endif
 #include "config/config_loader.h"
 #include "core/log.h"
@@ -28,7 +28,7 @@
 #include "runtime/mesh.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/watchdog.h"
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/ops.h"
 #include "train/metrics.h"

@@ -4,7 +4,7 @@
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <random>
 
-#include "cuda/cuda_runtime.h"
+#include "runtime/cuda/cuda_runtime.h"
 #include "tensor/tensor.h"
 
 

@@ -27,7 +27,7 @@
 
 #include "catch.h"
 #include "cuda/cuda_context.h"
-#include "cuda/cuda_runtime.h"
+#include "runtime/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 

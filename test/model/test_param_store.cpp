@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "catch.h"
-#include "model/param_store.h"
+#include "params/param_store.h"
 
 using namespace mt;
 

@@ -1,7 +1,7 @@
 // dropout and the counter-based generator: identity at p = 0, reproducible masks, kept fraction,
 // backward with the same mask, finite differences; uniform01 / normal01 moments.
 #include "gradcheck.h"
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 
 using namespace mt;
 using namespace mt::test;

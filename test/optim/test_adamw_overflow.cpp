@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "catch.h"
-#include "model/param_store.h"
+#include "params/param_store.h"
 #include "optim/adamw.h"
 
 using namespace mt;

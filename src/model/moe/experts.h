@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "model/model_context.h"
-#include "model/param_store.h"
+#include "params/param_store.h"
 
 namespace mt {
 

@@ -14,7 +14,7 @@
 
 #include "model/model_context.h"
 #include "model/moe/moe_options.h"
-#include "model/param_store.h"
+#include "params/param_store.h"
 #include "tensor/moe_ops.h"
 
 namespace mt {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "tensor/rope_params.h"
+#include "core/rope_params.h"
 
 namespace mt::ops::cpu {
 

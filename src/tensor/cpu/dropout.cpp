@@ -4,7 +4,7 @@
 //   backward: the map is linear and diagonal, so dinp[i] = keep[i] ? dout[i] / (1 - p) : 0 with the same
 //             (seed, offset) regenerating the same mask. p = 1 drops everything (out = 0).
 // Callers derive offset from global element coordinates so every parallel layout drops the same elements.
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 #include "tensor/cpu/cpu_ops.h"
 
 namespace mt::ops::cpu {

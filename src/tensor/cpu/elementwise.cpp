@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "tensor/cpu/cpu_ops.h"
-#include "tensor/dtype.h"
+#include "core/dtype.h"
 
 namespace mt::ops::cpu {
 

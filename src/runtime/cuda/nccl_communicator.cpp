@@ -1,5 +1,5 @@
 // The NCCL communicator (see nccl_communicator.h).
-#include "cuda/nccl_communicator.h"
+#include "runtime/cuda/nccl_communicator.h"
 
 #include <algorithm>
 #include <mutex>

@@ -1,4 +1,4 @@
-// Parameters carry their layout (DESIGN.md): global name and shape, which dimension is split over
+// Parameters carry their layout (docs/ARCHITECTURE.md): global name and shape, which dimension is split over
 // tensor-parallel ranks (and in how many independently split blocks), how they are initialized,
 // whether weight decay applies. The same metadata drives initialization, gradient reduction,
 // the optimizer and checkpoint save/load/reshard: one source of truth.

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.h"
-#include "cuda/cuda_runtime.h"
+#include "runtime/cuda/cuda_runtime.h"
 #include "tensor/tensor.h"
 
 namespace mt::cuda {

@@ -1,8 +1,8 @@
-#include "model/param_store.h"
+#include "params/param_store.h"
 
 #include <cmath>
 
-#include "tensor/cpu/counter_rng.h"
+#include "core/counter_rng.h"
 #include "tensor/ops.h"
 
 namespace mt {
