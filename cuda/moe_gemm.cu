@@ -52,6 +52,15 @@ struct Grouped {
   void run(cudaDataType_t ab_type, cudaDataType_t c_type, const char* what) {
     const int G = int(m.size());
     if (G == 0) return;
+    if (ab_type != c_type) {
+      // cublasGemmGroupedBatchedEx has no mixed-type form ("not supported" for bf16/fp16 inputs with an fp32
+      // output, seen on an H100 with cuBLAS 13.1): the fp32 weight gradients run one cublasGemmEx per expert.
+      for (int g = 0; g < G; ++g)
+        MT_CUBLAS_CHECK(cublasGemmEx(blas(), ta[g], tb[g], m[g], n[g], k[g], &alpha[g], a[g], ab_type, lda[g], b[g],
+                                     ab_type, ldb[g], &beta[g], c[g], c_type, ldc[g], CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+      return;
+    }
     // device copies of the three pointer arrays, in one allocation and one copy
     std::vector<const void*> host(size_t(3 * G));
     for (int g = 0; g < G; ++g) host[g] = a[g], host[G + g] = b[g], host[2 * G + g] = c[g];

@@ -117,11 +117,14 @@ TEST_CASE("gpt2 on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda
   compare("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2");
 }
 
-// Model features on the GPU (the split attention path with per-head q/k RMSNorm, a head dim of 24, a linear_qkv bias,
+// Model features on the GPU (the split attention path with per-head q/k RMSNorm, a head dim of 64 beside a hidden size
+// of 64 with 4 heads, a linear_qkv bias,
 // Llama-3 RoPE scaling; and GPT-2's features on the llama preset through the fused path).
 TEST_CASE("qwen3-like features on the GPU match the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][features]") {
   compare("configs/ci/qwen3-tiny.yaml",
-          "--set model.add_qkv_bias=true --set model.rope_scaling=true --set model.rope_scaling_factor=4.0 "
+          // kv_channels 64 (not hidden / heads = 16): the GPU's attention kernels take head dims 64 and 128
+          "--set model.kv_channels=64 --set model.add_qkv_bias=true --set model.rope_scaling=true "
+          "--set model.rope_scaling_factor=4.0 "
           "--set model.rope_scaling_original_max_position_embeddings=64",
           "qwen3");
 }
