@@ -23,11 +23,6 @@ namespace {
 // The format's own limit on the header (safetensors' MAX_HEADER_SIZE).
 constexpr uint64_t kMaxHeader = 100ull * 1000 * 1000;
 
-std::string shape_str(const Shape& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 }  // namespace
 
 bool dtype_from_st(const std::string& s, DType* out) {
