@@ -294,7 +294,9 @@ nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, 
     c["scale_attn_weights"] = true;
     c["scale_attn_by_inverse_layer_idx"] = false;
     c["reorder_and_upcast_attn"] = false;
-    for (const char* d : {"attn_pdrop", "embd_pdrop", "resid_pdrop"}) c[d] = 0.0;
+    // Dropout is a training setting (never imported): an original's values stay, else none.
+    if (!base.is_object())
+      for (const char* d : {"attn_pdrop", "embd_pdrop", "resid_pdrop"}) c[d] = 0.0;
   } else {
     c["vocab_size"] = a.vocab_size;
     c["hidden_size"] = a.hidden_size;
@@ -308,7 +310,7 @@ nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, 
     c["initializer_range"] = a.init_std;
     c["rms_norm_eps"] = a.norm_epsilon;
     c["tie_word_embeddings"] = a.tied;
-    c["attention_dropout"] = 0.0;
+    if (!base.is_object()) c["attention_dropout"] = 0.0;
     if (a.model_type != "qwen2") c["attention_bias"] = false;
     if (a.model_type == "llama") c["mlp_bias"] = false;
     if (a.model_type == "mistral") c["sliding_window"] = nullptr;
