@@ -3,10 +3,10 @@
 # (A B A B ...) so that clock drift hits all variants alike; prints per variant the mean ms/iteration and
 # tokens/s (iterations after the first SKIP), exposed communication ms/iteration, peak memory, and the
 # tokens/s ratio to the first variant.
-#   usage: OUT=dir AB_CONFIGS="llama-1b gpt2-350m" benchmarks/gpu_ab.sh BIN 'ENV=1 ENV2=x' 'ENV=0' ...
+#   usage: OUT=dir AB_CONFIGS="llama-1b gpt2-350m" benchmarks/gpu_ab.sh BIN base '--set=training.attention_backend=own' ...
 #   env: AB_ITERS (10), AB_SKIP (3), AB_ROUNDS (2), AB_ACCUM (micro-batches per step and data-parallel
 #        rank, 4), AB_EXTRA (more arguments for every run)
-# A variant is a space-separated list of words: VAR=value (environment), --set=key=value (a config
+# A variant is a space-separated list of words: VAR=value (environment, e.g. NCCL_ALGO=Ring), --set=key=value (a config
 # override), np=N (N processes, one per GPU, through scripts/launch_mpirun.sh; the global batch grows
 # with N: pure data parallelism unless the variant sets the layout and the batch), bin=PATH (another megatrain
 # binary, e.g. one built from an older commit), or "base" (none).

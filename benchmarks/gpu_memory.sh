@@ -3,7 +3,7 @@
 # 2026-11-22, RESULTS.md). Builds build-gpu (megatrain + mt_test_cuda; build-bench points at it), then
 #   tests: mt_test_cuda, all non-bench cases (the changed ops first);
 #   train: megatrain llama-1b and llama-3b as run_gpu_bench.sh runs them, with cuDNN's attention backward
-#          in batch chunks (default) and in one piece (MT_ATTENTION_BWD_WORKSPACE_MIB=65536);
+#          in batch chunks (default) and in one piece (training.attention_bwd_workspace_mib: 65536);
 #   bench REFERENCE.py: run_gpu_bench.sh (megatrain and the PyTorch reference) on llama-1b and llama-3b;
 #   gpt2: megatrain gpt2-124m and gpt2-350m (no reference), while time is left;
 #   ab: llama-1b with 4, 2 and 1 attention-backward batch chunks, interleaved, twice, while time is left.
@@ -28,12 +28,12 @@ echo "build: $(($(date +%s) - t0)) s" | tee -a "$L/times.txt"
 
 source benchmarks/bench_common.sh
 bench_set 30
-train() {  # train TAG CONFIG [ENV=VALUE...]
+train() {  # train TAG CONFIG [--set KEY=VALUE...]
   local tag=$1 c=$2
   shift 2
-  env "$@" build-gpu/megatrain train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
+  build-gpu/megatrain train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
     --set training.micro_batch_size="${BENCH_MBS[$c]}" --set training.global_batch_size="${BENCH_MBS[$c]}" \
-    --set logging.metrics_file="$L/$tag.jsonl" >"$L/$tag.log" 2>&1 || echo "$tag failed: $(tail -2 "$L/$tag.log")"
+    --set logging.metrics_file="$L/$tag.jsonl" "$@" >"$L/$tag.log" 2>&1 || echo "$tag failed: $(tail -2 "$L/$tag.log")"
   echo "$tag: $(($(date +%s) - t0)) s" >>"$L/times.txt"
 }
 
@@ -50,14 +50,14 @@ for step in $steps; do
     train)
       train mt-llama-1b llama-1b
       train mt-llama-3b llama-3b
-      train mt-llama-1b-unchunked llama-1b MT_ATTENTION_BWD_WORKSPACE_MIB=65536
-      train mt-llama-3b-unchunked llama-3b MT_ATTENTION_BWD_WORKSPACE_MIB=65536
+      train mt-llama-1b-unchunked llama-1b --set training.attention_bwd_workspace_mib=65536
+      train mt-llama-3b-unchunked llama-3b --set training.attention_bwd_workspace_mib=65536
       ;;
     ab)  # llama-1b with the attention backward in 4, 2 and 1 batch chunks (workspace cap 512, 1024, 65536 MiB), twice
       for rep in 1 2; do
         for cap in 512 1024 65536; do
           (($(date +%s) - t0 < ${DEADLINE_S:-520} - 40)) &&
-            train "ab-llama-1b-cap$cap-$rep" llama-1b MT_ATTENTION_BWD_WORKSPACE_MIB=$cap
+            train "ab-llama-1b-cap$cap-$rep" llama-1b --set training.attention_bwd_workspace_mib=$cap
         done
       done
       ;;

@@ -3,9 +3,9 @@
 # machine when they run here (carried: build-perf/megatrain, build-perf/test/mt_test_cuda, and the
 # libraries whose sonames differ between the machines in .carry/lib), else builds them here. Then:
 #   1. GPU tests: attention (cuDNN and our kernels), norms, the GPU-vs-CPU training parity test;
-#   2. the attention timings (cuDNN, then MT_ATTENTION=own);
+#   2. the attention timings (cuDNN's, then our kernels', in one test);
 #   3. each benchmark config for a few iterations with MT_OP_PROFILE (per-op GPU time);
-#   4. (PROFILE_BASELINE=1) the same configs with MT_ATTENTION=own MT_NORM_BWD=rows, no profiling.
+#   4. (PROFILE_BASELINE=1) the same configs on our attention kernels (training.attention_backend: own), no profiling.
 # Logs under $OUT; a short summary last.
 #   usage: OUT=dir benchmarks/gpu_profile.sh [CONFIGS...]
 set -uo pipefail
@@ -40,16 +40,18 @@ rc_ops=$?
 timeout 240 "$TEST" -r compact "[training]" >"$OUT/test_training.log" 2>&1
 rc_train=$?
 t2=$(date +%s)
-timeout 60 "$TEST" "[.bench][attention]" >"$OUT/bench_attn.log" 2>&1
-MT_ATTENTION=own timeout 60 "$TEST" "[.bench][attention]" >"$OUT/bench_attn_own.log" 2>&1
+timeout 120 "$TEST" "[.bench][attention]" >"$OUT/bench_attn.log" 2>&1
 t3=$(date +%s)
 
 source benchmarks/bench_common.sh
-run() {  # run TAG CONFIG ITERS [env...]
-  local tag=$1 c=$2 n=$3
+run() {  # run TAG CONFIG ITERS [ENV=VALUE | --set=KEY=VALUE ...]
+  local tag=$1 c=$2 n=$3 envs=() sets=()
   shift 3
+  for w in "$@"; do
+    case $w in --set=*) sets+=(--set "${w#--set=}") ;; *) envs+=("$w") ;; esac
+  done
   bench_set "$n"
-  env "$@" timeout 300 "$BIN" train --config "configs/$c.yaml" "${BENCH_SET[@]}" \
+  env "${envs[@]}" timeout 300 "$BIN" train --config "configs/$c.yaml" "${BENCH_SET[@]}" "${sets[@]}" \
     --set training.micro_batch_size="${BENCH_MBS[$c]}" --set training.global_batch_size="${BENCH_MBS[$c]}" \
     --set logging.metrics_file="$OUT/$tag-$c.jsonl" \
     >"$OUT/$tag-$c.log" 2>&1 || echo "$tag $c failed: $(tail -2 "$OUT/$tag-$c.log")" >&2
@@ -57,14 +59,14 @@ run() {  # run TAG CONFIG ITERS [env...]
 for c in "${configs[@]}"; do run prof "$c" "$iters" MT_OP_PROFILE="$OUT/prof-$c.txt"; done
 t4=$(date +%s)
 if [ "${PROFILE_BASELINE:-0}" = 1 ]; then
-  for c in "${configs[@]}"; do run base "$c" "$iters" MT_ATTENTION=own MT_NORM_BWD=rows; done
+  for c in "${configs[@]}"; do run base "$c" "$iters" --set=training.attention_backend=own; done
 fi
 t5=$(date +%s)
 
 echo "==== $(cat "$OUT/gpu.txt") | setup $((t1 - t0)) s, tests $((t2 - t1)) s (rc $rc_ops/$rc_train), attn bench $((t3 - t2)) s, profile $((t4 - t3)) s, baseline $((t5 - t4)) s"
 grep -h -E "cuDNN|FAILED|failed" "$OUT"/test_*.log "$OUT"/prof-*.log 2>/dev/null | cut -c1-300 | sort | uniq -c | head -20
 grep -h -E "test cases|assertions" "$OUT"/test_*.log
-grep -h "BENCH" "$OUT/bench_attn.log" "$OUT/bench_attn_own.log" | cut -c1-160
+grep -h "BENCH" "$OUT/bench_attn.log" | cut -c1-160
 python3 - "$OUT" "$iters" "${configs[@]}" <<'PY'
 import json, os, sys
 out, iters, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]

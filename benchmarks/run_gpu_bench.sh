@@ -5,7 +5,8 @@
 # iteration, mock data, bf16. Prints one table (tokens/s, TFLOP/s, MFU, peak memory, ratio).
 #   usage: benchmarks/run_gpu_bench.sh OUTDIR [REFERENCE.py] [CONFIGS...]
 # REFERENCE.py defaults to ../shared/reference/torch_gpt.py (copy it next to the repo when the
-# machine has no ../shared).
+# machine has no ../shared). MT_BENCH_ITERS (30) iterations, the first MT_BENCH_WARMUP (10) not timed;
+# MT_BENCH_EXTRA: more overrides for every megatrain run (e.g. "--set training.attention_backend=own").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: benchmarks/run_gpu_bench.sh OUTDIR [REFERENCE.py] [CONFIGS...]}
@@ -16,6 +17,7 @@ configs=("$@")
 mkdir -p "$out"
 iters=${MT_BENCH_ITERS:-30}
 warm=${MT_BENCH_WARMUP:-10}
+read -ra extra <<<"${MT_BENCH_EXTRA:-}"
 
 if [ ! -x build-bench/megatrain ]; then
   cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGATRAIN_CUDA_ARCHS=90 -DMEGATRAIN_TESTS=OFF >"$out/cmake.log"
@@ -27,7 +29,7 @@ bench_set "$iters"
 for c in "${configs[@]}"; do
   echo "megatrain $c ..." >&2
   build-bench/megatrain train --config "configs/$c.yaml" "${BENCH_SET[@]}" --set training.micro_batch_size="${BENCH_MBS[$c]}" \
-    --set training.global_batch_size="${BENCH_MBS[$c]}" --set logging.metrics_file="$out/megatrain-$c.jsonl" \
+    --set training.global_batch_size="${BENCH_MBS[$c]}" --set logging.metrics_file="$out/megatrain-$c.jsonl" "${extra[@]}" \
     >"$out/megatrain-$c.log" 2>&1 || echo "megatrain $c failed: $(tail -1 "$out/megatrain-$c.log")" >&2
 done
 echo "pytorch reference ..." >&2

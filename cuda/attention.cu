@@ -14,12 +14,11 @@
 // fp32 inputs take the CUDA-core path of attention_f32.cu; the backward is in attention_backward.cu.
 // bf16 runs on cuDNN's fused flash attention where it can (attention_cudnn.cu: T % 128 == 0; 2x the
 // forward and ~3x the backward rate of these kernels on an H200), else on the kernels below.
-// fp16 runs on cuDNN likewise; elsewhere (T % 128 != 0, MT_ATTENTION=own) on the fp32 kernels over
+// fp16 runs on cuDNN likewise; elsewhere (T % 128 != 0, attention_backend own) on the fp32 kernels over
 // fp32 copies of its operands (exact but for the fp16 rounding of the results; slower, and 4 (forward)
 // or 8 (backward) fp32 scratch tensors): the tensor-core kernels of this file are bf16-only mma code.
 #include <cmath>
 
-#include "core/env.h"
 #include "cuda/attention_common.cuh"
 
 namespace mt::ops::cuda {
@@ -249,9 +248,11 @@ template <typename T>
 void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T* v, const AttnShape& s) {
   if (s.B * s.T * s.H == 0) return;
   check_attention("attention_forward", s, {out, q, k, v});
+  if constexpr (!std::is_same_v<T, float>)
+    if (attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s, attn::CudnnLayout::separate(s)))
+      return;
+  attn::check_own_kernels_allowed("attention_forward", s, std::is_same_v<T, float>);
   if constexpr (std::is_same_v<T, float>) attn::attention_forward_f32(out, lse, q, k, v, s);
-  else if (attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s, attn::CudnnLayout::separate(s)))
-    return;
   else if constexpr (std::is_same_v<T, mt::bf16>)
     attn::attention_forward_bf16(dev(out), lse, dev(q), dev(k), dev(v), s);
   else
@@ -263,11 +264,13 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
                              const float* lse, const AttnShape& s) {
   if (s.B * s.T * s.H == 0) return;
   check_attention("attention_backward", s, {dq, dk, dv, dout, q, k, v, out});
+  if constexpr (!std::is_same_v<T, float>)
+    if (attn::cudnn_attention_backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse,
+                                       s, attn::CudnnLayout::separate(s)))
+      return;
+  attn::check_own_kernels_allowed("attention_backward", s, std::is_same_v<T, float>);
   if constexpr (std::is_same_v<T, float>)
     attn::attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
-  else if (attn::cudnn_attention_backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse,
-                                          s, attn::CudnnLayout::separate(s)))
-    return;
   else if constexpr (std::is_same_v<T, mt::bf16>)
     attn::attention_backward_bf16(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, s);
   else
@@ -275,20 +278,12 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
 }
 
 // ---------------------------------------------------------------- on the fused projection
-namespace {
-// MT_ATTENTION_FUSED=0: always split the projection first (for comparisons).
-bool fused_reads_enabled() {
-  static const bool on = !env_equals("MT_ATTENTION_FUSED", "0");
-  return on;
-}
-}  // namespace
-
 template <typename T>
 void attention_forward_qkv_cuda(T* out, float* lse, const T* qkv, const AttnShape& s) {
   if (s.B * s.T * s.H == 0) return;
   if constexpr (!std::is_same_v<T, float>) {
     // Multi-head attention: cuDNN reads q, k, v in place ([q_h, k_h, v_h] per head and token).
-    if (s.G == s.H && fused_reads_enabled() && aligned(qkv, 16) && aligned(out, 16) &&
+    if (s.G == s.H && aligned(qkv, 16) && aligned(out, 16) &&
         attn::cudnn_attention_forward(dev(out), lse, dev(qkv), dev(qkv) + s.D, dev(qkv) + 2 * s.D, s,
                                       attn::CudnnLayout::fused_mha(s)))
       return;
@@ -305,7 +300,7 @@ void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* 
   if (s.B * s.T * s.H == 0) return;
   if constexpr (!std::is_same_v<T, float>) {
     // cuDNN writes dq, dk, dv in place too: every element of dqkv is one of them.
-    if (s.G == s.H && fused_reads_enabled() && aligned(qkv, 16) && aligned(dqkv, 16) && aligned(out, 16) &&
+    if (s.G == s.H && aligned(qkv, 16) && aligned(dqkv, 16) && aligned(out, 16) &&
         aligned(dout, 16) &&
         attn::cudnn_attention_backward(dev(dqkv), dev(dqkv) + s.D, dev(dqkv) + 2 * s.D, dev(dout), dev(qkv),
                                        dev(qkv) + s.D, dev(qkv) + 2 * s.D, dev(out), lse, s,

@@ -117,7 +117,8 @@ void attention_backward_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* d
                              const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
                              const AttnShape& s);
 // E = bf16_t or __half through cuDNN's fused flash attention (attention_cudnn.cu): false when cuDNN does not run this
-// shape (T % 128 != 0, a graph cuDNN refuses, MT_ATTENTION=own), and the caller uses the kernels above.
+// shape (T % 128 != 0, a graph cuDNN refuses, training.attention_backend: own), and the caller uses the kernels above
+// after check_own_kernels_allowed.
 // Strides (in elements, of cuDNN's logical [b, h, t, d]) of q/dq and of k, v/dk, dv.
 struct CudnnLayout {
   std::array<int64_t, 4> q, kv;
@@ -130,6 +131,9 @@ bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E
 template <typename E>
 bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
                               const float* lse, const AttnShape& s, const CudnnLayout& layout);
+// Called before our kernels run `op` instead of cuDNN (fp32 = an fp32 call, which cuDNN never gets): an error naming
+// training.attention_backend and the reason when the policy is AttentionBackend::Cudnn.
+void check_own_kernels_allowed(const char* op, const AttnShape& s, bool fp32);
 // fp32, CUDA cores (attention_f32.cu); D in {64, 128}.
 void attention_forward_f32(float* out, float* lse, const float* q, const float* k, const float* v, const AttnShape& s);
 void attention_backward_f32(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,

@@ -18,20 +18,19 @@
 //   (dQ_accum, one more op converting it), faster and without the B H T^2 workspace.
 // Plans are built once per shape (heuristics mode A, first configuration that finalizes) and cached;
 // the first build of a kernel variant compiles it with NVRTC (~0.5-1 s). A shape cuDNN refuses is
-// remembered and runs on our kernels (the caller falls back); MT_ATTENTION=own turns cuDNN off.
+// remembered and runs on our kernels (the caller falls back). training.attention_backend
+// (ops::attention_backend()): own turns cuDNN off; cudnn makes a fallback an error (check_own_kernels_allowed).
 #include <cudnn.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "core/env.h"
 #include "cuda/attention_common.cuh"
 #include "tensor/ops.h"
 
@@ -373,18 +372,19 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
 struct Cache {
   std::mutex mu;
   cudnnHandle_t handle = nullptr;
-  bool disabled = false;  // MT_ATTENTION=own, or cuDNN unusable
+  std::string unusable;      // why cuDNN cannot run attention at all; "" = it can
+  std::string last_refusal;  // the last graph cuDNN refused, and why
   std::map<std::array<int64_t, 16>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
 };
 
 Cache& cache() {
   static Cache* c = [] {
     auto* c = new Cache();  // lives for the process (destroying handles at exit races the driver)
-    if (env_equals("MT_ATTENTION", "own")) c->disabled = true;
-    if (!c->disabled && cudnnGetVersion() < 90500) c->disabled = true;  // graphs measured on 9.14
-    if (!c->disabled && cudnnCreate(&c->handle) != CUDNN_STATUS_SUCCESS) {
+    if (cudnnGetVersion() < 90500) {  // graphs measured on 9.14
+      c->unusable = "cuDNN " + std::to_string(cudnnGetVersion()) + " is older than 9.5";
+    } else if (cudnnCreate(&c->handle) != CUDNN_STATUS_SUCCESS) {
       std::fprintf(stderr, "megatrain: cuDNN handle creation failed; attention runs on our own kernels\n");
-      c->disabled = true;
+      c->unusable = "cuDNN handle creation failed";
     }
     return c;
   }();
@@ -395,7 +395,7 @@ Cache& cache() {
 const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
                       bool deterministic = true) {
   Cache& c = cache();
-  if (c.disabled) return nullptr;
+  if (!c.unusable.empty()) return nullptr;
   std::lock_guard<std::mutex> lock(c.mu);
   const std::array<int64_t, 16> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,
                                     lay.q[0], lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1],
@@ -411,6 +411,7 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
                  "kernels: %s\n",
                  backward ? "backward" : "forward", (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.G,
                  (long long)s.D, e.what.c_str());
+    c.last_refusal = std::string(backward ? "the backward" : "the forward") + " graph was refused: " + e.what;
   }
   return c.plans.emplace(key, std::move(g)).first->second.get();
 }
@@ -419,7 +420,26 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
 // see the notes; the same rule for the forward keeps one path per shape) and D is one of ours.
 bool shape_ok(const AttnShape& s) { return s.T % 128 == 0 && (s.D == 64 || s.D == 128) && s.H % s.G == 0; }
 
+// Whether the policy (training.attention_backend) lets cuDNN run this call at all.
+bool cudnn_allowed() { return ::mt::ops::attention_backend() != ::mt::ops::AttentionBackend::Own; }
+
 }  // namespace
+
+void check_own_kernels_allowed(const char* op, const AttnShape& s, bool fp32) {
+  if (::mt::ops::attention_backend() != ::mt::ops::AttentionBackend::Cudnn) return;
+  std::string why;
+  if (fp32) {
+    why = "fp32 (cuDNN's attention runs bf16 and fp16)";
+  } else if (!shape_ok(s)) {
+    why = "it runs T % 128 == 0 and head dims 64 and 128";
+  } else {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    why = !c.unusable.empty() ? c.unusable : c.last_refusal;
+  }
+  MT_CHECK(false, op, ": training.attention_backend is cudnn, but cuDNN's attention cannot run B ", s.B, " T ", s.T,
+           " H ", s.H, " G ", s.G, " D ", s.D, ": ", why, "; set training.attention_backend: auto or own");
+}
 
 CudnnLayout CudnnLayout::separate(const AttnShape& s) {
   return {{s.T * s.H * s.D, s.D, s.H * s.D, 1}, {s.T * s.G * s.D, s.D, s.G * s.D, 1}};
@@ -438,7 +458,7 @@ constexpr cudnnDataType_t io_type() {
 template <typename E>
 bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s,
                              const CudnnLayout& lay) {
-  if (!shape_ok(s)) return false;
+  if (!cudnn_allowed() || !shape_ok(s)) return false;
   const Graph* g = plan_for(false, s, lay, io_type<E>());
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY;
@@ -451,14 +471,14 @@ bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E
 
 // The deterministic backward's workspace is B H T^2 2 bytes (2 GiB at B 8, H 32, T 2048), so the batch runs in
 // chunks of Bc samples (one plan, executed B / Bc times on pointers offset by whole samples: every tensor has the
-// batch outermost): Bc is the largest divisor of B whose workspace fits in MT_ATTENTION_BWD_WORKSPACE_MIB
-// (default 1024; at least one sample). Each extra chunk costs ~0.15 ms per layer on an H200 (its 5 kernels
-// run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per iteration in 1 / 2 / 4 chunks),
-// so the default keeps chunks large: llama-1b runs in 2 (1 GiB instead of 2), llama-3b in 1 (768 MiB).
+// batch outermost): Bc is the largest divisor of B whose workspace fits in ops::attention_bwd_workspace_mib()
+// (training.attention_bwd_workspace_mib, default 1024; at least one sample). Each extra chunk costs ~0.15 ms per
+// layer on an H200 (its 5 kernels run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per
+// iteration in 1 / 2 / 4 chunks), so the default keeps chunks large: llama-1b runs in 2 (1 GiB instead of 2),
+// llama-3b in 1 (768 MiB).
 namespace {
 int64_t backward_batch_chunk(const AttnShape& s) {
-  const char* env = std::getenv("MT_ATTENTION_BWD_WORKSPACE_MIB");
-  const double cap = (env && *env ? std::atof(env) : 1024.0) * 1048576.0;
+  const double cap = static_cast<double>(::mt::ops::attention_bwd_workspace_mib()) * 1048576.0;
   const double per_sample = 2.0 * static_cast<double>(s.H) * static_cast<double>(s.T) * static_cast<double>(s.T);
   int64_t bc = 1;
   for (int64_t b = 2; b <= s.B; ++b)
@@ -472,7 +492,7 @@ int64_t backward_batch_chunk(const AttnShape& s) {
 template <typename E>
 bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
                               const float* lse, const AttnShape& s, const CudnnLayout& lay) {
-  if (!shape_ok(s)) return false;
+  if (!cudnn_allowed() || !shape_ok(s)) return false;
   const bool det = ::mt::ops::deterministic();  // the process-wide policy (training.deterministic)
   AttnShape cs = s;
   cs.B = det ? backward_batch_chunk(s) : s.B;

@@ -162,5 +162,10 @@ void reset_peak_allocated() {
 void empty_cache() {
   if (g_allocator) g_allocator->release_cache();
 }
+bool device_memory(size_t* free_bytes, size_t* total_bytes) {
+  if (cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
 
 }  // namespace mt::cuda

@@ -28,5 +28,7 @@ AllocatorStats allocator_stats();
 void reset_peak_allocated();
 // Returns cached blocks to the driver.
 void empty_cache();
+// Free and total bytes of the current device (cudaMemGetInfo); false when the query fails.
+bool device_memory(size_t* free_bytes, size_t* total_bytes);
 
 }  // namespace mt::cuda

@@ -13,11 +13,11 @@
 // bf16 / fp16 operands accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 operands use CUBLAS_COMPUTE_32F too,
 // which is plain fp32 (TF32 off, for parity runs). Matmul descriptors, layouts and the heuristic's
 // algorithm are cached per (shape, types, transposes, epilogue, pointer alignment).
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
 
-#include "core/env.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -210,12 +210,6 @@ bool gemm(const char* what, const GemmArgs& g) {
   return true;
 }
 
-// MT_GEMM_GELU=0: never fuse GELU into the GEMM (for comparisons).
-bool gelu_epilogue_enabled() {
-  static const bool on = !env_equals("MT_GEMM_GELU", "0");
-  return on;
-}
-
 template <typename T>
 constexpr cudaDataType_t cuda_type() {
   if constexpr (std::is_same_v<T, mt::bf16>) return CUDA_R_16BF;
@@ -270,7 +264,7 @@ void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, con
   if (N == 0 || OC == 0) return;
   if constexpr (!std::is_same_v<T, float>) {
     // out^T and pre^T are (OC, N) column-major, leading dimension OC.
-    if (IC > 0 && OC % 8 == 0 && gelu_epilogue_enabled() && aligned(pre, 16)) {
+    if (IC > 0 && OC % 8 == 0 && aligned(pre, 16)) {
       constexpr cudaDataType_t t = cuda_type<T>();
       GemmArgs g{true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, t, bias, 0.f};
       g.epilogue = GemmArgs::kGeluAux;
@@ -290,7 +284,7 @@ void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* d
   if (N == 0 || IC == 0) return;
   if constexpr (!std::is_same_v<T, float>) {
     // dpre^T (IC, N) = W (stored (IC, OC)) x dout^T, then * gelu'(pre^T) (IC, N), leading dimension IC.
-    if (OC > 0 && IC % 8 == 0 && gelu_epilogue_enabled() && aligned(pre, 16)) {
+    if (OC > 0 && IC % 8 == 0 && aligned(pre, 16)) {
       constexpr cudaDataType_t t = cuda_type<T>();
       GemmArgs g{false, false, IC, N, OC, weight, IC, dout, OC, dpre, IC, t, t, nullptr, 0.f};
       g.epilogue = GemmArgs::kDGelu;

@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <initializer_list>
 
-#include "core/env.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -345,12 +344,6 @@ bool with_nc(int64_t nc, F&& f) {
   return false;
 }
 
-// MT_NORM_FWD=loop selects the re-reading forward kernel everywhere (for comparisons).
-bool fwd_held_enabled() {
-  static const bool on = !env_equals("MT_NORM_FWD", "loop");
-  return on;
-}
-
 template <bool kLayerNorm, typename T>
 void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
                   int64_t N, int64_t C, double eps) {
@@ -361,7 +354,7 @@ void norm_forward(const char* what, T* out, float* mean, float* rstd, const T* i
   cudaStream_t s = current_stream();
   const float e = static_cast<float>(eps);
   const bool vec = norm_vec_ok<D>(C, {out, inp, weight, bias});
-  const bool held = vec && fwd_held_enabled() && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
+  const bool held = vec && with_nc<16>(ceil_div(C, 32 * kVec), [&]<int NC>() {
     norm_forward_kernel<kLayerNorm, kVec, NC><<<blocks, kFwdWarps * 32, 0, s>>>(
         dev(out), mean, rstd, dev(inp), dev(weight), dev(bias), N, C, e);
     return true;
@@ -400,17 +393,6 @@ void launch_resident_rows(Kernel kernel, int warps_per_block, size_t smem, int k
   sum_partials(dweight, dbias, partial.as<float>(), static_cast<int>(grid), C);
 }
 
-// MT_NORM_BWD=rows selects the block-per-rows kernel everywhere, MT_NORM_BWD=warp the warp-per-row kernel with
-// register partials (for comparisons).
-bool warp_rows_enabled() {
-  static const bool on = !env_equals("MT_NORM_BWD", "rows");
-  return on;
-}
-bool bwd_held_enabled() {
-  static const bool on = warp_rows_enabled() && !env_equals("MT_NORM_BWD", "warp");
-  return on;
-}
-
 template <bool kLayerNorm, typename T>
 void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                    const T* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
@@ -432,11 +414,10 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
     return true;
   };
   // 1. Rows in registers, partials in shared memory (up to kBwdHeldMaxNC chunks per lane).
-  if (bwd_held_enabled() && vec &&
-      with_nc<kBwdHeldMaxNC>(nc, [&]<int NC>() { return warp_kernel.template operator()<true, NC>(); }))
+  if (vec && with_nc<kBwdHeldMaxNC>(nc, [&]<int NC>() { return warp_kernel.template operator()<true, NC>(); }))
     return;
   // 2. Partials in registers (NC * VEC fp32 per lane and part, at most 128 in all), the row re-read.
-  if (warp_rows_enabled() && vec && with_nc<16>(nc, [&]<int NC>() {
+  if (vec && with_nc<16>(nc, [&]<int NC>() {
         if constexpr (NC * kVec * kParts <= 128) return warp_kernel.template operator()<false, NC>();
         return false;
       }))

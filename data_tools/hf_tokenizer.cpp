@@ -1,6 +1,7 @@
 // Hugging Face tokenizer.json loader and encode/decode pipeline (see hf_tokenizer.h).
 #include "data_tools/hf_tokenizer.h"
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -5,6 +5,7 @@
 //   tokenize    encode text (or decode ids) with a tokenizer, for checking
 // Errors are one line on stderr, exit status 1.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>

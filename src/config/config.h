@@ -58,6 +58,8 @@ struct TrainingConfig {
   std::string precision = "fp32";      // fp32 | bf16 | fp16
   std::string device = "auto";         // auto | cpu | cuda
   bool deterministic = true;           // false: faster non-deterministic GPU kernels (cuDNN attention backward)
+  std::string attention_backend = "auto";    // auto | cudnn | own (GPU attention: cuDNN's or our flash kernels)
+  int64_t attention_bwd_workspace_mib = 1024;  // cap of cuDNN's deterministic attention backward workspace
   std::string recompute = "none";      // none | selective | full
   std::string recompute_method = "uniform";  // uniform | block (full recompute)
   int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)
@@ -125,6 +127,16 @@ struct Config {
   std::string source_file;             // where it was loaded from (for error messages)
 };
 
+// Option strings of the config, resolved once by derive_config (the schema has already refused
+// any other value); callers switch on these, never compare the strings again.
+enum class Precision { FP32, BF16, FP16 };                // training.precision
+enum class DeviceMode { Auto, CPU, CUDA };                // training.device as requested (auto resolves at run time)
+enum class RecomputeGranularity { None, Selective, Full };  // training.recompute
+enum class RecomputeMethod { Uniform, Block };            // training.recompute_method
+enum class NanPolicy { Stop, Skip };                      // training.nan_policy
+enum class DecayStyle { Cosine, Linear, Constant };       // optimizer.decay_style
+enum class TokenizerType { None, Gpt2Bpe, HfJson };       // data.tokenizer_type
+
 // Values that follow from the config and the world size. Computed and checked by derive_config.
 struct DerivedConfig {
   int world_size = 1;
@@ -137,6 +149,14 @@ struct DerivedConfig {
   int num_microbatches = 0;            // global_batch / (micro_batch * data_parallel)
   int64_t lr_decay_iters = 0;          // resolved
   int64_t tokens_per_iteration = 0;    // global_batch * seq_length
+  // ---- option strings, resolved
+  Precision precision = Precision::FP32;
+  DeviceMode device = DeviceMode::Auto;
+  RecomputeGranularity recompute = RecomputeGranularity::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  NanPolicy nan_policy = NanPolicy::Stop;
+  DecayStyle decay_style = DecayStyle::Cosine;
+  TokenizerType tokenizer_type = TokenizerType::None;
 };
 
 }  // namespace mt

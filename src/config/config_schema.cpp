@@ -97,7 +97,7 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(parallel, virtual_pipeline).min(1)
           .doc("model chunks per pipeline stage (interleaved 1F1B when > 1; needs pipeline > 1)")
           .megatron({"virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"}),
-      MT_CONFIG_KEY(parallel, context).min(1).doc("context-parallel size: each sequence split over this many ranks")
+      MT_CONFIG_KEY(parallel, context).min(1).doc("context-parallel size: each sequence split over this many ranks (not supported yet: must be 1)")
           .megatron({"context_parallel_size"}),
       MT_CONFIG_KEY(parallel, expert).min(1).doc("expert-parallel size (mixture-of-experts models, not supported yet: must be 1)")
           .megatron({"expert_model_parallel_size"}),
@@ -134,6 +134,16 @@ std::vector<ConfigField> build_schema() {
           .doc("true = bit-identical reruns and resumes; false = faster non-deterministic GPU kernels (cuDNN "
                "attention backward accumulating dQ with fp32 atomics: less memory, losses differ in the last bits)")
           .megatron({"deterministic_mode"}),
+      MT_CONFIG_KEY(training, attention_backend).one_of({"auto", "cudnn", "own"})
+          .doc("GPU attention: auto = cuDNN's fused attention for bf16/fp16 where it runs the shape (seq_length a "
+               "multiple of 128), else our flash kernels; cudnn = cuDNN only (bf16/fp16, seq_length % 128 == 0, "
+               "head dim 64 or 128; anything else is an error); own = our flash kernels only. The CPU runs its "
+               "reference whatever this says (cudnn is refused there)")
+          .megatron({"attention_backend"}),
+      MT_CONFIG_KEY(training, attention_bwd_workspace_mib).min(1)
+          .doc("cuDNN's deterministic attention backward needs micro_batch_size x (this rank's heads) x "
+               "seq_length^2 x 2 bytes of workspace: it runs in batch chunks of the most samples that fit in this "
+               "many MiB (at least one sample); more = fewer, faster chunks, more memory"),
       MT_CONFIG_KEY(training, recompute).one_of({"none", "selective", "full"})
           .doc("activation recomputation: selective = the attention core, full = whole layers")
           .megatron({"recompute_granularity"}),

@@ -26,6 +26,58 @@ std::string divisors_of(int64_t n, int limit = 12) {
 // Llama's SwiGLU size: 8/3 x hidden rounded up to a multiple of 256 (a suggestion only).
 int64_t llama_ffn_suggestion(int64_t hidden) { return (8 * hidden / 3 + 255) / 256 * 256; }
 
+// An option string the schema has already checked (one_of) to its enum: `names` in enum order.
+template <class E, size_t N>
+E resolve_option(const std::string& key, const std::string& value, const char* const (&names)[N]) {
+  for (size_t i = 0; i < N; ++i)
+    if (value == names[i]) return static_cast<E>(i);
+  MT_INTERNAL_ASSERT(false, key, " = '", value, "' passed the schema but has no enum value");
+  return E{};
+}
+
+// The option strings, once (see the enums in config.h).
+void resolve_options(const Config& cfg, DerivedConfig& d) {
+  const TrainingConfig& t = cfg.training;
+  d.precision = resolve_option<Precision>("training.precision", t.precision, {"fp32", "bf16", "fp16"});
+  d.device = resolve_option<DeviceMode>("training.device", t.device, {"auto", "cpu", "cuda"});
+  d.recompute = resolve_option<RecomputeGranularity>("training.recompute", t.recompute, {"none", "selective", "full"});
+  d.recompute_method = resolve_option<RecomputeMethod>("training.recompute_method", t.recompute_method, {"uniform", "block"});
+  d.nan_policy = resolve_option<NanPolicy>("training.nan_policy", t.nan_policy, {"stop", "skip"});
+  d.decay_style = resolve_option<DecayStyle>("optimizer.decay_style", cfg.optimizer.decay_style,
+                                             {"cosine", "linear", "constant"});
+  d.tokenizer_type = resolve_option<TokenizerType>("data.tokenizer_type", cfg.data.tokenizer_type,
+                                                   {"none", "gpt2-bpe", "hf-json"});
+}
+
+// What this build can run: training.device: cuda in a build without the CUDA backend is refused
+// here, so that `config` and `plan` agree with `train`. training.device: auto resolves when training
+// starts (a GPU visible or not): a GPU precision on a machine without one is refused then, as the
+// verdict cannot know the nodes the job will run on (and `plan` estimates GPU runs on any machine).
+void check_build_supports(const std::string& pre, const DerivedConfig& d) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  (void)pre, (void)d;
+#else
+  MT_CHECK(d.device != DeviceMode::CUDA, pre, "training.device is cuda, but this megatrain was built without the CUDA "
+           "backend (no CUDA toolkit found, or MEGATRAIN_CUDA=OFF); set training.device: cpu or auto");
+#endif
+}
+
+// data.split: the train share must be positive (the train split is what training reads); mock data
+// draws tokens from at least two ids.
+void check_data(const std::string& pre, const Config& cfg) {
+  const DataConfig& dc = cfg.data;
+  MT_CHECK(!dc.split.empty() && dc.split[0] > 0, pre, "data.split = ", format_field(*find_config_field("data.split"), cfg),
+           ": the train share (first weight) is 0, so there is nothing to train on; give it a positive weight, e.g. "
+           "data.split: [98, 1, 1]");
+  if (dc.mock)
+    MT_CHECK(cfg.model.vocab_size >= 2, pre, "model.vocab_size (", cfg.model.vocab_size,
+             ") must be >= 2 with data.mock: true (mock tokens are drawn below it)");
+}
+
+// Micro-batches x chunks the pipeline's message tags allow: tags 2 m v - 1 stay <= 32766 (the
+// schedule's kMaxTag in src/parallel/pipeline_schedule.cpp; NCCL/MPI guarantee 32767 tags).
+constexpr int64_t kMaxPipelineMicrobatchChunks = (32766 + 1) / 2;
+
 }  // namespace
 
 void validate_config(const Config& cfg) {
@@ -48,6 +100,17 @@ void validate_config(const Config& cfg) {
              llama_ffn_suggestion(m.hidden_size), " for hidden_size ", m.hidden_size);
   MT_CHECK(!(t.device == "cpu" && t.precision != "fp32"), pre, "training.precision is ", t.precision,
            " but training.device is cpu: the CPU backend runs fp32; set training.precision: fp32");
+  if (t.attention_backend == "cudnn") {  // what cuDNN's attention runs (cuda/attention_cudnn.cu shape_ok)
+    const std::string fix = "; set training.attention_backend: auto (cuDNN where it can, else our kernels) or own";
+    const int64_t head_dim = m.hidden_size / m.num_attention_heads;
+    MT_CHECK(t.device != "cpu", pre, "training.attention_backend is cudnn but training.device is cpu", fix);
+    MT_CHECK(t.precision != "fp32", pre, "training.attention_backend is cudnn but training.precision is fp32 (cuDNN's "
+             "attention runs bf16 and fp16)", fix);
+    MT_CHECK(m.seq_length % 128 == 0, pre, "training.attention_backend is cudnn but model.seq_length (", m.seq_length,
+             ") is not a multiple of 128", fix);
+    MT_CHECK(head_dim == 64 || head_dim == 128, pre, "training.attention_backend is cudnn but the head dim "
+             "(model.hidden_size / num_attention_heads = ", head_dim, ") is not 64 or 128", fix);
+  }
 
   MT_CHECK(p.expert == 1, pre, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet "
            "(parallel.expert is ", p.expert, "); set parallel.expert: 1");
@@ -87,6 +150,9 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
   const TrainingConfig& t = cfg.training;
   DerivedConfig d;
   d.world_size = world_size;
+  resolve_options(cfg, d);
+  check_build_supports(pre, d);
+  check_data(pre, cfg);
 
   // ---- ranks: world = tensor x pipeline x context x data
   const int64_t tp = p.tensor, pp = p.pipeline, cp = p.context, vpp = p.virtual_pipeline;
@@ -110,10 +176,10 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
            groups, "): each key/value head serves a whole number of query heads; use one of ", divisors_of(heads));
   MT_CHECK(heads % tp == 0, pre, "model.num_attention_heads (", heads, ") must be divisible by parallel.tensor (", tp,
            "); tensor sizes that fit: ", divisors_of(heads));
-  MT_CHECK(groups % tp == 0 || tp % groups == 0, pre, "model.num_query_groups (", groups, ") and parallel.tensor (", tp,
-           ") must divide one another (groups are split over the tensor ranks, or each group is replicated on "
-           "tensor/groups ranks); tensor sizes that fit: ", divisors_of(groups), " or multiples of ", groups,
-           " that divide num_attention_heads");
+  MT_CHECK(groups % tp == 0, pre, "model.num_query_groups (", groups, m.num_query_groups > 0 ? "" : ", i.e. num_attention_heads",
+           ") must be divisible by parallel.tensor (", tp, "): each tensor-parallel rank holds whole key/value heads "
+           "(replicating them over tensor ranks is not supported yet); tensor sizes that fit: ", divisors_of(groups),
+           ", or raise num_query_groups");
   MT_CHECK(m.hidden_size % heads == 0, pre, "model.hidden_size (", m.hidden_size,
            ") must be divisible by model.num_attention_heads (", heads, ") (head_dim = hidden_size / heads)");
   d.head_dim = static_cast<int>(m.hidden_size / heads);
@@ -169,6 +235,9 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
              ") must be divisible by parallel.tensor (", tp, ") with parallel.sequence_parallel: true; choose seq_length ",
              "divisible by ", tp * cp * (cp > 1 ? 2 : 1), " or set sequence_parallel: false");
 
+  MT_CHECK(cp == 1, pre, "parallel.context (", cp, ") > 1: context-parallel attention is not implemented yet; set "
+           "parallel.context: 1 (split long sequences with parallel.sequence_parallel and tensor > 1 instead)");
+
   // ---- batch arithmetic (never adjusted)
   const int64_t per_step = int64_t{t.micro_batch_size} * dp;
   const int64_t gbs = t.global_batch_size > 0 ? t.global_batch_size : per_step;
@@ -182,6 +251,19 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
   MT_CHECK(gbs <= std::numeric_limits<int>::max(), pre, "training.global_batch_size (", gbs, ") is too large");
   d.global_batch_size = static_cast<int>(gbs);
   d.num_microbatches = static_cast<int>(gbs / per_step);
+
+  // ---- the pipeline schedule's needs
+  if (pp > 1) {
+    const int64_t mb = d.num_microbatches;
+    if (vpp > 1)
+      MT_CHECK(mb % pp == 0, pre, "the interleaved pipeline schedule (parallel.virtual_pipeline ", vpp, ") needs the "
+               "number of micro-batches (", mb, " = training.global_batch_size ", gbs, " / (micro_batch_size ",
+               t.micro_batch_size, " x data-parallel ", dp, ")) to be a multiple of parallel.pipeline (", pp,
+               "); change training.global_batch_size to a multiple of ", pp * per_step, " or set virtual_pipeline: 1");
+    MT_CHECK(mb * vpp <= kMaxPipelineMicrobatchChunks, pre, "the pipeline schedule needs micro-batches (", mb,
+             ") x parallel.virtual_pipeline (", vpp, ") = ", mb * vpp, " <= ", kMaxPipelineMicrobatchChunks,
+             " (its message tags must stay below 32767); raise training.micro_batch_size or lower global_batch_size");
+  }
 
   d.lr_decay_iters = cfg.optimizer.lr_decay_iters > 0 ? cfg.optimizer.lr_decay_iters : t.train_iters;
   d.tokens_per_iteration = gbs * seq;

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "core/env.h"
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/ops.h"
 
@@ -138,11 +137,6 @@ void prepare_grad_accumulate(Param& p) {
 }
 
 void ParamStore::zero_grads() {
-  static const bool first_write = !env_equals("MT_GRAD_FIRST_WRITE", "0");
-  if (!first_write) {
-    flat_grads_.zero_();
-    return;
-  }
   for (auto& p : params_) p->grad_unwritten = true;
 }
 

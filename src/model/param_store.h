@@ -85,8 +85,7 @@ class ParamStore {
   // std / sqrt(2 * num_layers) (output projections, Megatron's scaled init).
   void initialize(uint64_t seed, double std, int num_layers);
   // Starts a step's gradient accumulation: marks every gradient unwritten, so that its first write overwrites
-  // (Param::grad_unwritten); MT_GRAD_FIRST_WRITE=0 zeroes the flat buffer instead (for comparisons). The padding
-  // of the flat buffer is never written and stays zero.
+  // (Param::grad_unwritten). The padding of the flat buffer is never written and stays zero.
   void zero_grads();
   // Zeroes the gradients of the parameters in the flat element range [begin, end) that no op wrote this step
   // (a module's backward is done with them: they had no gradient).

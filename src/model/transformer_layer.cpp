@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "core/env.h"
 #include "tensor/cpu/counter_rng.h"
 #include "tensor/ops.h"
 
@@ -10,12 +9,6 @@ namespace mt {
 
 namespace {
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer); }
-
-// MT_FUSE_RESIDUAL=0: separate residual adds even without dropout (for comparisons).
-bool residual_fusion_enabled() {
-  static const bool on = !env_equals("MT_FUSE_RESIDUAL", "0");
-  return on;
-}
 }  // namespace
 
 TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store)
@@ -56,7 +49,7 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   s.x_in = x;
   // Without dropout the residual adds happen inside the output projections (x_mid = proj + x,
   // out = fc2 + x_mid); with dropout, dropout comes first and the adds are separate.
-  const bool fuse = p == 0 && residual_fusion_enabled();
+  const bool fuse = p == 0;
   Tensor ln1_out = c.empty({rows, C});
   input_layernorm_.forward(ln1_out, s.n1, x);
   if (!fuse) {

@@ -11,6 +11,7 @@
 
 namespace mt {
 
-double learning_rate(const OptimizerConfig& opt, int64_t lr_decay_iters, int64_t iteration);
+// style: optimizer.decay_style as resolved by derive_config.
+double learning_rate(const OptimizerConfig& opt, DecayStyle style, int64_t lr_decay_iters, int64_t iteration);
 
 }  // namespace mt

@@ -3,6 +3,7 @@
 #include "runtime/rank_generator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "core/check.h"

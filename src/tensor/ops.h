@@ -104,6 +104,18 @@ void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, c
 void set_deterministic(bool on);
 bool deterministic();
 
+// Attention backend policy, process-wide (training.attention_backend; default Auto). CPU ops always run the
+// reference. CUDA: Auto = cuDNN's fused attention for bf16/fp16 where it runs the shape (T % 128 == 0, a graph
+// cuDNN builds), else our kernels; Cudnn = cuDNN or an error naming training.attention_backend (fp32, a shape or a
+// cuDNN it cannot run); Own = our flash kernels only.
+enum class AttentionBackend { Auto, Cudnn, Own };
+void set_attention_backend(AttentionBackend backend);
+AttentionBackend attention_backend();
+// Workspace cap of cuDNN's deterministic attention backward, MiB (training.attention_bwd_workspace_mib, default
+// 1024): its B H T^2 2-byte workspace runs in batch chunks of the most samples that fit (at least one).
+void set_attention_bwd_workspace_mib(int64_t mib);
+int64_t attention_bwd_workspace_mib();
+
 // Causal attention with grouped queries: query head h reads key/value head h / (H / G).
 // out (B, T, H, D); lse (B, H, T): log-sum-exp of the scaled, masked scores (scale = 1/sqrt(D)),
 // saved for backward. The T x T probability matrix is never kept.

@@ -8,6 +8,7 @@
 #include "runtime/mpi_communicator.h"
 #include "train/convert.h"
 #include "train/plan.h"
+#include "train/preflight.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 
@@ -95,7 +96,16 @@ int run_cli(int argc, char** argv) {
   }
   if (*plan) {
     Config cfg = load_config(config_path, overrides);
-    std::cout << format_plan(make_plan(cfg, plan_world_size));
+    const PlanReport r = make_plan(cfg, plan_world_size);
+    std::cout << format_plan(r);
+    int ranks_on_host = 1;
+    const MemoryBudget budget = plan_memory_budget(derive_config(cfg, plan_world_size), plan_world_size, &ranks_on_host);
+    const std::string memory = memory_warning(plan_peak_bytes_per_rank(r), ranks_on_host, budget);
+    if (!memory.empty()) std::cout << "\n" << memory << "\n";
+    const std::string ckpt = checkpoint_dir_problem(cfg.checkpoint.dir);
+    if (!ckpt.empty())
+      std::cout << "\nwarning: checkpoint.dir '" << cfg.checkpoint.dir << "' cannot be created here: " << ckpt
+                << "; megatrain train refuses it\n";
     return 0;
   }
   if (*gen) {
@@ -133,6 +143,10 @@ int run_cli(int argc, char** argv) {
     std::cout << "# derived for " << world_size << " rank(s): data_parallel_size " << d.data_parallel_size
               << ", num_microbatches " << d.num_microbatches << ", padded_vocab_size " << d.padded_vocab_size
               << ", tokens_per_iteration " << d.tokens_per_iteration << "\n";
+    const std::string ckpt = checkpoint_dir_problem(cfg.checkpoint.dir);  // checked by train at start, on its nodes
+    if (!ckpt.empty())
+      std::cerr << "megatrain config: warning: checkpoint.dir '" << cfg.checkpoint.dir << "' cannot be created here: "
+                << ckpt << "; megatrain train refuses it\n";
     return 0;
   }
   return 0;

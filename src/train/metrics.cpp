@@ -51,7 +51,7 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
   if (gpu_) line += fmt::format(" | {:.1f} TFLOP/s/GPU | MFU {:.1f}% | mem {:.2f} GiB", tflops, 100 * mfu, mem_gib);
   if (gpu_ && d_->world_size > 1) line += fmt::format(" | comm exposed {:.1f} ms", r.comm_exposed_ms);
   if (r.skipped) line += fmt::format(" | skipped {}", r.skipped);
-  if (cfg_->training.precision == "fp16") line += fmt::format(" | loss scale {:g}", r.loss_scale);
+  if (d_->precision == Precision::FP16) line += fmt::format(" | loss scale {:g}", r.loss_scale);
   line += " | ETA " + hms(eta);
   log::info("{}", line);
   if (!file_) return;
@@ -63,7 +63,7 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
   if (gpu_)
     json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}, \"comm_exposed_ms\": {:.6g}",
                         tflops, mfu, mem_gib, r.comm_exposed_ms);
-  if (cfg_->training.precision == "fp16") json += fmt::format(", \"loss_scale\": {:.17g}", r.loss_scale);
+  if (d_->precision == Precision::FP16) json += fmt::format(", \"loss_scale\": {:.17g}", r.loss_scale);
   json += "}\n";
   std::fputs(json.c_str(), file_);
   std::fflush(file_);

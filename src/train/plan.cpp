@@ -21,9 +21,12 @@ namespace mt {
 
 namespace {
 
-DType activation_dtype(const std::string& precision) {
-  if (precision == "bf16") return DType::BF16;
-  if (precision == "fp16") return DType::F16;
+DType activation_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::BF16: return DType::BF16;
+    case Precision::FP16: return DType::F16;
+    case Precision::FP32: break;
+  }
   return DType::F32;
 }
 
@@ -53,7 +56,7 @@ RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stag
   ctx.model = &cfg.model;
   ctx.derived = &d;
   ctx.ps = &ps;
-  ctx.dtype = activation_dtype(cfg.training.precision);
+  ctx.dtype = activation_dtype(d.precision);
   ctx.device = Device::Meta;
 
   RankParams out;
@@ -225,10 +228,11 @@ PlanReport make_plan(const Config& cfg, int world_size) {
   r.precision = cfg.training.precision;
   r.recompute = cfg.training.recompute;
   r.full_policy.mode = RecomputePolicy::Mode::Full;
-  r.full_policy.block = cfg.training.recompute_method == "block";
+  r.full_policy.block = d.recompute_method == RecomputeMethod::Block;
   r.full_policy.num_layers = cfg.training.recompute_num_layers;
   r.full_policy.norm_act = cfg.training.recompute_norm_act;
-  r.activation_dtype = activation_dtype(cfg.training.precision);
+  r.activation_dtype = activation_dtype(d.precision);
+  r.recompute_mode = kRecomputeModes[static_cast<int>(d.recompute)];
   r.tokens_per_iteration = d.tokens_per_iteration;
 
   const bool sp = r.sequence_parallel;
@@ -362,7 +366,7 @@ std::string format_plan(const PlanReport& r) {
   rows = {{"stage", "in flight", "weights", "grads", "optimizer", "logits"}};
   for (const char* what : {"act ", "total "})
     for (RecomputePolicy::Mode m : kRecomputeModes)
-      rows[0].push_back(str_cat(what, recompute_mode_name(m), r.recompute == recompute_mode_name(m) ? "*" : ""));
+      rows[0].push_back(str_cat(what, recompute_mode_name(m), r.recompute_mode == m ? "*" : ""));
   for (const PlanStage& st : r.stages) {
     std::string flight;
     for (const PlanChunk& ch : st.chunks) {

@@ -52,6 +52,8 @@ RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stag
 inline constexpr int kNumRecomputeModes = 3;
 inline constexpr RecomputePolicy::Mode kRecomputeModes[kNumRecomputeModes] = {
     RecomputePolicy::Mode::None, RecomputePolicy::Mode::Selective, RecomputePolicy::Mode::Full};
+// Indexed by RecomputeGranularity (config.h): the same order.
+static_assert(static_cast<int>(RecomputeGranularity::Full) == kNumRecomputeModes - 1);
 const char* recompute_mode_name(RecomputePolicy::Mode m);  // "none", "selective", "full"
 
 // Bytes one decoder layer keeps per micro-batch of B sequences of T tokens on one tensor-parallel
@@ -99,7 +101,8 @@ struct PlanReport {
   int micro_batch_size = 1, global_batch_size = 1, num_microbatches = 1;
   int seq_length = 0, padded_vocab_size = 0;
   bool sequence_parallel = false, distributed_optimizer = false;
-  std::string precision, recompute;
+  std::string precision, recompute;  // as written (display)
+  RecomputePolicy::Mode recompute_mode = RecomputePolicy::Mode::None;  // training.recompute, resolved
   // what the "full" column assumes (training.recompute_method / _num_layers); its norm_act applies to every column
   RecomputePolicy full_policy;
   DType activation_dtype = DType::F32;

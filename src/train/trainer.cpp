@@ -29,6 +29,7 @@
 #include "tensor/ops.h"
 #include "train/metrics.h"
 #include "train/pipeline_executor.h"
+#include "train/preflight.h"
 #include "train/train_checkpoint.h"
 
 namespace mt {
@@ -54,8 +55,8 @@ int local_rank(int world_rank) {
 #endif
 
 // training.device: auto = a GPU when this build has the CUDA backend and one is visible.
-Device resolve_device(const TrainingConfig& t, int world_rank) {
-  if (t.device == "cpu") return Device::CPU;
+Device resolve_device(const DerivedConfig& d, int world_rank) {
+  if (d.device == DeviceMode::CPU) return Device::CPU;
 #if defined(MEGATRAIN_HAVE_CUDA)
   std::string why;
   const int n = cuda::device_count(&why);
@@ -63,20 +64,20 @@ Device resolve_device(const TrainingConfig& t, int world_rank) {
     cuda::initialize(local_rank(world_rank) % n);
     return Device::CUDA;
   }
-  MT_CHECK(t.device != "cuda", "training.device: cuda, but ", why, "; set training.device: cpu or auto");
+  MT_CHECK(d.device != DeviceMode::CUDA, "training.device: cuda, but ", why, "; set training.device: cpu or auto");
 #else
   (void)world_rank;
-  MT_CHECK(t.device != "cuda", "training.device: cuda, but this megatrain was built without the CUDA backend "
-                               "(no CUDA toolkit found, or MEGATRAIN_CUDA=OFF); set training.device: cpu or auto");
+  MT_INTERNAL_ASSERT(d.device != DeviceMode::CUDA, "derive_config refuses training.device: cuda without the CUDA backend");
 #endif
   return Device::CPU;
 }
 
-DType activation_dtype(const TrainingConfig& t, Device device) {
-  if (t.precision == "fp32") return DType::F32;
-  MT_CHECK(device == Device::CUDA, "training.precision: ", t.precision, " needs a GPU and this run is on the CPU ",
-           "(training.device: ", t.device, "); set training.precision: fp32 to train on the CPU");
-  return t.precision == "fp16" ? DType::F16 : DType::BF16;
+DType activation_dtype(const Config& cfg, const DerivedConfig& d, Device device) {
+  if (d.precision == Precision::FP32) return DType::F32;
+  // derive_config refuses this in a build without CUDA; here no GPU was visible (training.device auto).
+  MT_CHECK(device == Device::CUDA, "training.precision: ", cfg.training.precision, " needs a GPU and this run is on the "
+           "CPU (training.device: ", cfg.training.device, ", no GPU visible); set training.precision: fp32 to train on the CPU");
+  return d.precision == Precision::FP16 ? DType::F16 : DType::BF16;
 }
 
 double peak_memory_gib(Device device) {
@@ -108,12 +109,41 @@ void debug_stall(int world_rank, int64_t iteration) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-RecomputePolicy recompute_policy(const TrainingConfig& t) {
+// Environment switches of earlier versions: a run that sets one is refused (it would be silently ignored), naming
+// what replaced it.
+void refuse_removed_env_switches() {
+  static constexpr const char* kRemoved[][2] = {
+      {"MT_ATTENTION", "set training.attention_backend (auto, cudnn or own) instead"},
+      {"MT_ATTENTION_BWD_WORKSPACE_MIB", "set training.attention_bwd_workspace_mib instead"},
+      {"MT_FUSE_RESIDUAL", "a kernel comparison switch, removed"},
+      {"MT_GRAD_FIRST_WRITE", "a kernel comparison switch, removed"},
+      {"MT_GEMM_GELU", "a kernel comparison switch, removed"},
+      {"MT_ATTENTION_FUSED", "a kernel comparison switch, removed"},
+      {"MT_NORM_FWD", "a kernel comparison switch, removed"},
+      {"MT_NORM_BWD", "a kernel comparison switch, removed"}};
+  for (const auto& [var, instead] : kRemoved)
+    if (const char* v = std::getenv(var))
+      MT_CHECK(false, "environment variable ", var, "=", v, " is no longer read (", instead, "); unset it");
+}
+
+// training.attention_backend and attention_bwd_workspace_mib, for the whole process (like training.deterministic).
+void set_attention_policy(const TrainingConfig& t, Device device) {
+  MT_CHECK(t.attention_backend != "cudnn" || device == Device::CUDA, "training.attention_backend: cudnn, but this run "
+           "is on the CPU (training.device: ", t.device, "); set training.attention_backend: auto or own");
+  ops::set_attention_backend(t.attention_backend == "cudnn" ? ops::AttentionBackend::Cudnn
+                             : t.attention_backend == "own" ? ops::AttentionBackend::Own
+                                                            : ops::AttentionBackend::Auto);
+  ops::set_attention_bwd_workspace_mib(t.attention_bwd_workspace_mib);
+}
+
+RecomputePolicy recompute_policy(const TrainingConfig& t, const DerivedConfig& d) {
   RecomputePolicy p;
-  p.mode = t.recompute == "full"        ? RecomputePolicy::Mode::Full
-           : t.recompute == "selective" ? RecomputePolicy::Mode::Selective
-                                        : RecomputePolicy::Mode::None;
-  p.block = t.recompute_method == "block";
+  switch (d.recompute) {
+    case RecomputeGranularity::None: p.mode = RecomputePolicy::Mode::None; break;
+    case RecomputeGranularity::Selective: p.mode = RecomputePolicy::Mode::Selective; break;
+    case RecomputeGranularity::Full: p.mode = RecomputePolicy::Mode::Full; break;
+  }
+  p.block = d.recompute_method == RecomputeMethod::Block;
   p.num_layers = t.recompute_num_layers;
   p.norm_act = t.recompute_norm_act;
   return p;
@@ -188,8 +218,11 @@ TrainResult run_training(const Config& cfg) {
   run.world = make_world_communicator();
   run.d = derive_config(cfg, run.world->size());
   const DerivedConfig& d = run.d;
-  run.ctx.device = resolve_device(cfg.training, run.world->rank());
+  run.ctx.device = resolve_device(d, run.world->rank());
+  train_preflight(cfg, d, run.ctx.device, run.world->rank());  // checkpoint.dir, memory: before allocating
   ops::set_deterministic(cfg.training.deterministic);
+  refuse_removed_env_switches();
+  set_attention_policy(cfg.training, run.ctx.device);
   Mesh::Wrap wrap;
 #if defined(MEGATRAIN_HAVE_CUDA)
   // One process per GPU: every group carries device tensors over NCCL, host values over MPI.
@@ -211,16 +244,14 @@ TrainResult run_training(const Config& cfg) {
   log::info("megatrain {} | config {} | resolved:\n{}", MEGATRAIN_VERSION, cfg.source_file, run.config_yaml);
 
   // Model: this rank's chunks of the layer stack (virtual pipeline stages chunk * pp + pp_rank).
-  MT_CHECK(cfg.parallel.context == 1, "parallel.context = ", cfg.parallel.context,
-           ": context-parallel attention is not implemented yet; set parallel.context: 1");
   run.ctx.model = &cfg.model;
   run.ctx.derived = &run.d;
   run.ctx.ps = &ps;
-  run.ctx.dtype = activation_dtype(cfg.training, run.ctx.device);
+  run.ctx.dtype = activation_dtype(cfg, d, run.ctx.device);
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (run.ctx.device == Device::CUDA) log::info("device: {} | {}", cuda::device_description(), cuda::library_versions());
 #endif
-  run.ctx.recompute = recompute_policy(cfg.training);
+  run.ctx.recompute = recompute_policy(cfg.training, d);
   run.ctx.tp_comm_overlap = cfg.parallel.tp_comm_overlap;
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
   std::vector<const GPTModel*> chunk_ptrs;
@@ -269,6 +300,7 @@ TrainResult run_training(const Config& cfg) {
   // Data.
   const data::SampleCounts counts = data::megatron_sample_counts(cfg, d);
   run.data = data::build_datasets(cfg, d, counts.train, counts.valid, counts.test);
+  MT_INTERNAL_ASSERT(run.data.train, "no train dataset (derive_config refuses a data.split whose train share is 0)");
   log::info("train data: {}", run.data.train->describe());
   if (run.data.valid) log::info("valid data: {}", run.data.valid->describe());
   data::BatchLoader loader(run.data.train, d.global_batch_size, cfg.training.micro_batch_size, ps.dp_rank,
@@ -311,12 +343,12 @@ TrainResult run_training(const Config& cfg) {
     run.grad_sync->finish();
     const double loss = run.global_mean(loss_sum);
     const double gnorm = global_grad_norm(*run.store, ps, run.opt->shard(), run.opt->distributed()) / loss_scale;
-    const double lr = learning_rate(cfg.optimizer, decay_iters, it);
+    const double lr = learning_rate(cfg.optimizer, d.decay_style, decay_iters, it);
     bool skip = false;
     // A non-finite loss is divergence (training.nan_policy); with fp16 a non-finite gradient alone is
     // an overflow of the scaled gradients: the loss scaler's business, never nan_policy's.
     if (!std::isfinite(loss) || (!fp16 && !std::isfinite(gnorm))) {
-      MT_CHECK(cfg.training.nan_policy == "skip", "iteration ", it, ": loss ", loss, ", gradient norm ", gnorm,
+      MT_CHECK(d.nan_policy == NanPolicy::Skip, "iteration ", it, ": loss ", loss, ", gradient norm ", gnorm,
                " is not finite; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
                "training.nan_policy: skip to skip such iterations");
       skip = true;

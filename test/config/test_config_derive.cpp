@@ -1,5 +1,6 @@
 // derive_config: the resolved values and every layout / batch refusal (numbers quoted, fix named).
 #include <string>
+#include <vector>
 
 #include "catch.h"
 #include "config/config_loader.h"
@@ -66,8 +67,9 @@ TEST_CASE("derive: layouts over several ranks", "[config]") {
   CHECK(d.lr_decay_iters == 80);
   CHECK(d.tokens_per_iteration == 32 * 128);
 
-  c.parallel.tensor = 8;  // 4 query groups replicated on 2 ranks each
+  c.parallel.tensor = 8;
   c.parallel.pipeline = 1;
+  c.model.num_query_groups = 8;  // one key/value head per tensor rank (fewer groups than ranks is refused below)
   c.model.vocab_size = 1100;
   d = mt::derive_config(c, 16);
   CHECK(d.data_parallel_size == 2);
@@ -86,15 +88,16 @@ TEST_CASE("derive: layouts over several ranks", "[config]") {
   c.parallel.tensor = 2;
   CHECK(mt::derive_config(c, 2).padded_vocab_size == 50432);
 
-  // Context and sequence parallel, interleaved pipeline.
+  // Sequence parallel, interleaved pipeline (micro-batches a multiple of the stages).
   c = base();
-  c.parallel.context = 2;
   c.parallel.tensor = 2;
   c.parallel.sequence_parallel = true;
   c.parallel.pipeline = 2;
   c.parallel.virtual_pipeline = 2;
+  c.training.global_batch_size = 8;
   d = mt::derive_config(c, 8);
-  CHECK(d.data_parallel_size == 1);
+  CHECK(d.data_parallel_size == 2);
+  CHECK(d.num_microbatches == 2);
 }
 
 TEST_CASE("derive: world size must fit tensor x pipeline x context", "[config]") {
@@ -126,7 +129,16 @@ TEST_CASE("derive: attention heads, query groups, hidden and MLP sizes", "[confi
   c.model.num_query_groups = 3;
   c.parallel.tensor = 2;
   m = derive_error(c, 2);
-  CHECK(contains(m, "model.num_query_groups (3) and parallel.tensor (2) must divide one another"));
+  CHECK(contains(m, "model.num_query_groups (3) must be divisible by parallel.tensor (2): each tensor-parallel rank "
+                    "holds whole key/value heads"));
+  CHECK(contains(m, "tensor sizes that fit: 1, 3, or raise num_query_groups"));
+
+  c = base();  // fewer query groups (4) than tensor ranks (8): the model cannot replicate key/value heads
+  c.parallel.tensor = 8;
+  m = derive_error(c, 8);
+  CHECK(contains(m, "model.num_query_groups (4) must be divisible by parallel.tensor (8)"));
+  c.model.num_query_groups = 0;  // = heads
+  CHECK(mt::derive_config(c, 8).num_query_groups == 8);
 
   c = base();
   c.model.hidden_size = 100;
@@ -140,6 +152,7 @@ TEST_CASE("derive: attention heads, query groups, hidden and MLP sizes", "[confi
 
   c = base();
   c.model.ffn_hidden_size = 500;
+  c.model.num_query_groups = 8;
   c.parallel.tensor = 8;
   m = derive_error(c, 8);
   CHECK(contains(m, "model.ffn_hidden_size (500) must be divisible by parallel.tensor (8)"));
@@ -230,6 +243,10 @@ TEST_CASE("derive: sequence and context parallel need divisible sequence lengths
   c.model.seq_length = 130;
   m = derive_error(c, 2);
   CHECK(contains(m, "model.seq_length (130) must be divisible by 2 x parallel.context (2) = 4"));
+  c.model.seq_length = 128;  // a fitting length: context parallelism itself is refused (no layers yet)
+  m = derive_error(c, 2);
+  CHECK(contains(m, "parallel.context (2) > 1: context-parallel attention is not implemented yet; set "
+                    "parallel.context: 1"));
 }
 
 TEST_CASE("derive: batch arithmetic is checked, never adjusted", "[config]") {
@@ -266,6 +283,110 @@ TEST_CASE("derive: optimizer, precision and expert rules", "[config]") {
   c.training.precision = "bf16";
   m = derive_error(c, 1);
   CHECK(contains(m, "the CPU backend runs fp32; set training.precision: fp32"));
-  c.training.device = "auto";
+  c.training.device = "auto";  // resolved when training starts: a GPU there, or a refusal
   CHECK(mt::derive_config(c, 1).world_size == 1);
+  c.training.device = "cuda";
+#if defined(MEGATRAIN_HAVE_CUDA)
+  CHECK(mt::derive_config(c, 1).device == mt::DeviceMode::CUDA);
+#else
+  m = derive_error(c, 1);
+  CHECK(contains(m, "training.device is cuda, but this megatrain was built without the CUDA backend"));
+#endif
+}
+
+TEST_CASE("derive: the interleaved pipeline schedule's micro-batch needs", "[config]") {
+  mt::Config c = base();
+  c.parallel.pipeline = 2;
+  c.parallel.virtual_pipeline = 2;
+  c.training.micro_batch_size = 1;
+  c.training.global_batch_size = 3;  // 3 micro-batches over 2 stages
+  std::string m = derive_error(c, 2);
+  CHECK(contains(m, "the interleaved pipeline schedule (parallel.virtual_pipeline 2) needs the number of micro-batches (3"));
+  CHECK(contains(m, "to be a multiple of parallel.pipeline (2); change training.global_batch_size to a multiple of 2"));
+  c.training.global_batch_size = 4;
+  CHECK(mt::derive_config(c, 2).num_microbatches == 4);
+  c.training.global_batch_size = 20000;  // 20000 x 2 chunks: more than the message tags allow
+  m = derive_error(c, 2);
+  CHECK(contains(m, "micro-batches (20000) x parallel.virtual_pipeline (2) = 40000 <= 16383"));
+}
+
+TEST_CASE("derive: data.split needs a train share; mock data needs two tokens", "[config]") {
+  mt::Config c = base();
+  for (const std::vector<double>& split : {std::vector<double>{0, 1, 1}, std::vector<double>{0, 0, 1}}) {
+    c.data.split = split;
+    const std::string m = derive_error(c, 1);
+    CHECK(contains(m, "data.split = ["));
+    CHECK(contains(m, "the train share (first weight) is 0, so there is nothing to train on; give it a positive "
+                      "weight, e.g. data.split: [98, 1, 1]"));
+  }
+  c.data.split = {1, 0, 0};
+  CHECK(mt::derive_config(c, 1).world_size == 1);
+  c.model.vocab_size = 1;
+  CHECK(contains(derive_error(c, 1), "model.vocab_size (1) must be >= 2 with data.mock: true"));
+}
+
+TEST_CASE("derive: option strings are resolved once into enums", "[config]") {
+  mt::Config c = base();
+  mt::DerivedConfig d = mt::derive_config(c, 1);
+  CHECK(d.precision == mt::Precision::FP32);
+  CHECK(d.device == mt::DeviceMode::Auto);
+  CHECK(d.recompute == mt::RecomputeGranularity::None);
+  CHECK(d.recompute_method == mt::RecomputeMethod::Uniform);
+  CHECK(d.nan_policy == mt::NanPolicy::Stop);
+  CHECK(d.decay_style == mt::DecayStyle::Cosine);
+  CHECK(d.tokenizer_type == mt::TokenizerType::None);
+  c.training.device = "cpu";
+  c.training.recompute = "selective";
+  c.training.recompute_method = "block";
+  c.training.nan_policy = "skip";
+  c.optimizer.decay_style = "constant";
+  c.data.tokenizer_type = "hf-json";
+  d = mt::derive_config(c, 1);
+  CHECK(d.device == mt::DeviceMode::CPU);
+  CHECK(d.recompute == mt::RecomputeGranularity::Selective);
+  CHECK(d.recompute_method == mt::RecomputeMethod::Block);
+  CHECK(d.nan_policy == mt::NanPolicy::Skip);
+  CHECK(d.decay_style == mt::DecayStyle::Constant);
+  CHECK(d.tokenizer_type == mt::TokenizerType::HfJson);
+  c.training.recompute = "full";
+  c.optimizer.decay_style = "linear";
+  c.data.tokenizer_type = "gpt2-bpe";
+  d = mt::derive_config(c, 1);
+  CHECK(d.recompute == mt::RecomputeGranularity::Full);
+  CHECK(d.decay_style == mt::DecayStyle::Linear);
+  CHECK(d.tokenizer_type == mt::TokenizerType::Gpt2Bpe);
+  c.training.device = "auto";
+  for (const char* p : {"bf16", "fp16"}) {
+    c.training.precision = p;
+    CHECK(mt::derive_config(c, 1).precision == (std::string(p) == "bf16" ? mt::Precision::BF16 : mt::Precision::FP16));
+  }
+}
+
+TEST_CASE("derive: training.attention_backend cudnn needs a run cuDNN's attention can take", "[config]") {
+  mt::Config c = base();  // head dim 256 / 8 = 32, seq_length 128, fp32, device auto
+  c.training.attention_backend = "cudnn";
+  c.training.device = "cpu";
+  std::string m = derive_error(c, 1);
+  CHECK(contains(m, "training.attention_backend is cudnn but training.device is cpu; set "
+                    "training.attention_backend: auto (cuDNN where it can, else our kernels) or own"));
+  c.training.device = "cuda";
+  m = derive_error(c, 1);
+  CHECK(contains(m, "training.attention_backend is cudnn but training.precision is fp32"));
+  c.training.precision = "bf16";
+  m = derive_error(c, 1);
+  CHECK(contains(m, "the head dim (model.hidden_size / num_attention_heads = 32) is not 64 or 128"));
+  c.model.hidden_size = 512;
+  c.model.seq_length = 200;
+  m = derive_error(c, 1);
+  CHECK(contains(m, "model.seq_length (200) is not a multiple of 128"));
+  c.model.seq_length = 256;
+  CHECK(mt::derive_config(c, 1).world_size == 1);
+  c.training.device = "auto";  // a GPU or not is known at start: the trainer refuses cudnn on the CPU
+  c.training.precision = "fp16";
+  CHECK(mt::derive_config(c, 1).world_size == 1);
+  for (const char* other : {"auto", "own"}) {  // any run
+    c = base();
+    c.training.attention_backend = other;
+    CHECK(mt::derive_config(c, 1).world_size == 1);
+  }
 }

@@ -78,6 +78,8 @@ training:
   precision: bf16
   device: cuda
   deterministic: false
+  attention_backend: own
+  attention_bwd_workspace_mib: 2048
   recompute: full
   recompute_method: block
   recompute_num_layers: 2

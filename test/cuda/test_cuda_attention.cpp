@@ -1,13 +1,15 @@
 // CUDA causal grouped-query attention against the CPU reference (fp64 on the same rounded inputs):
 // MHA, GQA and MQA, T not a multiple of the tiles (16 to 128 rows), D = 64 and 128, fp32 (CUDA-core path),
 // bf16 (tensor cores) and fp16 (cuDNN at T % 128 == 0, else the fp32 kernels on fp32 copies); forward out
-// and lse, backward dq, dk, dv; the backward is deterministic.
-// A hidden benchmark ("[.bench]") times the bf16 kernels at a training size.
+// and lse, backward dq, dk, dv; the backward is deterministic. Each bf16/fp16 case runs under every
+// attention backend policy (training.attention_backend) that can run it: auto, own (our kernels only) and, at
+// T % 128 == 0, cudnn (cuDNN only: an error if it did not run); cudnn on anything else is an error naming the key.
+// A hidden benchmark ("[.bench]") times the bf16 kernels at a training size, cuDNN's and ours.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
-#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "test_cuda_util.h"
 
@@ -15,6 +17,30 @@ using namespace mt;
 using namespace mt::gpu_test;
 
 namespace {
+using Backend = ops::AttentionBackend;
+
+const char* backend_name(Backend b) { return b == Backend::Auto ? "auto" : b == Backend::Cudnn ? "cudnn" : "own"; }
+
+// The process-wide attention policies for one scope (restored to the trainer's defaults at its end).
+struct AttentionPolicy {
+  explicit AttentionPolicy(Backend b, int64_t workspace_mib = 1024) {
+    ops::set_attention_backend(b);
+    ops::set_attention_bwd_workspace_mib(workspace_mib);
+  }
+  ~AttentionPolicy() {
+    ops::set_attention_backend(Backend::Auto);
+    ops::set_attention_bwd_workspace_mib(1024);
+  }
+};
+
+// The policies a case runs under: fp32 has only our kernels (auto); bf16 and fp16 auto and own, and cudnn where
+// cuDNN runs the shape.
+std::vector<Backend> backends_for(DType dt, int64_t T) {
+  if (dt == DType::F32) return {Backend::Auto};
+  if (T % 128 == 0) return {Backend::Auto, Backend::Own, Backend::Cudnn};
+  return {Backend::Auto, Backend::Own};
+}
+
 struct AttnDims {
   int64_t B, T, H, G, D;
 };
@@ -76,18 +102,21 @@ TEST_CASE("cuda attention forward/backward match the CPU", "[cuda][attention]") 
   };
   uint64_t seed = 900;
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
-    for (const AttnDims& d : dims) {
-      INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
-      const AttnCase c(d, dt, seed);
-      check_close("attention_forward out", c.out, c.out_r, dt);
-      check_close("attention_forward lse", c.lse, c.lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
-      Tensor dq[2], dk[2], dv[2];
-      for (int run = 0; run < 2; ++run) c.backward(dq[run], dk[run], dv[run], dt);
-      c.check_backward("attention_backward", dq[0], dk[0], dv[0], dt);
-      CHECK(bitwise_equal(dq[0], dq[1]));
-      CHECK(bitwise_equal(dk[0], dk[1]));
-      CHECK(bitwise_equal(dv[0], dv[1]));
-    }
+    for (const AttnDims& d : dims)
+      for (Backend backend : backends_for(dt, d.T)) {
+        INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D << " " << dtype_name(dt)
+                  << " attention_backend " << backend_name(backend));
+        const AttentionPolicy policy(backend);
+        const AttnCase c(d, dt, seed);
+        check_close("attention_forward out", c.out, c.out_r, dt);
+        check_close("attention_forward lse", c.lse, c.lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
+        Tensor dq[2], dk[2], dv[2];
+        for (int run = 0; run < 2; ++run) c.backward(dq[run], dk[run], dv[run], dt);
+        c.check_backward("attention_backward", dq[0], dk[0], dv[0], dt);
+        CHECK(bitwise_equal(dq[0], dq[1]));
+        CHECK(bitwise_equal(dk[0], dk[1]));
+        CHECK(bitwise_equal(dv[0], dv[1]));
+      }
 }
 
 TEST_CASE("cuda attention on the fused projection matches the CPU", "[cuda][attention_fused]") {
@@ -96,28 +125,31 @@ TEST_CASE("cuda attention on the fused projection matches the CPU", "[cuda][atte
   const AttnDims dims[] = {{2, 128, 4, 4, 64}, {1, 256, 2, 2, 128}, {2, 77, 4, 4, 64}, {2, 128, 8, 2, 64}};
   uint64_t seed = 1900;
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
-    for (const AttnDims& d : dims) {
-      INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D);
-      const int64_t W = d.G * (d.H / d.G + 2) * d.D;
-      const Shape qs{d.B, d.T, d.H, d.D}, ws{d.B, d.T, W};
-      const Tensor qkv64 = rounded(randn64(ws, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
-      const Tensor qkv = to_device(qkv64, dt), dout = to_device(do64, dt);
-      Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
-      ops::attention_forward_qkv(out, lse, qkv, d.G);
-      Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
-      ops::attention_forward_qkv(out_r, lse_r, qkv64, d.G);
-      check_close("attention_forward_qkv out", out, out_r, dt);
-      check_close("attention_forward_qkv lse", lse, lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
-      Tensor dqkv[2];
-      for (int run = 0; run < 2; ++run) {
-        dqkv[run] = poisoned(ws, dt);
-        ops::attention_backward_qkv(dqkv[run], dout, qkv, out, lse, d.G);
+    for (const AttnDims& d : dims)
+      for (Backend backend : backends_for(dt, d.T)) {
+        INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D << " " << dtype_name(dt)
+                  << " attention_backend " << backend_name(backend));
+        const AttentionPolicy policy(backend);
+        const int64_t W = d.G * (d.H / d.G + 2) * d.D;
+        const Shape qs{d.B, d.T, d.H, d.D}, ws{d.B, d.T, W};
+        const Tensor qkv64 = rounded(randn64(ws, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
+        const Tensor qkv = to_device(qkv64, dt), dout = to_device(do64, dt);
+        Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
+        ops::attention_forward_qkv(out, lse, qkv, d.G);
+        Tensor out_r = Tensor::empty(qs, DType::F64), lse_r = Tensor::empty({d.B, d.H, d.T}, DType::F64);
+        ops::attention_forward_qkv(out_r, lse_r, qkv64, d.G);
+        check_close("attention_forward_qkv out", out, out_r, dt);
+        check_close("attention_forward_qkv lse", lse, lse_r, dt, dt != DType::F32 ? 1e-3 : kTolF32);
+        Tensor dqkv[2];
+        for (int run = 0; run < 2; ++run) {
+          dqkv[run] = poisoned(ws, dt);
+          ops::attention_backward_qkv(dqkv[run], dout, qkv, out, lse, d.G);
+        }
+        Tensor dqkv_r = Tensor::empty(ws, DType::F64);
+        ops::attention_backward_qkv(dqkv_r, do64, qkv64, out_r, lse_r, d.G);
+        check_close("attention_backward_qkv dqkv", dqkv[0], dqkv_r, dt);
+        CHECK(bitwise_equal(dqkv[0], dqkv[1]));
       }
-      Tensor dqkv_r = Tensor::empty(ws, DType::F64);
-      ops::attention_backward_qkv(dqkv_r, do64, qkv64, out_r, lse_r, d.G);
-      check_close("attention_backward_qkv dqkv", dqkv[0], dqkv_r, dt);
-      CHECK(bitwise_equal(dqkv[0], dqkv[1]));
-    }
 }
 
 // training.deterministic: false. cuDNN's backward accumulates dQ with fp32 atomics: as accurate as the
@@ -128,6 +160,7 @@ TEST_CASE("cuda attention backward, non-deterministic cuDNN graph, matches the C
   struct Restore {
     ~Restore() { ops::set_deterministic(true); }
   } restore;
+  const AttentionPolicy policy(Backend::Cudnn);  // these shapes run on cuDNN (else an error)
   const AttnDims dims[] = {{2, 256, 8, 2, 64}, {2, 256, 6, 2, 128}, {2, 128, 4, 4, 64}};
   uint64_t seed = 2900;
   for (DType dt : {DType::BF16, DType::F16})
@@ -157,38 +190,66 @@ TEST_CASE("cuda attention rejects unsupported head dims by name", "[cuda][attent
   }
 }
 
+// training.attention_backend: cudnn never falls back to our kernels silently: fp32 and T % 128 != 0 are errors naming
+// the key and the fix.
+TEST_CASE("cuda attention under attention_backend cudnn refuses what cuDNN cannot run, by name", "[cuda][attention]") {
+  init();
+  const AttentionPolicy policy(Backend::Cudnn);
+  const AttnDims dims[] = {{1, 77, 2, 2, 64}, {1, 128, 2, 1, 128}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const AttnDims& d : dims) {
+      if (dt == DType::BF16 && d.T % 128 == 0) continue;  // runs on cuDNN
+      INFO("B " << d.B << " T " << d.T << " " << dtype_name(dt));
+      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+      const Tensor q = to_device(randn64(qs, 1), dt), k = to_device(randn64(ks, 2), dt);
+      const Tensor v = to_device(randn64(ks, 3), dt);
+      Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
+      try {
+        ops::attention_forward(out, lse, q, k, v);
+        FAIL("attention_backend cudnn ran our kernels");
+      } catch (const mt::Error& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find("training.attention_backend is cudnn") != std::string::npos);
+        CHECK(std::string(e.what()).find("set training.attention_backend: auto or own") != std::string::npos);
+      }
+    }
+}
+
 TEST_CASE("cuda attention bf16 timing", "[.bench][cuda][attention]") {
   init();
   const AttnDims dims[] = {
       {4, 2048, 16, 16, 128}, {4, 2048, 32, 8, 128}, {8, 1024, 12, 12, 64}, {1, 8192, 16, 16, 128}};
-  for (const AttnDims& d : dims) {
-    const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
-    const DType dt = DType::BF16;
-    const Tensor q = to_device(randn64(qs, 1), dt), k = to_device(randn64(ks, 2), dt);
-    const Tensor v = to_device(randn64(ks, 3), dt), dout = to_device(randn64(qs, 4), dt);
-    Tensor out = Tensor::empty(qs, dt, Device::CUDA);
-    Tensor lse = Tensor::empty({d.B, d.H, d.T}, DType::F32, Device::CUDA);
-    Tensor dq = Tensor::empty(qs, dt, Device::CUDA), dk = Tensor::empty(ks, dt, Device::CUDA),
-           dv = Tensor::empty(ks, dt, Device::CUDA);
-    const double fwd = median_ms([&] { ops::attention_forward(out, lse, q, k, v); }, 20);
-    const double bwd = median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse); }, 20);
-    // Causal FLOPs: forward 2 GEMMs of B H T^2 D / 2 multiply-adds each; backward 2.5x that.
-    const double flops = 4.0 * d.B * d.H * double(d.T) * d.T * d.D / 2;
-    std::printf("BENCH attention bf16 B=%lld T=%lld H=%lld G=%lld D=%lld: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms "
-                "(%.0f TFLOP/s)\n",
-                (long long)d.B, (long long)d.T, (long long)d.H, (long long)d.G, (long long)d.D, fwd,
-                flops / fwd * 1e-9, bwd, 2.5 * flops / bwd * 1e-9);
-  }
+  for (Backend backend : {Backend::Cudnn, Backend::Own})
+    for (const AttnDims& d : dims) {
+      const AttentionPolicy policy(backend);
+      const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
+      const DType dt = DType::BF16;
+      const Tensor q = to_device(randn64(qs, 1), dt), k = to_device(randn64(ks, 2), dt);
+      const Tensor v = to_device(randn64(ks, 3), dt), dout = to_device(randn64(qs, 4), dt);
+      Tensor out = Tensor::empty(qs, dt, Device::CUDA);
+      Tensor lse = Tensor::empty({d.B, d.H, d.T}, DType::F32, Device::CUDA);
+      Tensor dq = Tensor::empty(qs, dt, Device::CUDA), dk = Tensor::empty(ks, dt, Device::CUDA),
+             dv = Tensor::empty(ks, dt, Device::CUDA);
+      const double fwd = median_ms([&] { ops::attention_forward(out, lse, q, k, v); }, 20);
+      const double bwd = median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse); }, 20);
+      // Causal FLOPs: forward 2 GEMMs of B H T^2 D / 2 multiply-adds each; backward 2.5x that.
+      const double flops = 4.0 * d.B * d.H * double(d.T) * d.T * d.D / 2;
+      std::printf("BENCH attention bf16 %s B=%lld T=%lld H=%lld G=%lld D=%lld: fwd %.3f ms (%.0f TFLOP/s), bwd "
+                  "%.3f ms (%.0f TFLOP/s)\n",
+                  backend_name(backend), (long long)d.B, (long long)d.T, (long long)d.H, (long long)d.G,
+                  (long long)d.D, fwd, flops / fwd * 1e-9, bwd, 2.5 * flops / bwd * 1e-9);
+    }
 }
+
 TEST_CASE("cuda attention backward in batch chunks (bounded cuDNN workspace) matches the CPU", "[cuda][attention]") {
   init();
   // cuDNN's deterministic backward needs B H T^2 2 bytes of workspace (1 MiB per sample here): caps of 1 and
-  // 2 MiB run it on 1 and 2 samples at a time (MT_ATTENTION_BWD_WORKSPACE_MIB); other dtypes ignore the cap.
+  // 2 MiB (training.attention_bwd_workspace_mib) run it on 1 and 2 samples at a time.
   const AttnDims dims[] = {{4, 256, 8, 2, 64}, {2, 256, 8, 8, 128}};
   uint64_t seed = 2900;
   for (DType dt : {DType::BF16, DType::F16})
     for (const AttnDims& d : dims)
-      for (const char* cap : {"1", "2"}) {
+      for (int64_t cap : {1, 2}) {
         INFO("B " << d.B << " T " << d.T << " H " << d.H << " G " << d.G << " D " << d.D << " cap " << cap);
         const Shape qs{d.B, d.T, d.H, d.D}, ks{d.B, d.T, d.G, d.D};
         const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
@@ -197,9 +258,10 @@ TEST_CASE("cuda attention backward in batch chunks (bounded cuDNN workspace) mat
         Tensor out = poisoned(qs, dt), lse = poisoned({d.B, d.H, d.T}, DType::F32);
         ops::attention_forward(out, lse, q, k, v);
         Tensor dq = poisoned(qs, dt), dk = poisoned(ks, dt), dv = poisoned(ks, dt);
-        setenv("MT_ATTENTION_BWD_WORKSPACE_MIB", cap, 1);
-        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
-        unsetenv("MT_ATTENTION_BWD_WORKSPACE_MIB");
+        {
+          const AttentionPolicy policy(Backend::Cudnn, cap);  // cuDNN or an error: the chunked graph ran
+          ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+        }
         const Tensor out_r64 = to_host64(out), lse_r64 = to_host64(lse);
         Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
                dv_r = Tensor::empty(ks, DType::F64);

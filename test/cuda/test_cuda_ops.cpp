@@ -5,6 +5,7 @@
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include <functional>
 #include <iterator>
 
 #include "test_cuda_util.h"
@@ -186,6 +187,43 @@ TEST_CASE("cuda parameter gradients must be fp32 main grads", "[cuda][linear]") 
   CHECK_THROWS_AS(ops::adamw_step(p, p, p, p, ops::AdamWArgs{}), mt::Error);
   Tensor x64 = Tensor::zeros({8}, DType::F64, Device::CUDA);
   CHECK_THROWS_AS(ops::gelu_forward(x64, x64), mt::Error);
+}
+
+// The first write of a step's weight gradient (GradMode::Overwrite, the GEMM's beta 0: ParamStore::zero_grads marks
+// the gradients unwritten instead of zeroing them) gives the bits of accumulating into zeros (beta 1), whatever the
+// buffer held (NaN here): linear, linear + GELU and linear + SwiGLU backward, at the ci models' shapes and odd ones.
+TEST_CASE("cuda first-write weight gradients are bit-identical to accumulating into zeros", "[cuda][linear]") {
+  init();
+  struct Dims { int64_t N, IC, OC; };
+  uint64_t seed = 2700;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{512, 256, 768}, Dims{512, 512, 256}, Dims{37, 45, 19}}) {
+      INFO("N " << d.N << " IC " << d.IC << " OC " << d.OC << " " << dtype_name(dt));
+      const Tensor x = to_device(randn64({d.N, d.IC}, ++seed), dt), g = to_device(randn64({d.N, d.OC}, ++seed), dt);
+      const Tensor w = to_device(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+      const Tensor pre = to_device(randn64({d.N, d.IC}, ++seed), dt);
+      const Tensor h = to_device(randn64({d.N, 2 * d.IC}, ++seed), dt);
+      // dw[0]: written first onto NaN; dw[1]: accumulated onto zeros.
+      auto check = [&](const char* op, const std::function<void(Tensor&, ops::GradMode)>& backward) {
+        Tensor dw[2] = {poisoned({d.OC, d.IC}, DType::F32), Tensor::zeros({d.OC, d.IC}, DType::F32, Device::CUDA)};
+        backward(dw[0], ops::GradMode::Overwrite);
+        backward(dw[1], ops::GradMode::Accumulate);
+        INFO(op);
+        CHECK(all_finite(to_host64(dw[0])));
+        CHECK(bitwise_equal(dw[0], dw[1]));
+      };
+      check("linear_backward", [&](Tensor& dw, ops::GradMode m) {
+        ops::linear_backward(nullptr, &dw, nullptr, g, x, w, ops::GradMode::Overwrite, m);
+      });
+      check("linear_backward_gelu", [&](Tensor& dw, ops::GradMode m) {
+        Tensor dpre = poisoned({d.N, d.IC}, dt);
+        ops::linear_backward_gelu(dpre, &dw, nullptr, g, x, w, pre, m);
+      });
+      check("linear_backward_swiglu", [&](Tensor& dw, ops::GradMode m) {
+        Tensor dh = poisoned({d.N, 2 * d.IC}, dt);
+        ops::linear_backward_swiglu(dh, &dw, nullptr, g, w, h, m);
+      });
+    }
 }
 
 TEST_CASE("cuda embedding forward/backward match the CPU; backward is deterministic", "[cuda][embedding]") {
@@ -479,8 +517,6 @@ TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
       check_close("adamw_step v", v, vr, DType::F32);
     }
 }
-#endif
-
 TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match the CPU", "[cuda][cross_entropy]") {
   init();
   const int64_t N = 3000;
@@ -518,3 +554,5 @@ TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match
   CHECK(to_host(a1).data<double>()[0] == Approx(2 * acc_ref.data<double>()[0]).epsilon(1e-12));
   CHECK(bitwise_equal(a1, a2));
 }
+
+#endif

@@ -1,6 +1,7 @@
 // build_datasets from a Config: mock, one prefix, a blend, caches, and the errors a user can hit.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>

@@ -3,8 +3,10 @@
 // reader of Megatron's .idx/.bin written from the format's specification (raw fread).
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>

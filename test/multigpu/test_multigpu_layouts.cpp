@@ -7,7 +7,9 @@
 // The model is configs/ci/tiny-llama.yaml widened as in test/cuda/test_cuda_training.cpp (head dim
 // 64, the GPU kernels' common case) with 8 layers, so that pipeline 2 x virtual 2 has 2 layers a
 // chunk; global batch 8 = 4 micro-batches of 2 on one GPU, 2 of 2 per data-parallel rank.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 
 #include "catch.h"

@@ -3,6 +3,7 @@
 // (sum over ranks of <f(x), y> equals the sum of <x, f^T(y)>). Runs plain (one rank) and under
 // `mpirun -np 8` / `-np 4` with the other [mpi] tests (test/CMakeLists.txt).
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>

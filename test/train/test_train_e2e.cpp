@@ -116,6 +116,27 @@ TEST_CASE("a truncated .idx is a one-line error that leaves checkpoints untouche
   CHECK(fingerprint(ck) == before);
 }
 
+// Settings are config keys: an environment switch of an earlier version is refused, not ignored, and
+// training.attention_backend: cudnn is refused on the CPU; one line each, a non-zero exit.
+TEST_CASE("removed environment switches and attention_backend cudnn on the CPU are one-line errors", "[e2e][errors]") {
+  const std::string short_run = "--set training.train_iters=2 --set training.eval_iters=0";
+  RunResult r = run_megatrain(train_args("env1", short_run), "env1", 0, "MT_NORM_BWD=rows");
+  CHECK(r.code != 0);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("environment variable MT_NORM_BWD=rows is no longer read") != std::string::npos);
+  r = run_megatrain(train_args("env2", short_run), "env2", 0, "MT_ATTENTION=own");
+  CHECK(r.code != 0);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("set training.attention_backend (auto, cudnn or own) instead") != std::string::npos);
+  r = run_megatrain(
+      train_args("env3", short_run + " --set training.device=cpu --set training.attention_backend=cudnn"), "env3");
+  CHECK(r.code != 0);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find("training.attention_backend is cudnn but training.device is cpu") != std::string::npos);
+  // own and auto run on the CPU (its reference attention either way).
+  CHECK(run_megatrain(train_args("env4", short_run + " --set training.attention_backend=own"), "env4").code == 0);
+}
+
 TEST_CASE("the README's config reference is what the binary generates", "[e2e][docs]") {
   RunResult r = run_megatrain("config --reference", "reference");
   REQUIRE(r.code == 0);
