@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <filesystem>
 #include <fstream>
@@ -186,9 +187,19 @@ TEST_CASE("convert: bad HF folders are refused, naming the file and the problem,
     std::ofstream(dir + "/config.json") << j.dump(2);
   };
 
-  SECTION("the good one imports") {
+  SECTION("the good one imports, its tokenizer.json named by model.yaml and exported again") {
+    std::ofstream(d.path + "/good/tokenizer.json") << "{\"model\": \"stand-in\"}";
     CHECK(import_error(d.path + "/good").empty());
-    CHECK(fs::exists(d.path + "/out/model.yaml"));
+    Config c = load_config(d.path + "/out/model.yaml");
+    CHECK(c.data.tokenizer_type == "hf-json");
+    CHECK(c.data.tokenizer_file == fs::absolute(d.path + "/out/hf/tokenizer.json").string());
+    CHECK(fs::exists(c.data.tokenizer_file));
+    ExportOptions ex2;
+    ex2.checkpoint = d.path + "/out";
+    ex2.output = d.path + "/again";
+    convert_export(ex2);
+    std::ifstream t(d.path + "/again/tokenizer.json");
+    CHECK(std::string(std::istreambuf_iterator<char>(t), {}) == "{\"model\": \"stand-in\"}");
   }
   SECTION("truncated safetensors") {
     std::string p = variant("trunc");
