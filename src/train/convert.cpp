@@ -282,11 +282,14 @@ void convert_export(const ExportOptions& opt) {
   }
   hf::ArchSpec a = hf::from_model_config(cfg.model, architecture);
 
-  DType dt = DType::F32;
-  const std::string dname = opt.dtype.empty() ? cfg.training.precision : opt.dtype;
-  if (dname == "bf16") dt = DType::BF16;
-  else if (dname == "fp16") dt = DType::F16;
-  else MT_CHECK(dname == "fp32", "--dtype ", dname, ": give bf16, fp16 or fp32");
+  // The checkpoint's training.precision unless --dtype says otherwise.
+  DType dt = saved.precision == Precision::BF16 ? DType::BF16 : saved.precision == Precision::FP16 ? DType::F16 : DType::F32;
+  if (!opt.dtype.empty()) {
+    if (opt.dtype == "bf16") dt = DType::BF16;
+    else if (opt.dtype == "fp16") dt = DType::F16;
+    else if (opt.dtype == "fp32") dt = DType::F32;
+    else MT_CHECK(false, "--dtype ", opt.dtype, ": give bf16, fp16 or fp32");
+  }
   const char* torch_dtype = dt == DType::BF16 ? "bfloat16" : dt == DType::F16 ? "float16" : "float32";
   const uint64_t max_shard = st::parse_size(opt.max_shard_size);
 
@@ -323,8 +326,8 @@ void convert_export(const ExportOptions& opt) {
     ckpt::detail::write_file_durable(stage.tmp + "/generation_config.json", g.dump(2) + "\n");
   }
   // The tokenizer the checkpoint's config names, and its companions from the import.
-  if (cfg.data.tokenizer_type == "hf-json") copy_file_into(cfg.data.tokenizer_file, stage.tmp + "/tokenizer.json");
-  if (cfg.data.tokenizer_type == "gpt2-bpe") {
+  if (saved.tokenizer_type == TokenizerType::HfJson) copy_file_into(cfg.data.tokenizer_file, stage.tmp + "/tokenizer.json");
+  if (saved.tokenizer_type == TokenizerType::Gpt2Bpe) {
     copy_file_into(cfg.data.vocab_file, stage.tmp + "/vocab.json");
     copy_file_into(cfg.data.merge_file, stage.tmp + "/merges.txt");
   }
