@@ -343,6 +343,14 @@ nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, 
     return c;
   }
   // base's keys in base's order, the ones we state rewritten.
+  if (!a.gpt2) {
+    c["layer_types"] = oj(std::vector<std::string>(static_cast<size_t>(a.num_layers), "full_attention"));
+    // The context length of a RoPE model is no property of its weights: a shorter training
+    // seq_length keeps the original's.
+    if (base.contains("max_position_embeddings") && base["max_position_embeddings"].is_number_integer() &&
+        base["max_position_embeddings"].get<int64_t>() > a.max_positions)
+      c["max_position_embeddings"] = base["max_position_embeddings"];
+  }
   oj out = base;
   for (auto it = out.begin(); it != out.end(); ++it) {
     if (it.key() == "torch_dtype" && !dtype.empty()) it.value() = dtype;

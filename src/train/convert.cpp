@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -79,11 +80,14 @@ struct StagingDir {
   bool done = false;
   explicit StagingDir(const std::string& output) : out(output) {
     MT_CHECK(!output.empty(), "--output: give the folder to create");
+    fs::path o = fs::path(output).lexically_normal();
+    if (o.filename().empty()) o = o.parent_path();  // "dir/" -> "dir"
+    out = o.string();
     std::error_code ec;
-    MT_CHECK(!fs::exists(output, ec), output, " already exists: give a new folder (megatrain never writes over one)");
-    fs::path parent = fs::absolute(output).parent_path();
+    MT_CHECK(!fs::exists(out, ec), output, " already exists: give a new folder (megatrain never writes over one)");
+    fs::path parent = fs::absolute(o).parent_path();
     MT_CHECK(fs::is_directory(parent, ec), output, ": the parent folder ", parent.string(), " does not exist");
-    tmp = (parent / (fs::path(output).filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
+    tmp = (parent / (o.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
     ckpt::detail::remove_tree_quiet(tmp);
     fs::create_directories(tmp);
   }
@@ -119,6 +123,7 @@ std::unique_ptr<HostModel> build_host_model(const Config& cfg_in, int padded_voc
   h->cfg.parallel = ParallelConfig{};
   h->cfg.training.global_batch_size = h->cfg.training.micro_batch_size;
   h->cfg.training.device = "cpu";
+  h->cfg.training.precision = "fp32";  // the CPU backend: the weights are fp32 whatever they train in
   h->derived = derive_config(h->cfg, 1);
   if (padded_vocab > 0) h->derived.padded_vocab_size = padded_vocab;
   h->ctx.model = &h->cfg.model;
@@ -280,7 +285,17 @@ void convert_export(const ExportOptions& opt) {
     }
     architecture = hf::parse_config(json::parse(base.dump()), base_path, nullptr).architecture;
   }
-  hf::ArchSpec a = hf::from_model_config(cfg.model, architecture);
+  hf::ArchSpec a;
+  try {
+    a = hf::from_model_config(cfg.model, architecture);
+  } catch (const Error& e) {
+    // A config.json found beside the tokenizer may be another model's: then it is no base.
+    if (!opt.hf_config.empty() || architecture.empty()) throw;
+    std::fprintf(stderr, "note: %s is not this checkpoint's architecture (%s): writing a config.json of its own\n",
+                 base_path.c_str(), e.what());
+    base = nlohmann::ordered_json();
+    a = hf::from_model_config(cfg.model, "");
+  }
 
   // The checkpoint's training.precision unless --dtype says otherwise.
   DType dt = saved.precision == Precision::BF16 ? DType::BF16 : saved.precision == Precision::FP16 ? DType::F16 : DType::F32;

@@ -133,6 +133,25 @@ TEST_CASE("convert: megatrain -> HF -> megatrain -> HF returns every tensor bit 
         for (int64_t i = 0; i < shape_numel(e.info->shape); ++i) REQUIRE(dst[i] == bf16(src[i]).bits);
       }
       CHECK(json::parse(std::ifstream(d.path + "/hf3/config.json"))["dtype"] == "bfloat16");
+      // The sharded bf16 model imports (model.yaml: precision bf16) and exports back bit for bit.
+      im.hf_dir = d.path + "/hf3/";
+      im.output = d.path + "/imp3/";
+      convert_import(im, hf_test::world());
+      CHECK(load_config(d.path + "/imp3/model.yaml").training.precision == "bf16");
+      ex = ExportOptions{};
+      ex.checkpoint = d.path + "/imp3";
+      ex.output = d.path + "/hf4";
+      ex.max_shard_size = "20KB";
+      convert_export(ex);
+      st::Archive a4(d.path + "/hf4");
+      REQUIRE(a4.entries().size() == a3.entries().size());
+      for (const auto& [name, e] : a3.entries()) {
+        const st::Archive::Entry* f = a4.find(name);
+        REQUIRE(f != nullptr);
+        REQUIRE(f->info->dtype == DType::BF16);
+        CHECK(std::memcmp(f->file->data(*f->info), e.file->data(*e.info), e.info->end - e.info->begin) == 0);
+      }
+      CHECK(json::parse(std::ifstream(d.path + "/hf4/config.json")) == json::parse(std::ifstream(d.path + "/hf3/config.json")));
     }
   }
 }
