@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "tensor/dtype.h"
+#include "tensor/rope_params.h"
 
 namespace mt::ops::cuda {
 
@@ -86,9 +87,10 @@ void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* d
 
 // ---------------------------------------------------------------- rope.cu
 template <typename T>
-void rope_forward_cuda(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, double theta, int64_t position_offset);
+void rope_forward_cuda(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
+                       int64_t position_offset);
 template <typename T>
-void rope_backward_cuda(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, double theta,
+void rope_backward_cuda(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
                         int64_t position_offset);
 
 // ---------------------------------------------------------------- qkv_split.cu, attention*.cu
@@ -100,10 +102,11 @@ template <typename T>
 void qkv_split_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s);
 // The same with rope_forward on q and k (backward: rope_backward on dq and dk) in the same pass (qkv_split.cu).
 template <typename T>
-void qkv_split_rope_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s, double theta,
+void qkv_split_rope_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s, const RopeParams& rope,
                                  int64_t position_offset);
 template <typename T>
-void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s, double theta,
+void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s,
+                                  const RopeParams& rope,
                                   int64_t position_offset);
 // Head dims this backend's attention supports (others: an error naming them).
 bool attention_head_dim_supported(int64_t D);

@@ -4,17 +4,19 @@
 #pragma once
 
 #include "cuda/kernel_utils.cuh"
+#include "tensor/rope_params.h"
 
 namespace mt::cuda {
 
-// c[j] = cos(p * f_j), s[j] = sign * sin(p * f_j), f_j = theta^(-2 (i0 + j) / Dh), in fp64 (the
-// angles of long sequences need it), stored as float.
+// c[j] = cos(p * f_j), s[j] = sign * sin(p * f_j), f_j = theta^(-2 (i0 + j) / Dh) (Llama-3 rescaled when
+// rope.scaling: tensor/rope_params.h), in fp64 (the angles of long sequences need it), stored as float.
 template <int VEC>
 __device__ __forceinline__ void rope_angles(float* c, float* s, double p, int64_t i0, int64_t Dh, double log_theta,
-                                            float sign) {
+                                            const RopeParams& rope, float sign) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const double inv_freq = exp(-2.0 * static_cast<double>(i0 + j) / static_cast<double>(Dh) * log_theta);
+    const double inv_freq =
+        rope_scale_inv_freq(exp(-2.0 * static_cast<double>(i0 + j) / static_cast<double>(Dh) * log_theta), rope);
     double sd, cd;
     sincos(p * inv_freq, &sd, &cd);
     c[j] = static_cast<float>(cd);

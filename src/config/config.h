@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +13,7 @@
 namespace mt {
 
 struct ModelConfig {
-  std::string arch = "llama";          // gpt2 | llama
+  std::string arch = "llama";          // gpt2 | llama: a preset for the feature keys left unset below
   int num_layers = 0;                  // required
   int hidden_size = 0;                 // required
   int num_attention_heads = 0;         // required
@@ -21,8 +22,23 @@ struct ModelConfig {
   int vocab_size = 0;                  // required: the tokenizer's vocabulary
   int make_vocab_size_divisible_by = 128;
   int seq_length = 0;                  // required
-  double rope_theta = 10000.0;         // llama only
+  double rope_theta = 10000.0;         // position_embedding_type rope
   double norm_epsilon = 1e-5;
+  // Model features (Megatron-Core's names). Unset (std::nullopt) = the arch preset's value
+  // (model_features.h); a value written in the config always wins.
+  std::optional<std::string> normalization;             // layernorm | rmsnorm
+  std::optional<std::string> activation;                // gelu | swiglu
+  std::optional<bool> add_bias_linear;                  // biases on every linear layer
+  bool add_qkv_bias = false;                            // bias on linear_qkv only (Qwen2)
+  bool qk_layernorm = false;                            // RMSNorm over head_dim of each q and k head (Qwen3)
+  int kv_channels = 0;                                  // head dim; 0 = hidden_size / num_attention_heads
+  std::optional<std::string> position_embedding_type;  // learned_absolute | rope | none
+  std::optional<bool> untie_embeddings_and_output_weights;
+  bool rope_scaling = false;                            // Llama-3.x frequency scaling of RoPE
+  double rope_scaling_factor = 8.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int rope_scaling_original_max_position_embeddings = 8192;
   double init_method_std = 0.02;
   double dropout = 0.0;                // hidden dropout (after attention and MLP), training only
 };
@@ -137,13 +153,37 @@ enum class NanPolicy { Stop, Skip };                      // training.nan_policy
 enum class DecayStyle { Cosine, Linear, Constant };       // optimizer.decay_style
 enum class TokenizerType { None, Gpt2Bpe, HfJson };       // data.tokenizer_type
 
+// The model's features, resolved once from the model section (arch preset + explicit keys) by
+// resolve_model_features (model_features.cpp): the single place the model code asks.
+enum class Normalization { LayerNorm, RMSNorm };
+enum class Activation { GELU, SwiGLU };
+enum class PositionEmbedding { LearnedAbsolute, RoPE, None };
+
+struct RopeScalingConfig {  // Llama-3 kind (HF _compute_llama3_parameters)
+  bool enabled = false;
+  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192;
+};
+
+struct ModelFeatures {
+  Normalization normalization = Normalization::RMSNorm;
+  Activation activation = Activation::SwiGLU;
+  bool add_bias_linear = false;  // linear_qkv, linear_proj, linear_fc1, linear_fc2
+  bool qkv_bias = false;         // linear_qkv has a bias: add_bias_linear or add_qkv_bias
+  bool qk_layernorm = false;
+  int kv_channels = 0;           // resolved head dim (never 0)
+  PositionEmbedding position_embedding = PositionEmbedding::RoPE;
+  bool untie_embeddings_and_output_weights = true;
+  double rope_theta = 10000.0;
+  RopeScalingConfig rope_scaling;
+};
+
 // Values that follow from the config and the world size. Computed and checked by derive_config.
 struct DerivedConfig {
   int world_size = 1;
   int data_parallel_size = 1;          // world / (tensor * pipeline * context)
   int num_query_groups = 0;            // resolved (never 0)
   int ffn_hidden_size = 0;             // resolved
-  int head_dim = 0;                    // hidden_size / num_attention_heads
+  int head_dim = 0;                    // features.kv_channels (hidden_size / num_attention_heads unless set)
   int padded_vocab_size = 0;           // vocab padded to make_vocab_size_divisible_by * tensor
   int global_batch_size = 0;           // resolved
   int num_microbatches = 0;            // global_batch / (micro_batch * data_parallel)
@@ -157,6 +197,7 @@ struct DerivedConfig {
   NanPolicy nan_policy = NanPolicy::Stop;
   DecayStyle decay_style = DecayStyle::Cosine;
   TokenizerType tokenizer_type = TokenizerType::None;
+  ModelFeatures features;              // resolved model features
 };
 
 }  // namespace mt

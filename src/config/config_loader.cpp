@@ -99,6 +99,10 @@ void assign(const ConfigField& f, const YAML::Node& node, Config& cfg, const std
     fail(origin, str_cat(f.path, ": expected ", what.empty() ? field_type_expectation(f) : what, ", got ", describe(got)),
          line);
   };
+  if (f.optional && node.IsNull()) {  // null: unset, the model.arch preset fills it
+    f.reset(cfg);
+    return;
+  }
   const bool scalar = node.IsScalar();
   const std::string text = scalar ? node.Scalar() : std::string();
   FieldPtr p = f.at(cfg);

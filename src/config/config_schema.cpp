@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <type_traits>
 
+#include "config/model_features.h"
 #include "core/check.h"
 
 namespace mt {
@@ -18,8 +20,14 @@ namespace mt {
 namespace {
 
 template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+template <class T>
 constexpr FieldType type_of() {
-  if constexpr (std::is_same_v<T, int>) return FieldType::Int;
+  if constexpr (is_optional<T>::value) return type_of<typename T::value_type>();
+  else if constexpr (std::is_same_v<T, int>) return FieldType::Int;
   else if constexpr (std::is_same_v<T, int64_t>) return FieldType::Int64;
   else if constexpr (std::is_same_v<T, uint64_t>) return FieldType::UInt64;
   else if constexpr (std::is_same_v<T, double>) return FieldType::Double;
@@ -32,18 +40,38 @@ constexpr FieldType type_of() {
 
 template <auto Section, auto Member>
 FieldPtr member_ptr(Config& c) {
-  return &((c.*Section).*Member);
+  auto& m = (c.*Section).*Member;
+  if constexpr (is_optional<std::remove_reference_t<decltype(m)>>::value) {
+    if (!m) m.emplace();
+    return &*m;
+  } else {
+    return &m;
+  }
+}
+
+template <auto Section, auto Member>
+bool member_has_value(const Config& c) {
+  return ((c.*Section).*Member).has_value();
+}
+
+template <auto Section, auto Member>
+void member_reset(Config& c) {
+  ((c.*Section).*Member).reset();
 }
 
 // Fluent row builder: MT_CONFIG_KEY(model, hidden_size).required().min(1).doc("...").
 struct Row {
   ConfigField f;
-  Row(const char* section, const char* key, FieldPtr (*get)(Config&), FieldType type) {
+  Row(const char* section, const char* key, FieldPtr (*get)(Config&), FieldType type,
+      bool (*has_value)(const Config&) = nullptr, void (*reset)(Config&) = nullptr) {
     f.section = section;
     f.key = key;
     f.path = f.section + "." + f.key;
     f.get = get;
     f.type = type;
+    f.optional = has_value != nullptr;
+    f.has_value = has_value;
+    f.reset = reset;
   }
   Row& required() { f.required = true; return *this; }
   Row& min(double lo) { f.range.lo = lo; f.range.lo_open = false; return *this; }     // >= lo
@@ -67,28 +95,60 @@ struct Row {
 #define MT_CONFIG_KEY(sec, name)                                                 \
   Row(#sec, #name, &member_ptr<&Config::sec, &decltype(Config::sec)::name>,      \
       type_of<decltype(decltype(Config::sec)::name)>())
+// The same for a std::optional member: unset (null) = the model.arch preset fills it (model_features.h).
+#define MT_CONFIG_OPTIONAL_KEY(sec, name)                                                              \
+  Row(#sec, #name, &member_ptr<&Config::sec, &decltype(Config::sec)::name>,                            \
+      type_of<decltype(decltype(Config::sec)::name)>(), &member_has_value<&Config::sec, &decltype(Config::sec)::name>, \
+      &member_reset<&Config::sec, &decltype(Config::sec)::name>)
 
 std::vector<ConfigField> build_schema() {
   std::vector<Row> rows = {
       // ------------------------------------------------------------------ model
       MT_CONFIG_KEY(model, arch).one_of({"gpt2", "llama"})
-          .doc("model family: gpt2 (learned positions, LayerNorm, GELU MLP, biases) or llama (RoPE, RMSNorm, SwiGLU MLP, no biases)"),
+          .doc("preset for the feature keys left unset: gpt2 (learned positions, layernorm, gelu MLP, biases, tied output layer) or llama (rope, rmsnorm, swiglu MLP, no biases, untied)"),
       MT_CONFIG_KEY(model, num_layers).required().min(1).doc("transformer layers"),
       MT_CONFIG_KEY(model, hidden_size).required().min(1).doc("model width"),
       MT_CONFIG_KEY(model, num_attention_heads).required().min(1).doc("attention (query) heads; must divide hidden_size"),
       MT_CONFIG_KEY(model, num_query_groups).min(0)
           .doc("key/value heads (grouped-query attention); 0 = num_attention_heads (plain multi-head attention)"),
-      MT_CONFIG_KEY(model, ffn_hidden_size).min(0).doc("MLP inner size; 0 = 4 x hidden_size (gpt2 only: llama must set it)"),
+      MT_CONFIG_KEY(model, ffn_hidden_size).min(0).doc("MLP inner size; 0 = 4 x hidden_size (gelu only: swiglu must set it)"),
       MT_CONFIG_KEY(model, vocab_size).required().min(1).doc("the tokenizer's vocabulary size (every token id is below it)"),
       MT_CONFIG_KEY(model, make_vocab_size_divisible_by).min(1)
           .doc("the embedding is padded to a multiple of this x parallel.tensor; padded rows never get probability"),
       MT_CONFIG_KEY(model, seq_length).required().min(1).doc("tokens per sample (also the longest position)")
           .megatron({"max_position_embeddings"}),
-      MT_CONFIG_KEY(model, rope_theta).above(0).doc("RoPE base frequency (llama)").megatron({"rotary_base"}),
+      MT_CONFIG_KEY(model, rope_theta).above(0).doc("RoPE base frequency (position_embedding_type rope)")
+          .megatron({"rotary_base"}),
       MT_CONFIG_KEY(model, norm_epsilon).above(0).doc("epsilon of LayerNorm / RMSNorm").megatron({"layernorm_epsilon"}),
       MT_CONFIG_KEY(model, init_method_std).above(0).doc("standard deviation of the normal weight initialization"),
       MT_CONFIG_KEY(model, dropout).min(0).below(1).doc("hidden dropout after attention and MLP (training only)")
           .megatron({"hidden_dropout"}),
+      MT_CONFIG_OPTIONAL_KEY(model, normalization).one_of({"layernorm", "rmsnorm"})
+          .doc("norm of every layer and the final norm: layernorm (weight and bias) or rmsnorm (weight); unset = the arch preset (gpt2 layernorm, llama rmsnorm)"),
+      MT_CONFIG_OPTIONAL_KEY(model, activation).one_of({"gelu", "swiglu"})
+          .doc("MLP activation: gelu, or swiglu (linear_fc1 holds [gate; up]); unset = the arch preset (gpt2 gelu, llama swiglu)")
+          .megatron({"swiglu"}),
+      MT_CONFIG_OPTIONAL_KEY(model, add_bias_linear)
+          .doc("biases on linear_qkv, linear_proj, linear_fc1 and linear_fc2; unset = the arch preset (gpt2 true, llama false)"),
+      MT_CONFIG_KEY(model, add_qkv_bias).doc("a bias on linear_qkv only (Qwen2); implied by add_bias_linear"),
+      MT_CONFIG_KEY(model, qk_layernorm)
+          .doc("RMSNorm over the head dim of each query and key head, after the qkv split and before RoPE (Qwen3, OLMo-2)"),
+      MT_CONFIG_KEY(model, kv_channels).min(0)
+          .doc("head dim of queries, keys and values; 0 = hidden_size / num_attention_heads"),
+      MT_CONFIG_OPTIONAL_KEY(model, position_embedding_type).one_of({"learned_absolute", "rope", "none"})
+          .doc("positions: learned_absolute (an embedding table of seq_length rows), rope (rotary on q and k) or none; unset = the arch preset (gpt2 learned_absolute, llama rope)"),
+      MT_CONFIG_OPTIONAL_KEY(model, untie_embeddings_and_output_weights)
+          .doc("true: the output layer has its own weight; false: it reuses the word embeddings; unset = the arch preset (gpt2 false, llama true)"),
+      MT_CONFIG_KEY(model, rope_scaling)
+          .doc("Llama-3.x RoPE frequency scaling (HF rope_type llama3) with the rope_scaling_* keys")
+          .megatron({"use_rope_scaling"}),
+      MT_CONFIG_KEY(model, rope_scaling_factor).above(0).doc("rope_scaling: low frequencies are divided by this"),
+      MT_CONFIG_KEY(model, rope_scaling_low_freq_factor).above(0)
+          .doc("rope_scaling: wavelengths above original_max_position_embeddings / this are scaled in full"),
+      MT_CONFIG_KEY(model, rope_scaling_high_freq_factor).above(0)
+          .doc("rope_scaling: wavelengths below original_max_position_embeddings / this are not scaled"),
+      MT_CONFIG_KEY(model, rope_scaling_original_max_position_embeddings).min(1)
+          .doc("rope_scaling: the context length the model was trained with before scaling"),
       // ------------------------------------------------------------------ parallel
       MT_CONFIG_KEY(parallel, tensor).min(1).doc("tensor-parallel size: each layer's weights split over this many ranks")
           .megatron({"tensor_model_parallel_size"}),
@@ -206,20 +266,23 @@ std::vector<ConfigField> build_schema() {
   std::vector<ConfigField> fields;
   fields.reserve(rows.size());
   const Config defaults;
+  Config probe;  // optional fields are engaged here to find their addresses
   std::set<std::string> paths;
   std::set<const void*> addresses;
   for (Row& r : rows) {
     ConfigField& f = fields.emplace_back(std::move(r.f));
     MT_INTERNAL_ASSERT(paths.insert(f.path).second, "config key ", f.path, " has two schema rows");
-    const void* addr = std::visit([](auto* p) { return static_cast<const void*>(p); }, f.at(defaults));
+    const void* addr = std::visit([](auto* p) { return static_cast<const void*>(p); }, f.at(probe));
     MT_INTERNAL_ASSERT(addresses.insert(addr).second, "config key ", f.path, " points at a field another row has");
     MT_INTERNAL_ASSERT(!f.doc.empty(), "config key ", f.path, " has no documentation");
-    f.default_text = f.required ? "required" : format_field(f, defaults);
+    MT_INTERNAL_ASSERT(!f.optional || !f.is_set(defaults), "config key ", f.path, ": an optional key is unset by default");
+    f.default_text = f.required ? "required" : f.optional ? kPresetDefault : format_field(f, defaults);
   }
   return fields;
 }
 
 #undef MT_CONFIG_KEY
+#undef MT_CONFIG_OPTIONAL_KEY
 
 bool is_integral_text(const std::string& s) {
   for (char c : s)
@@ -387,10 +450,12 @@ std::string format_field(const ConfigField& f, const Config& cfg) {
       return s + "]";
     }
   };
+  if (!f.is_set(cfg)) return "null";
   return std::visit(Visitor{}, f.at(cfg));
 }
 
 bool field_equal(const ConfigField& f, const Config& a, const Config& b) {
+  if (!f.is_set(a) || !f.is_set(b)) return f.is_set(a) == f.is_set(b);
   FieldPtr pa = f.at(a), pb = f.at(b);
   return std::visit(
       [&](auto* x) {
@@ -419,6 +484,7 @@ void check_field_value(const ConfigField& f, const Config& cfg, const std::strin
     MT_CHECK(std::isfinite(v), pre, f.path, " = ", shown, ": must be a finite number", at_line);
     MT_CHECK(f.range.contains(v), pre, f.path, " = ", shown, ": must be ", f.range.describe(), at_line);
   };
+  if (!f.is_set(cfg)) return;  // unset optional: the preset fills it
   FieldPtr p = f.at(cfg);
   switch (f.type) {
     case FieldType::Int: check_number(*std::get<int*>(p), format_field(f, cfg)); break;

@@ -50,7 +50,13 @@ struct ConfigField {
   std::size_t list_size = 0;          // DoubleList: exact length (0 = any)
   std::string doc;                    // one line
   std::vector<std::string> aliases;   // Megatron-LM argument names meaning this key (suggestions, docs)
+  // The value; for an optional field (a std::optional member: unset = a preset fills it) an unset value is
+  // engaged (default-constructed) first, so read through at() only when is_set().
   FieldPtr (*get)(Config&) = nullptr;
+  bool optional = false;
+  bool (*has_value)(const Config&) = nullptr;  // optional fields only
+  void (*reset)(Config&) = nullptr;            // optional fields only
+  bool is_set(const Config& c) const { return !optional || has_value(c); }
 
   FieldPtr at(Config& c) const { return get(c); }
   // Read-only access (the pointer is only read through).
@@ -69,7 +75,8 @@ std::string field_type_expectation(const ConfigField& f);
 // "int", "double", "one of: a, b", ... (for the reference table).
 std::string field_type_name(const ConfigField& f);
 
-// The field's value in cfg as YAML text (loadable again): 3, 0.0003, true, llama, "a b", [98.0, 1.0, 1.0].
+// The field's value in cfg as YAML text (loadable again): 3, 0.0003, true, llama, "a b", [98.0, 1.0, 1.0];
+// null for an unset optional field.
 std::string format_field(const ConfigField& f, const Config& cfg);
 // Field-by-field equality driven by the schema (source_file is not compared).
 bool config_fields_equal(const Config& a, const Config& b);

@@ -8,6 +8,7 @@
 
 #include "config/config_loader.h"
 #include "config/config_schema.h"
+#include "config/model_features.h"
 #include "core/check.h"
 
 namespace mt {
@@ -22,9 +23,6 @@ std::string divisors_of(int64_t n, int limit = 12) {
     if (n % d == 0) out += (count++ ? ", " : "") + std::to_string(d);
   return out;
 }
-
-// Llama's SwiGLU size: 8/3 x hidden rounded up to a multiple of 256 (a suggestion only).
-int64_t llama_ffn_suggestion(int64_t hidden) { return (8 * hidden / 3 + 255) / 256 * 256; }
 
 // An option string the schema has already checked (one_of) to its enum: `names` in enum order.
 template <class E, size_t N>
@@ -85,31 +83,24 @@ void validate_config(const Config& cfg) {
   const std::string pre = config_error_prefix(origin);
   for (const ConfigField& f : config_fields()) check_field_value(f, cfg, origin);
 
-  const ModelConfig& m = cfg.model;
   const ParallelConfig& p = cfg.parallel;
   const TrainingConfig& t = cfg.training;
   const OptimizerConfig& o = cfg.optimizer;
 
-  if (m.arch == "gpt2")
-    MT_CHECK(m.num_query_groups == 0 || m.num_query_groups == m.num_attention_heads, pre, "model.num_query_groups (",
-             m.num_query_groups, ") must be 0 or model.num_attention_heads (", m.num_attention_heads,
-             ") for arch gpt2 (grouped-query attention is a llama feature); set num_query_groups: 0 or arch: llama");
-  if (m.arch == "llama")
-    MT_CHECK(m.ffn_hidden_size > 0, pre, "model.ffn_hidden_size is required for arch llama (0 means 4 x hidden_size "
-             "only for gpt2); Llama uses about 8/3 x hidden_size, e.g. ffn_hidden_size: ",
-             llama_ffn_suggestion(m.hidden_size), " for hidden_size ", m.hidden_size);
+  const ModelConfig& m = cfg.model;
+  const ModelFeatures features = resolve_model_features(cfg);  // the feature keys and their combinations
   MT_CHECK(!(t.device == "cpu" && t.precision != "fp32"), pre, "training.precision is ", t.precision,
            " but training.device is cpu: the CPU backend runs fp32; set training.precision: fp32");
   if (t.attention_backend == "cudnn") {  // what cuDNN's attention runs (cuda/attention_cudnn.cu shape_ok)
     const std::string fix = "; set training.attention_backend: auto (cuDNN where it can, else our kernels) or own";
-    const int64_t head_dim = m.hidden_size / m.num_attention_heads;
+    const int64_t head_dim = features.kv_channels;
     MT_CHECK(t.device != "cpu", pre, "training.attention_backend is cudnn but training.device is cpu", fix);
     MT_CHECK(t.precision != "fp32", pre, "training.attention_backend is cudnn but training.precision is fp32 (cuDNN's "
              "attention runs bf16 and fp16)", fix);
     MT_CHECK(m.seq_length % 128 == 0, pre, "training.attention_backend is cudnn but model.seq_length (", m.seq_length,
              ") is not a multiple of 128", fix);
     MT_CHECK(head_dim == 64 || head_dim == 128, pre, "training.attention_backend is cudnn but the head dim "
-             "(model.hidden_size / num_attention_heads = ", head_dim, ") is not 64 or 128", fix);
+             "(model.kv_channels, or hidden_size / num_attention_heads: ", head_dim, ") is not 64 or 128", fix);
   }
 
   MT_CHECK(p.expert == 1, pre, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet "
@@ -180,12 +171,8 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
            ") must be divisible by parallel.tensor (", tp, "): each tensor-parallel rank holds whole key/value heads "
            "(replicating them over tensor ranks is not supported yet); tensor sizes that fit: ", divisors_of(groups),
            ", or raise num_query_groups");
-  MT_CHECK(m.hidden_size % heads == 0, pre, "model.hidden_size (", m.hidden_size,
-           ") must be divisible by model.num_attention_heads (", heads, ") (head_dim = hidden_size / heads)");
-  d.head_dim = static_cast<int>(m.hidden_size / heads);
-  if (m.arch == "llama")
-    MT_CHECK(d.head_dim % 2 == 0, pre, "head_dim = model.hidden_size (", m.hidden_size, ") / num_attention_heads (",
-             heads, ") = ", d.head_dim, " must be even for RoPE (arch llama)");
+  d.features = resolve_model_features(cfg);  // also checks hidden_size / heads when kv_channels is unset
+  d.head_dim = d.features.kv_channels;
 
   // ---- MLP and vocabulary
   const int64_t ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * int64_t{m.hidden_size};

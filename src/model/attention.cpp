@@ -10,30 +10,52 @@ int64_t qkv_width(const ModelContext& c) {
   const int64_t R = c.model->num_attention_heads / d.num_query_groups;
   return static_cast<int64_t>(d.num_query_groups) * (R + 2) * d.head_dim;
 }
+
+RopeParams rope_params(const ModelFeatures& f) {
+  RopeParams r(f.rope_theta);
+  r.scaling = f.rope_scaling.enabled;
+  r.factor = f.rope_scaling.factor;
+  r.low_freq_factor = f.rope_scaling.low_freq_factor;
+  r.high_freq_factor = f.rope_scaling.high_freq_factor;
+  r.original_max_position_embeddings = f.rope_scaling.original_max_position_embeddings;
+  return r;
+}
+
+DType stat_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 }  // namespace
 
-SelfAttention::SelfAttention(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
+SelfAttention::SelfAttention(const std::string& prefix, const SelfAttentionSpec& spec, const ModelContext& ctx,
+                             ParamStore& store)
     : ctx_(&ctx),
       heads_local_(ctx.model->num_attention_heads / ctx.ps->tp_size),
       groups_local_(ctx.derived->num_query_groups / ctx.ps->tp_size),
       head_dim_(ctx.derived->head_dim),
-      linear_qkv_(prefix + ".linear_qkv", ctx.model->hidden_size, qkv_width(ctx), !ctx.llama(), ParamInit::Normal,
-                  ctx, store),
+      rope_(spec.rope),
+      rope_params_(rope_params(ctx.features())),
+      linear_qkv_(prefix + ".linear_qkv", ctx.model->hidden_size, qkv_width(ctx), spec.qkv_bias,
+                  ParamInit::Normal, ctx, store),
       linear_proj_(prefix + ".linear_proj", static_cast<int64_t>(ctx.model->num_attention_heads) * head_dim_,
-                   ctx.model->hidden_size, !ctx.llama(), ParamInit::ScaledNormal, ctx, store) {
+                   ctx.model->hidden_size, spec.proj_bias, ParamInit::ScaledNormal, ctx, store) {
   MT_CHECK(ctx.derived->num_query_groups % ctx.ps->tp_size == 0, "model.num_query_groups (",
            ctx.derived->num_query_groups, ") must be divisible by parallel.tensor (", ctx.ps->tp_size,
            "): key/value heads replicated over tensor-parallel ranks are not supported yet");
+  if (spec.qk_layernorm) {
+    // RMSNorm over each head's D values (Qwen3), one weight (D) shared by all heads; each TP rank holds only its
+    // heads, so the weight gradients are partial sums over TP. Registered after linear_qkv, before linear_proj.
+    const bool partial = ctx.ps->tp_size > 1;
+    q_layernorm_ = std::make_unique<Norm>(prefix + ".q_layernorm", head_dim_, Normalization::RMSNorm, partial, ctx, store);
+    k_layernorm_ = std::make_unique<Norm>(prefix + ".k_layernorm", head_dim_, Normalization::RMSNorm, partial, ctx, store);
+  }
 }
 
-// Without rotary embeddings the GPU attention runs on the fused projection (no split copies; cuDNN
-// reads the heads in place); the CPU keeps the reference path (split, then attention): same math.
-bool SelfAttention::fused(const ModelContext& c) { return !c.llama() && c.device != Device::CPU; }
+// Without rotary embeddings or per-head norms the GPU attention runs on the fused projection (no split copies;
+// cuDNN reads the heads in place); the CPU keeps the reference path (split, then attention): same math.
+bool SelfAttention::fused() const { return !rope_ && !q_layernorm_ && ctx_->device != Device::CPU; }
 
 Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   Tensor qkv = linear_qkv_.forward(x);  // (B*T, G_l*(R+2)*D): rows gathered under SP
-  if (fused(c)) {
+  if (fused()) {
     s.q = qkv.view({B, T, -1});  // the whole projection; k, v stay undefined
     s.out = c.empty({B, T, heads_local_, head_dim_});
     s.lse = Tensor::empty({B, heads_local_, T}, DType::F32, c.device);
@@ -45,12 +67,24 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, c
   s.q = c.empty({B, T, heads_local_, head_dim_});
   s.k = c.empty({B, T, groups_local_, head_dim_});
   s.v = c.empty({B, T, groups_local_, head_dim_});
-  if (c.llama())  // split and rotate q, k in one pass: only the rotated copies exist afterwards
-    ops::qkv_split_rope_forward(s.q, s.k, s.v, qkv.view({B, T, -1}), c.model->rope_theta, 0);
-  else
+  if (q_layernorm_) {  // split, norm each q and k head, then rotate the normed q and k
+    s.q_pre = c.empty(s.q.shape());
+    s.k_pre = c.empty(s.k.shape());
+    ops::qkv_split_forward(s.q_pre, s.k_pre, s.v, qkv.view({B, T, -1}));
+    Tensor qn = s.q.view({-1, head_dim_}), kn = s.k.view({-1, head_dim_});
+    q_layernorm_->forward(qn, s.q_norm, s.q_pre.view({-1, head_dim_}));
+    k_layernorm_->forward(kn, s.k_norm, s.k_pre.view({-1, head_dim_}));
+    if (rope_) {
+      ops::rope_forward(s.q, rope_params_, 0);
+      ops::rope_forward(s.k, rope_params_, 0);
+    }
+  } else if (rope_) {  // split and rotate q, k in one pass: only the rotated copies exist afterwards
+    ops::qkv_split_rope_forward(s.q, s.k, s.v, qkv.view({B, T, -1}), rope_params_, 0);
+  } else {
     ops::qkv_split_forward(s.q, s.k, s.v, qkv.view({B, T, -1}));
+  }
   s.out = c.empty({B, T, heads_local_, head_dim_});
-  s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
+  s.lse = Tensor::empty({B, heads_local_, T}, stat_dtype(c.dtype), c.device);
   ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
   Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual);
   if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
@@ -62,7 +96,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
   Saved s = saved;
   if (!s.out.defined()) {  // selective recompute of the attention core
     s.out = c.empty({B, T, heads_local_, head_dim_});
-    s.lse = Tensor::empty({B, heads_local_, T}, c.dtype == DType::F64 ? DType::F64 : DType::F32, c.device);
+    s.lse = Tensor::empty({B, heads_local_, T}, stat_dtype(c.dtype), c.device);
     if (!s.k.defined())
       ops::attention_forward_qkv(s.out, s.lse, s.q, groups_local_);
     else
@@ -77,52 +111,22 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
   ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
   Tensor dqkv = c.empty({B, T, linear_qkv_.local_out()});
-  if (c.llama())
-    ops::qkv_split_rope_backward(dqkv, dq, dk, dv, c.model->rope_theta, 0);
-  else
-    ops::qkv_split_backward(dqkv, dq, dk, dv);
-  return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
-}
-
-// ---------------------------------------------------------------- MLP
-
-MLP::MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
-    : ctx_(&ctx),
-      ffn_local_(ctx.derived->ffn_hidden_size / ctx.ps->tp_size),
-      linear_fc1_(prefix + ".linear_fc1", ctx.model->hidden_size,
-                  static_cast<int64_t>(ctx.derived->ffn_hidden_size) * (ctx.llama() ? 2 : 1), !ctx.llama(),
-                  ParamInit::Normal, ctx, store, ctx.llama() ? 2 : 1),
-      linear_fc2_(prefix + ".linear_fc2", ctx.derived->ffn_hidden_size, ctx.model->hidden_size, !ctx.llama(),
-                  ParamInit::ScaledNormal, ctx, store) {}
-
-Tensor MLP::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
-  const ModelContext& c = *ctx_;
-  if (c.llama()) {
-    s.h = linear_fc1_.forward(x);
-    Tensor a = c.empty({s.h.size(0), ffn_local_});
-    ops::swiglu_forward(a, s.h);
-    if (!c.recompute.norm_act) s.a = a;  // else backward recomputes it from h
-    return linear_fc2_.forward(a, residual);
-  }
-  s.a = linear_fc1_.forward_gelu(x, &s.h);  // GELU in the GEMM's epilogue where possible
-  return linear_fc2_.forward(s.a, residual);
-}
-
-Tensor MLP::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
-  const ModelContext& c = *ctx_;
-  Tensor dh;
-  if (c.llama() && !s.a.defined()) {
-    dh = linear_fc2_.backward_swiglu(dy, s.h);  // SwiGLU output recomputed, dh written over h
-  } else if (c.llama()) {
-    Tensor da = linear_fc2_.backward(dy, s.a);
-    s.a = Tensor();
-    dh = s.h;  // written over h: each element is read before it is overwritten
-    ops::swiglu_backward(dh, da, s.h);
+  if (q_layernorm_) {  // rotate back, then through the norms (their weight gradients accumulate)
+    if (rope_) {
+      ops::rope_backward(dq, rope_params_, 0);
+      ops::rope_backward(dk, rope_params_, 0);
+    }
+    Tensor dq_pre = c.zeros(s.q_pre.shape()), dk_pre = c.zeros(s.k_pre.shape());
+    Tensor dq_pre_rows = dq_pre.view({-1, head_dim_}), dk_pre_rows = dk_pre.view({-1, head_dim_});
+    q_layernorm_->backward_accumulate(dq_pre_rows, dq.view({-1, head_dim_}), s.q_pre.view({-1, head_dim_}), s.q_norm);
+    k_layernorm_->backward_accumulate(dk_pre_rows, dk.view({-1, head_dim_}), s.k_pre.view({-1, head_dim_}), s.k_norm);
+    ops::qkv_split_backward(dqkv, dq_pre, dk_pre, dv);
+  } else if (rope_) {
+    ops::qkv_split_rope_backward(dqkv, dq, dk, dv, rope_params_, 0);
   } else {
-    dh = linear_fc2_.backward_gelu(dy, s.a, s.h);  // GELU gradient in the dx GEMM's epilogue where possible
+    ops::qkv_split_backward(dqkv, dq, dk, dv);
   }
-  s = Saved{};
-  return linear_fc1_.backward(dh, x);
+  return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
 }
 
 }  // namespace mt

@@ -1,21 +1,37 @@
 // Self-attention: linear_qkv (column-parallel, Megatron's grouped [q heads of group g, k_g, v_g]
-// layout), rotary embedding (llama), causal grouped-query attention, linear_proj (row-parallel).
-// Each TP rank holds H/tp query heads and G/tp key/value heads.
+// layout), optional RMSNorm of each q and k head (qk_layernorm), rotary embedding (position_embedding_type
+// rope), causal grouped-query attention, linear_proj (row-parallel). Each TP rank holds H/tp query heads
+// and G/tp key/value heads.
 // Shapes: x (B*T, C) -> qkv (B*T, G_l*(R+2)*D) -> q (B,T,H_l,D), k/v (B,T,G_l,D) -> out (B,T,H_l,D)
-// -> y (B*T, C).  R = H/G query heads per group.
+// -> y (B*T, C).  R = H/G query heads per group, D = kv_channels (head dim, not necessarily C/H).
 #pragma once
 
+#include <memory>
+
 #include "model/linear.h"
+#include "tensor/rope_params.h"
 
 namespace mt {
 
+// What fills the attention's optional parts (layer_spec.h decides it per layer).
+struct SelfAttentionSpec {
+  bool qkv_bias = false;      // bias on linear_qkv
+  bool proj_bias = false;     // bias on linear_proj
+  bool qk_layernorm = false;  // RMSNorm on each q and k head (q_layernorm, k_layernorm)
+  bool rope = false;          // rotary embedding of q and k
+};
+
 class SelfAttention {
  public:
-  SelfAttention(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
-  // q, k, v split out; or, on the fused path, q holds the whole projection (B, T, G_l*(R+2)*D) (the same
-  // bytes) and k, v stay undefined. out/lse are dropped under selective recompute.
+  SelfAttention(const std::string& prefix, const SelfAttentionSpec& spec, const ModelContext& ctx, ParamStore& store);
+  // q, k, v split out (q, k normed and rotated when those features are on); or, on the fused path, q holds the
+  // whole projection (B, T, G_l*(R+2)*D) (the same bytes) and k, v stay undefined. out/lse are dropped under
+  // selective recompute. qk_layernorm: q_pre, k_pre are q, k before their norms (B,T,H_l,D) / (B,T,G_l,D), with
+  // the norms' statistics.
   struct Saved {
     Tensor q, k, v, out, lse;
+    Tensor q_pre, k_pre;
+    Norm::Saved q_norm, k_norm;
   };
   // x (rows_local, C) -> y (rows_local, C) [+ *residual]; rows_local = B*T, or B*T/tp under sequence parallelism.
   Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual = nullptr) const;
@@ -23,36 +39,16 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
 
  private:
-  // Attention on the fused projection, q, k and v never split out: no rotary embedding, GPU.
-  static bool fused(const ModelContext& c);
+  // Attention on the fused projection, q, k and v never split out: GPU, no rotary embedding, no qk norm.
+  bool fused() const;
 
   const ModelContext* ctx_;
   int64_t heads_local_, groups_local_, head_dim_;
+  bool rope_;
+  RopeParams rope_params_;
   ColumnParallelLinear linear_qkv_;
+  std::unique_ptr<Norm> q_layernorm_, k_layernorm_;  // qk_layernorm only
   RowParallelLinear linear_proj_;
-};
-
-// MLP: linear_fc1 (column-parallel; llama: [gate; up], each split over TP) -> GELU (gpt2) or
-// SwiGLU (llama) -> linear_fc2 (row-parallel).  x (B*T, C) -> h (B*T, F_l or 2F_l) -> a (B*T, F_l) -> y.
-class MLP {
- public:
-  MLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store);
-  // a is the activation's output: gpt2 always keeps it (the GELU's output, from the fc1 GEMM's epilogue); llama
-  // keeps the SwiGLU output only when RecomputePolicy::norm_act is false, else recomputes it from h inside the
-  // SwiGLU backward's pass, which costs one extra write instead of keeping (B*T, F_l).
-  struct Saved {
-    Tensor h, a;
-  };
-  // y [+ *residual] (the residual added by fc2, see RowParallelLinear::forward).
-  Tensor forward(Saved& s, const Tensor& x, const Tensor* residual = nullptr) const;
-  // Consumes s (llama: h is overwritten by its gradient).
-  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
-
- private:
-  const ModelContext* ctx_;
-  int64_t ffn_local_;
-  ColumnParallelLinear linear_fc1_;
-  RowParallelLinear linear_fc2_;
 };
 
 }  // namespace mt

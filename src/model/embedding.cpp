@@ -26,7 +26,7 @@ bool sp(const ModelContext& c) { return c.ps->sequence_parallel && c.ps->tp_size
 
 Embedding::Embedding(const ModelContext& ctx, ParamStore& store) : ctx_(&ctx) {
   word_ = word_table(ctx, store, "embedding.word_embeddings.weight");
-  if (!ctx.llama()) {
+  if (ctx.features().position_embedding == PositionEmbedding::LearnedAbsolute) {
     ParamSpec s;
     s.name = "embedding.position_embeddings.weight";
     s.global_shape = {ctx.model->seq_length, ctx.model->hidden_size};

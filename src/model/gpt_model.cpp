@@ -33,10 +33,11 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
   const int64_t begin_post = store.local_numel();
   if (spec.post_process) {
     final_norm_ = std::make_unique<Norm>("decoder.final_layernorm", ctx.model->hidden_size, ctx, store);
-    // gpt2 ties the output layer to the word embeddings: the same parameter when this rank holds
-    // the embedding, else a copy kept in sync over the embedding group (first and last stage).
+    // Tied (untie_embeddings_and_output_weights false): the output layer reuses the word embeddings, the
+    // same parameter when this rank holds the embedding, else a copy kept in sync over the embedding group
+    // (first and last stage).
     Param* weight = nullptr;
-    if (ctx.llama()) {
+    if (ctx.features().untie_embeddings_and_output_weights) {
       weight = word_table(ctx, store, "output_layer.weight");
     } else if ((weight = store.find("embedding.word_embeddings.weight")) == nullptr) {
       weight = word_table(ctx, store, "embedding.word_embeddings.weight");

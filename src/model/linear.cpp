@@ -164,13 +164,18 @@ Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h) const {
 
 // ---------------------------------------------------------------- norm
 
-Norm::Norm(const std::string& name, int64_t hidden, const ModelContext& ctx, ParamStore& store) : ctx_(&ctx) {
-  weight_ = add_param(store, name + ".weight", {hidden}, -1, 1, ParamInit::Ones, ParamKind::Norm);
-  if (!ctx.llama()) bias_ = add_param(store, name + ".bias", {hidden}, -1, 1, ParamInit::Zeros, ParamKind::Norm);
-  // Under sequence parallelism each TP rank sees only its rows: the gradients are partial sums.
-  const bool sp = ctx.ps->sequence_parallel && ctx.ps->tp_size > 1;
-  weight_->spec.sequence_parallel_grad = sp;
-  if (bias_) bias_->spec.sequence_parallel_grad = sp;
+// Under sequence parallelism each TP rank sees only its rows: the gradients are partial sums.
+Norm::Norm(const std::string& name, int64_t hidden, const ModelContext& ctx, ParamStore& store)
+    : Norm(name, hidden, ctx.features().normalization, ctx.ps->sequence_parallel && ctx.ps->tp_size > 1, ctx, store) {}
+
+Norm::Norm(const std::string& name, int64_t dim, Normalization kind, bool partial_grad_over_tp, const ModelContext& ctx,
+           ParamStore& store)
+    : ctx_(&ctx) {
+  weight_ = add_param(store, name + ".weight", {dim}, -1, 1, ParamInit::Ones, ParamKind::Norm);
+  if (kind == Normalization::LayerNorm)
+    bias_ = add_param(store, name + ".bias", {dim}, -1, 1, ParamInit::Zeros, ParamKind::Norm);
+  weight_->spec.sequence_parallel_grad = partial_grad_over_tp;
+  if (bias_) bias_->spec.sequence_parallel_grad = partial_grad_over_tp;
 }
 
 void Norm::forward(Tensor& y, Saved& s, const Tensor& x) const {

@@ -64,10 +64,16 @@ class RowParallelLinear {
   Param* bias_ = nullptr;
 };
 
-// LayerNorm (gpt2: weight + bias) or RMSNorm (llama: weight), over the hidden dim, replicated.
+// LayerNorm (weight + bias) or RMSNorm (weight) over the last dim, replicated over TP.
 class Norm {
  public:
+  // The model's normalization (model.normalization) over the hidden dim of the residual stream.
   Norm(const std::string& name, int64_t hidden, const ModelContext& ctx, ParamStore& store);
+  // A norm of the given kind over `dim`; partial_grad_over_tp: each TP rank sees only part of the rows the
+  // weight applies to (sequence parallelism, or per-head norms of this rank's heads), so its gradient is a
+  // partial sum that is all-reduced over TP.
+  Norm(const std::string& name, int64_t dim, Normalization kind, bool partial_grad_over_tp, const ModelContext& ctx,
+       ParamStore& store);
   struct Saved {
     Tensor mean, rstd;  // (N)
   };

@@ -14,7 +14,7 @@ namespace mt {
 //   selective: each layer's attention core output (recomputed from q, k, v);
 //   full/uniform: the layers in groups of `num_layers`, keeping only each group's input;
 //   full/block: the first `num_layers` layers of each model chunk, each keeping only its input.
-// Independent of the mode, norm_act (training.recompute_norm_act): each layer's two norm outputs and llama's
+// Independent of the mode, norm_act (training.recompute_norm_act): each layer's two norm outputs and the
 // SwiGLU output are not kept but recomputed in backward from the norm inputs / the fc1 output (the same kernels
 // on the same inputs: the same bits); false keeps them.
 struct RecomputePolicy {
@@ -45,7 +45,8 @@ struct ModelContext {
   RecomputePolicy recompute;
   ParamSyncHooks* hooks = nullptr;  // null: nobody listens (single rank, inference)
   bool tp_comm_overlap = false;     // parallel.tp_comm_overlap (column-parallel backward)
-  bool llama() const { return model->arch == "llama"; }
+  // The model's features, resolved once (config/model_features.h): the only thing model code asks.
+  const ModelFeatures& features() const { return derived->features; }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
   Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }
 };

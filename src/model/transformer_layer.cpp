@@ -9,15 +9,25 @@ namespace mt {
 
 namespace {
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer); }
+
+// Norms of the residual stream see only this rank's rows under sequence parallelism: partial gradients.
+bool sequence_parallel_grads(const ModelContext& c) { return c.ps->sequence_parallel && c.ps->tp_size > 1; }
 }  // namespace
 
 TransformerLayer::TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store)
+    : TransformerLayer(layer_number, layer_spec(ctx.features(), layer_number), ctx, store) {}
+
+// Parameters are registered slot by slot (the flat buffer's order): norm, attention, norm, MLP.
+TransformerLayer::TransformerLayer(int layer_number, const TransformerLayerSpec& spec, const ModelContext& ctx,
+                                   ParamStore& store)
     : ctx_(&ctx),
       layer_(layer_number),
-      input_layernorm_(layer_prefix(layer_number) + ".input_layernorm", ctx.model->hidden_size, ctx, store),
-      self_attention_(layer_prefix(layer_number) + ".self_attention", ctx, store),
-      pre_mlp_layernorm_(layer_prefix(layer_number) + ".pre_mlp_layernorm", ctx.model->hidden_size, ctx, store),
-      mlp_(layer_prefix(layer_number) + ".mlp", ctx, store) {}
+      input_layernorm_(layer_prefix(layer_number) + ".input_layernorm", ctx.model->hidden_size, spec.norm,
+                       sequence_parallel_grads(ctx), ctx, store),
+      self_attention_(layer_prefix(layer_number) + ".self_attention", spec.self_attention, ctx, store),
+      pre_mlp_layernorm_(layer_prefix(layer_number) + ".pre_mlp_layernorm", ctx.model->hidden_size, spec.norm,
+                         sequence_parallel_grads(ctx), ctx, store),
+      mlp_(build_mlp(spec.mlp, layer_prefix(layer_number) + ".mlp", ctx, store)) {}
 
 Tensor TransformerLayer::norm_output(const Norm& norm, Tensor& kept, const Tensor& x) const {
   if (kept.defined()) return std::move(kept);  // released as soon as the caller is done with it
@@ -67,12 +77,12 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   pre_mlp_layernorm_.forward(ln2_out, s.n2, s.x_mid);
   Tensor out;
   if (!fuse) {
-    Tensor mlp_y = mlp_.forward(s.mlp, ln2_out);
+    Tensor mlp_y = mlp_->forward(s.mlp, ln2_out);
     if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, dropout_seed(step, 1), offset);
     out = c.empty({rows, C});
     ops::add(out, s.x_mid, mlp_y);
   } else {
-    out = mlp_.forward(s.mlp, ln2_out, &s.x_mid);
+    out = mlp_->forward(s.mlp, ln2_out, &s.x_mid);
   }
   if (keep_norm_outputs) s.ln2_out = ln2_out;
   s.complete = true;
@@ -101,7 +111,7 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 1), offset);
   }
-  Tensor dln2 = mlp_.backward(dy, s.mlp, norm_output(pre_mlp_layernorm_, s.ln2_out, s.x_mid));  // frees s.mlp
+  Tensor dln2 = mlp_->backward(dy, s.mlp, norm_output(pre_mlp_layernorm_, s.ln2_out, s.x_mid));  // frees s.mlp
   pre_mlp_layernorm_.backward_accumulate(dx, dln2, s.x_mid, s.n2);  // dx = dL/dx_mid
   dln2 = Tensor();
 

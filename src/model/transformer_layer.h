@@ -1,26 +1,28 @@
-// One pre-norm decoder layer, described by its slots (Megatron-Core's TransformerLayer):
+// One pre-norm decoder layer, assembled from its slots as layer_spec(layer_number) fills them
+// (Megatron-Core's TransformerLayer):
 //   x_mid = x + dropout(self_attention(input_layernorm(x)))
 //   x_out = x_mid + dropout(mlp(pre_mlp_layernorm(x_mid)))
 // Everything backward needs is kept per micro-batch in Saved (the pipeline keeps several in
-// flight). Under full recompute the model drops a layer's Saved but its input (complete = false)
+// flight); model/kept_tensors.h describes it for `megatrain plan` (test/plan checks the two agree). Under full recompute the model drops a layer's Saved but its input (complete = false)
 // and has the layer recompute it before backward. The norm outputs are kept only when
 // training.recompute_norm_act is false; by default backward recomputes each from the kept norm input
 // (one (rows, C) read and write) just before the weight gradient that needs it.
 #pragma once
 
-#include "model/attention.h"
+#include "model/layer_spec.h"
 
 namespace mt {
 
 class TransformerLayer {
  public:
   TransformerLayer(int layer_number, const ModelContext& ctx, ParamStore& store);
+  TransformerLayer(int layer_number, const TransformerLayerSpec& spec, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     Tensor x_in, x_mid;
     Tensor ln1_out, ln2_out;  // the norm outputs, when kept (RecomputePolicy::norm_act false)
     Norm::Saved n1, n2;
     SelfAttention::Saved attn;
-    MLP::Saved mlp;
+    std::shared_ptr<MLPState> mlp;  // the MLP slot module's own state
     bool complete = false;  // false when dropped for recompute
   };
   // x (rows, C) -> returns x_out (rows, C); rows = B*T, or B*T/tp under sequence parallelism.
@@ -45,7 +47,7 @@ class TransformerLayer {
   Norm input_layernorm_;
   SelfAttention self_attention_;
   Norm pre_mlp_layernorm_;
-  MLP mlp_;
+  std::unique_ptr<MLPModule> mlp_;
 };
 
 }  // namespace mt

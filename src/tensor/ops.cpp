@@ -537,10 +537,13 @@ void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
 // ---------------------------------------------------------------- attention
 
 namespace {
-void check_rope(const char* op, const Tensor& x, double theta) {
+void check_rope(const char* op, const Tensor& x, const RopeParams& rope) {
   need(op, x, "x");
   OP_ASSERT(x.dim() == 4 && x.size(3) % 2 == 0, "x ", x.str(), " should be (B, T, heads, D) with D even");
-  OP_ASSERT(theta > 0, "theta ", theta, " should be positive");
+  OP_ASSERT(rope.theta > 0, "theta ", rope.theta, " should be positive");
+  OP_ASSERT(!rope.scaling || (rope.factor > 0 && rope.high_freq_factor > rope.low_freq_factor && rope.low_freq_factor > 0),
+            "rope scaling factor ", rope.factor, ", low/high frequency factors ", rope.low_freq_factor, "/",
+            rope.high_freq_factor, " should be positive with high > low");
 }
 
 // q (B, T, H, D), k and v (B, T, G, D), H a multiple of G; returns the shape.
@@ -561,23 +564,23 @@ cuda::AttnShape cuda_shape(const cpu::AttnShape& s) { return {s.B, s.T, s.H, s.G
 #endif
 }  // namespace
 
-void rope_forward(Tensor& x, double theta, int64_t position_offset) {
+void rope_forward(Tensor& x, const RopeParams& rope, int64_t position_offset) {
   const char* op = "rope_forward";
-  check_rope(op, x, theta);
+  check_rope(op, x, rope);
   MT_DISPATCH(op, x,
-              (cuda::rope_forward_cuda<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), theta,
+              (cuda::rope_forward_cuda<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), rope,
                                           position_offset)),
-              cpu::rope_forward_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), theta,
+              cpu::rope_forward_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), rope,
                                        position_offset));
 }
 
-void rope_backward(Tensor& dx, double theta, int64_t position_offset) {
+void rope_backward(Tensor& dx, const RopeParams& rope, int64_t position_offset) {
   const char* op = "rope_backward";
-  check_rope(op, dx, theta);
+  check_rope(op, dx, rope);
   MT_DISPATCH(op, dx,
-              (cuda::rope_backward_cuda<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), theta,
+              (cuda::rope_backward_cuda<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), rope,
                                            position_offset)),
-              cpu::rope_backward_cpu<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), theta,
+              cpu::rope_backward_cpu<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), rope,
                                         position_offset));
 }
 
@@ -600,39 +603,40 @@ void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const 
               cpu::qkv_split_backward_cpu<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), s));
 }
 
-void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, double theta, int64_t position_offset) {
+void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, const RopeParams& rope,
+                            int64_t position_offset) {
   const char* op = "qkv_split_rope_forward";
   const cpu::AttnShape s = attn_shape(op, q, k, v);
   like_rows(op, q, qkv, "qkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
-  check_rope(op, q, theta);
+  check_rope(op, q, rope);
   if (q.device() == Device::CPU) {  // the reference: split, then rotate q and k
     qkv_split_forward(q, k, v, qkv);
-    rope_forward(q, theta, position_offset);
-    rope_forward(k, theta, position_offset);
+    rope_forward(q, rope, position_offset);
+    rope_forward(k, rope, position_offset);
     return;
   }
   MT_DISPATCH(op, q,
               (cuda::qkv_split_rope_forward_cuda<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(),
-                                                    cuda_shape(s), theta, position_offset)),
+                                                    cuda_shape(s), rope, position_offset)),
               (void)sizeof(T); unsupported(op, q));
 }
 
-void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, double theta,
+void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, const RopeParams& rope,
                              int64_t position_offset) {
   const char* op = "qkv_split_rope_backward";
   const cpu::AttnShape s = attn_shape(op, dq, dk, dv);
   like_rows(op, dq, dqkv, "dqkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
-  check_rope(op, dq, theta);
+  check_rope(op, dq, rope);
   if (dq.device() == Device::CPU) {  // the reference: rotate copies of dq and dk back, then the inverse split
     Tensor dq_r = dq.clone(), dk_r = dk.clone();
-    rope_backward(dq_r, theta, position_offset);
-    rope_backward(dk_r, theta, position_offset);
+    rope_backward(dq_r, rope, position_offset);
+    rope_backward(dk_r, rope, position_offset);
     qkv_split_backward(dqkv, dq_r, dk_r, dv);
     return;
   }
   MT_DISPATCH(op, dq,
               (cuda::qkv_split_rope_backward_cuda<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
-                                                     cuda_shape(s), theta, position_offset)),
+                                                     cuda_shape(s), rope, position_offset)),
               (void)sizeof(T); unsupported(op, dq));
 }
 

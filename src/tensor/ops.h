@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "tensor/rope_params.h"
 #include "tensor/tensor.h"
 
 namespace mt::ops {
@@ -82,10 +83,11 @@ void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
 
 // ---------------------------------------------------------------- attention
 // Rotary position embedding, in place on x (B, T, heads, D), rotate-half convention (HF, Megatron
-// default): for i < D/2 the pair (x[i], x[i + D/2]) is rotated by angle p * theta^(-2i/D),
+// default): for i < D/2 the pair (x[i], x[i + D/2]) is rotated by angle p * inv_freq_i,
+// inv_freq_i = theta^(-2i/D) (Llama-3-rescaled when rope.scaling: tensor/rope_params.h),
 // p = position_offset + t. Backward applies the inverse rotation to the gradient, in place.
-void rope_forward(Tensor& x, double theta, int64_t position_offset);
-void rope_backward(Tensor& dx, double theta, int64_t position_offset);
+void rope_forward(Tensor& x, const RopeParams& rope, int64_t position_offset);
+void rope_backward(Tensor& dx, const RopeParams& rope, int64_t position_offset);
 
 // qkv (B, T, G*(R+2)*D): for each query group g, R query heads, then one key head, then one value
 // head (Megatron's grouped layout; R = H / G). Splits into q (B,T,H,D), k (B,T,G,D), v (B,T,G,D).
@@ -94,8 +96,9 @@ void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const 
 // The same with rotary embeddings on q and k (llama), in one pass over the projection:
 // qkv_split_rope_forward = qkv_split_forward, then rope_forward on q and on k;
 // qkv_split_rope_backward = rope_backward on (copies of) dq and dk, then qkv_split_backward (dq, dk unchanged).
-void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, double theta, int64_t position_offset);
-void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, double theta,
+void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, const RopeParams& rope,
+                            int64_t position_offset);
+void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, const RopeParams& rope,
                              int64_t position_offset);
 
 // Determinism policy, process-wide (default on): every op gives bit-identical results run to run. Off lets a

@@ -2,8 +2,11 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <sstream>
+#include <string>
 
 #include "config/config_loader.h"
+#include "config/model_features.h"
 #include "core/log.h"
 #include "runtime/mpi_communicator.h"
 #include "train/convert.h"
@@ -147,6 +150,9 @@ int run_cli(int argc, char** argv) {
     if (!ckpt.empty())
       std::cerr << "megatrain config: warning: checkpoint.dir '" << cfg.checkpoint.dir << "' cannot be created here: "
                 << ckpt << "; megatrain train refuses it\n";
+    std::cout << "# resolved model features (model.arch " << cfg.model.arch << " fills the keys left null):\n";
+    std::istringstream features(describe_model_features(cfg, d.features));
+    for (std::string line; std::getline(features, line);) std::cout << "#   " << line << "\n";
     return 0;
   }
   return 0;

@@ -11,8 +11,10 @@
 #include <sstream>
 
 #include "config/config_loader.h"
+#include "config/model_features.h"
 #include "core/check.h"
 #include "model/gpt_model.h"
+#include "model/kept_tensors.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/rank_generator.h"
 #include "train/metrics.h"
@@ -31,7 +33,12 @@ DType activation_dtype(Precision precision) {
 }
 
 int64_t stat_size(DType act) { return act == DType::F64 ? 8 : 4; }  // Norm / attention / loss statistics
-int64_t norm_stats(const ModelConfig& m) { return m.arch == "llama" ? 1 : 2; }  // RMSNorm: rstd; LayerNorm: mean, rstd
+// Statistics a norm keeps per row (model/kept_tensors.h): RMSNorm rstd; LayerNorm mean, rstd.
+int64_t norm_stats(const ModelConfig& m) {
+  Config c;
+  c.model = m;
+  return static_cast<int64_t>(norm_kept("", resolve_model_features(c).normalization, 1).size());
+}
 
 std::string layer_pattern(const std::string& name) {
   static const std::regex layer_re("decoder\\.layers\\.[0-9]+\\.");
@@ -91,22 +98,20 @@ const char* recompute_mode_name(RecomputePolicy::Mode m) {
 
 int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
                                int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act) {
-  const int64_t N = B * T, C = m.hidden_size, e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
-  const int64_t rows = sequence_parallel ? N / tp : N;  // residual-stream rows this rank holds
-  if (mode == RecomputePolicy::Mode::Full) return rows * C * e;  // x_in only
-  const int64_t heads = m.num_attention_heads / tp;
-  const int64_t groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
-  const int64_t D = d.head_dim, ffn = d.ffn_hidden_size / tp, fc1 = ffn * (m.arch == "llama" ? 2 : 1);
-  int64_t bytes = 2 * rows * C * e;               // x_in, x_mid
-  if (keep_norm_act) bytes += 2 * rows * C * e;   // the norm outputs (else recomputed in backward)
-  bytes += 2 * norm_stats(m) * rows * s;          // n1, n2
-  bytes += (heads + 2 * groups) * D * N * e;      // attention q, k, v (all rows: gathered under SP)
-  if (mode == RecomputePolicy::Mode::None) {      // the attention core, dropped by selective recompute:
-    bytes += heads * D * N * e;                   //   out
-    bytes += B * heads * T * s;                   //   lse
-  }
-  bytes += N * fc1 * e;                           // mlp h (fc1 output)
-  if (m.arch != "llama" || keep_norm_act) bytes += N * ffn * e;  // a: GELU output; SwiGLU's unless recomputed
+  // What the layer keeps, as the model describes it (model/kept_tensors.h); layer 0's spec.
+  const int64_t e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
+  LayerDims ld;
+  ld.B = B;
+  ld.T = T;
+  ld.rows = sequence_parallel ? B * T / tp : B * T;  // residual-stream rows this rank holds
+  ld.hidden = m.hidden_size;
+  ld.heads = m.num_attention_heads / tp;
+  ld.groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
+  ld.head_dim = d.head_dim;
+  ld.ffn = d.ffn_hidden_size / tp;
+  int64_t bytes = 0;
+  for (const KeptTensor& t : layer_kept(layer_spec(d.features, 0), d.features.activation, ld, mode, keep_norm_act))
+    bytes += t.numel * (t.statistic ? s : e);
   return bytes;
 }
 

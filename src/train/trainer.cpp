@@ -270,7 +270,7 @@ TrainResult run_training(const Config& cfg) {
   run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer, ps, distributed);
   GradSyncOptions sync;
   sync.distributed_optimizer = distributed;
-  sync.tied_embeddings = cfg.model.arch == "gpt2";
+  sync.tied_embeddings = !d.features.untie_embeddings_and_output_weights;
   sync.overlap_grad_reduce = cfg.parallel.overlap_grad_reduce;
   sync.overlap_param_gather = cfg.parallel.overlap_param_gather;
   sync.num_microbatches = static_cast<int>(d.num_microbatches);

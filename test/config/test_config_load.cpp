@@ -54,6 +54,19 @@ const char* kAllKeysYaml = R"(model:
   norm_epsilon: 1.0e-6
   init_method_std: 0.006
   dropout: 0.1
+  normalization: rmsnorm
+  activation: swiglu
+  add_bias_linear: false
+  add_qkv_bias: true
+  qk_layernorm: true
+  kv_channels: 64
+  position_embedding_type: rope
+  untie_embeddings_and_output_weights: true
+  rope_scaling: true
+  rope_scaling_factor: 16.0
+  rope_scaling_low_freq_factor: 2.0
+  rope_scaling_high_freq_factor: 8.0
+  rope_scaling_original_max_position_embeddings: 4096
 parallel:
   tensor: 2
   pipeline: 4

@@ -117,6 +117,19 @@ TEST_CASE("gpt2 on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda
   compare("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2");
 }
 
+// Model features on the GPU (the split attention path with per-head q/k RMSNorm, a head dim of 24, a linear_qkv bias,
+// Llama-3 RoPE scaling; and GPT-2's features on the llama preset through the fused path).
+TEST_CASE("qwen3-like features on the GPU match the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][features]") {
+  compare("configs/ci/qwen3-tiny.yaml",
+          "--set model.add_qkv_bias=true --set model.rope_scaling=true --set model.rope_scaling_factor=4.0 "
+          "--set model.rope_scaling_original_max_position_embeddings=64",
+          "qwen3");
+}
+
+TEST_CASE("gpt2 features on the llama preset on the GPU match the CPU backend", "[cuda][training][features]") {
+  compare("configs/ci/llama-gpt2features-tiny.yaml", "", "gpt2features");
+}
+
 // training.deterministic: false reaches the kernels (cuDNN's atomic dQ backward at T 256, several key blocks per
 // query row): the bf16 run tracks the deterministic one within 2% but not bit for bit; two deterministic runs are
 // bit-identical.

@@ -1,6 +1,9 @@
 // Whole-model gradients against central finite differences in fp64, for the GPT-2 and the Llama
 // (grouped-query) variants, with and without dropout; full recompute gives identical gradients.
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "catch.h"
 #include "model_fixture.h"
@@ -206,4 +209,123 @@ TEST_CASE("initialization depends only on the seed and the parameter name", "[mo
   Param* pd = d.store->find("decoder.layers.1.mlp.linear_fc1.weight");
   REQUIRE((pa && pd));
   CHECK(std::memcmp(pa->value.raw(), pd->value.raw(), pa->value.nbytes()) == 0);
+}
+
+// ---------------------------------------------------------------- model features (model_features.h)
+
+namespace {
+// The llama preset (rmsnorm, swiglu, no biases, rope, untied) with features changed by `edit`.
+Config llama_with(void (*edit)(Config&)) {
+  Config c = tiny_config("llama");
+  edit(c);
+  return c;
+}
+
+std::vector<std::string> param_names(const TinyModel& m) {
+  std::vector<std::string> out;
+  for (const Param* p : m.store->params()) out.push_back(p->spec.name + shape_str(p->spec.global_shape));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("gpt2 features on the llama preset: the gpt2 model exactly, gradients match finite differences",
+          "[model][gradcheck][features]") {
+  Config c = tiny_config("gpt2");
+  c.model.arch = "llama";
+  c.model.normalization = "layernorm";
+  c.model.activation = "gelu";
+  c.model.add_bias_linear = true;
+  c.model.position_embedding_type = "learned_absolute";
+  c.model.untie_embeddings_and_output_weights = false;
+  TinyModel m(c), g(tiny_config("gpt2"));
+  // The same parameters (names, shapes, order), the same initial values, the same loss bit for bit.
+  CHECK(param_names(m) == param_names(g));
+  REQUIRE(m.store->flat_values().nbytes() == g.store->flat_values().nbytes());
+  CHECK(std::memcmp(m.store->flat_values().raw(), g.store->flat_values().raw(), m.store->flat_values().nbytes()) == 0);
+  const Batch b = make_batch(m, 4);
+  CHECK(loss_of(m, b, StepContext{}) == loss_of(g, b, StepContext{}));
+  check_model_gradients(m, StepContext{});
+}
+
+TEST_CASE("add_qkv_bias: a bias on linear_qkv only; gradients match finite differences", "[model][gradcheck][features]") {
+  TinyModel m(llama_with([](Config& c) { c.model.add_qkv_bias = true; }));
+  CHECK(m.store->find("decoder.layers.0.self_attention.linear_qkv.bias") != nullptr);
+  CHECK(m.store->find("decoder.layers.0.self_attention.linear_proj.bias") == nullptr);
+  CHECK(m.store->find("decoder.layers.0.mlp.linear_fc1.bias") == nullptr);
+  // init zero: perturb the biases so that their gradient paths are exercised away from 0
+  Param* bias = m.store->find("decoder.layers.1.self_attention.linear_qkv.bias");
+  REQUIRE(bias != nullptr);
+  for (int64_t i = 0; i < bias->value.numel(); ++i) bias->value.data<double>()[i] = 0.05 * static_cast<double>(i % 7 - 3);
+  check_model_gradients(m, StepContext{});
+}
+
+TEST_CASE("qk_layernorm with kv_channels != hidden/heads (GQA, rope): gradients match finite differences",
+          "[model][gradcheck][features]") {
+  Config c = llama_with([](Config& x) {
+    x.model.qk_layernorm = true;
+    x.model.kv_channels = 6;  // hidden 16 / 4 heads = 4
+  });
+  TinyModel m(c);
+  Param* qn = m.store->find("decoder.layers.0.self_attention.q_layernorm.weight");
+  Param* kn = m.store->find("decoder.layers.1.self_attention.k_layernorm.weight");
+  REQUIRE((qn && kn));
+  CHECK(qn->spec.global_shape == Shape{6});
+  CHECK(qn->spec.kind == ParamKind::Norm);  // no weight decay, like the other norms
+  CHECK(m.store->find("decoder.layers.0.self_attention.linear_qkv.weight")->spec.global_shape == Shape{2 * 4 * 6, 16});
+  CHECK(m.store->find("decoder.layers.0.self_attention.linear_proj.weight")->spec.global_shape == Shape{16, 4 * 6});
+  // the norm weights start at 1: move them so that their gradients are not a special case
+  for (Param* p : {qn, kn})
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<double>()[i] = 1.0 + 0.1 * static_cast<double>(i % 4);
+  check_model_gradients(m, StepContext{});
+  // selective and full recompute reproduce the gradients bit for bit
+  Batch b = make_batch(m, 8);
+  m.store->zero_grads();
+  backward_of(m, b, StepContext{});
+  for (RecomputePolicy p : {RecomputePolicy{RecomputePolicy::Mode::Selective, false, 1},
+                            RecomputePolicy{RecomputePolicy::Mode::Full, false, 2}}) {
+    TinyModel r(c, p);
+    r.store->flat_values().copy_from(m.store->flat_values());
+    r.store->zero_grads();
+    backward_of(r, b, StepContext{});
+    CHECK(std::memcmp(m.store->flat_grads().raw(), r.store->flat_grads().raw(), m.store->flat_grads().nbytes()) == 0);
+  }
+}
+
+TEST_CASE("kv_channels != hidden/heads with gelu, biases and no position embedding: gradients match",
+          "[model][gradcheck][features]") {
+  Config c = tiny_config("gpt2");
+  c.model.kv_channels = 3;  // odd: fine without rope
+  c.model.position_embedding_type = "none";
+  TinyModel m(c);
+  CHECK(m.store->find("embedding.position_embeddings.weight") == nullptr);
+  check_model_gradients(m, StepContext{});
+}
+
+TEST_CASE("rope_scaling (llama3): gradients match finite differences and the scaling changes the loss",
+          "[model][gradcheck][features]") {
+  // head dim 8, theta 10000: wavelengths 6.3, 63, 628, 6283; original max positions 64 with factors 1 / 4 put
+  // them in all three regimes (kept, smoothed, divided by the factor).
+  auto scaled = [](bool on) {
+    Config c = tiny_config("llama");
+    c.model.kv_channels = 8;
+    c.model.rope_scaling = on;
+    c.model.rope_scaling_factor = 4.0;
+    c.model.rope_scaling_original_max_position_embeddings = 64;
+    return c;
+  };
+  TinyModel m(scaled(true)), plain(scaled(false));
+  const Batch b = make_batch(m, 6);
+  CHECK(std::abs(loss_of(m, b, StepContext{}) - loss_of(plain, b, StepContext{})) > 1e-9);
+  check_model_gradients(m, StepContext{});
+}
+
+TEST_CASE("tied llama and untied gpt2: output layer parameters and gradients", "[model][gradcheck][features]") {
+  TinyModel tied(llama_with([](Config& c) { c.model.untie_embeddings_and_output_weights = false; }));
+  CHECK(tied.store->find("output_layer.weight") == nullptr);
+  check_model_gradients(tied, StepContext{});
+  Config u = tiny_config("gpt2");
+  u.model.untie_embeddings_and_output_weights = true;
+  TinyModel untied(u);
+  CHECK(untied.store->find("output_layer.weight") != nullptr);
+  check_model_gradients(untied, StepContext{});
 }

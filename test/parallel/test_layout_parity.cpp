@@ -1,9 +1,14 @@
 // Every parallel layout of the CPU backend against the single-rank run of the same config and
 // seed (through mpirun, ranks oversubscribed): per-iteration loss and gradient norm over 10
 // iterations agree to 1e-5 relative, for a GPT-2-style (tied embeddings, learned positions,
-// dropout) and a Llama-style (grouped-query attention) config. A resumed 8-rank run matches an
+// dropout) and a Llama-style (grouped-query attention) config, and (TP2+SP x PP2 x DP2 only) a
+// Qwen-style config with the model features qk_layernorm, kv_channels != hidden/heads, add_qkv_bias and
+// rope_scaling. A resumed 8-rank run matches an
 // uninterrupted one bit for bit. Invalid layouts are refused before anything is allocated.
 #include <cmath>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "catch.h"
 #include "common/run_binary.h"
@@ -53,12 +58,13 @@ std::string args(const std::string& config, const std::string& name, const std::
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
-void check_layouts(const std::string& config, const std::string& model_args, const std::string& tag) {
+void check_layouts(const std::string& config, const std::string& model_args, const std::string& tag,
+                   const std::vector<Layout>& layouts = std::vector<Layout>(std::begin(kLayouts), std::end(kLayouts))) {
   RunResult ref = run_megatrain(args(config, tag + "-single", model_args), tag + "-single");
   REQUIRE(ref.code == 0);
   auto single = read_metrics(temp_dir() / (tag + "-single.jsonl"));
   REQUIRE(single.size() == 10);
-  for (const Layout& l : kLayouts) {
+  for (const Layout& l : layouts) {
     const std::string name = tag + "-" + l.name;
     RunResult r = run_megatrain(args(config, name, model_args + " " + l.args), name, l.np);
     INFO(name << " (" << l.np << " ranks)\n" << r.err.substr(0, 2000));
@@ -82,6 +88,16 @@ TEST_CASE("llama GQA: every layout matches the single-rank run", "[parallel][par
 
 TEST_CASE("gpt2 with dropout: every layout matches the single-rank run", "[parallel][parity]") {
   check_layouts("configs/ci/tiny-gpt2.yaml", "--set model.dropout=0.1", "gpt2");
+}
+
+TEST_CASE("qk_layernorm + kv_channels + add_qkv_bias + rope_scaling: TP2+SP x PP2 x DP2 matches one rank",
+          "[parallel][parity][features]") {
+  // 4 layers are enough for PP2; kv_channels 24 with 4 heads of a 64-wide model.
+  check_layouts("configs/ci/qwen3-tiny.yaml",
+                "--set model.num_layers=4 --set model.add_qkv_bias=true --set model.rope_scaling=true "
+                "--set model.rope_scaling_factor=4.0 --set model.rope_scaling_original_max_position_embeddings=64",
+                "qwen3", {{"tp2sp-pp2-dp2", 8, "--set parallel.tensor=2 --set parallel.sequence_parallel=true "
+                                               "--set parallel.pipeline=2"}});
 }
 
 TEST_CASE("a resumed 8-rank run matches an uninterrupted one bit for bit", "[parallel][resume]") {

@@ -2,12 +2,16 @@
 // activation bytes per layer equal what a real forward keeps, the distributed optimizer divides
 // optimizer state over data-parallel ranks, the schedule gives the micro-batches in flight, and
 // the plan of configs/llama-3b.yaml on 8 ranks (TP2 PP2 DP2) is printed.
+#include <map>
 #include <memory>
 #include <random>
+#include <set>
+#include <string>
 
 #include "config/config_loader.h"
 #include "core/check.h"
 #include "model/gpt_model.h"
+#include "model/kept_tensors.h"
 #include "test/catch.h"
 #include "train/plan.h"
 
@@ -18,10 +22,12 @@ namespace {
 // If one of these fails, a layer keeps a new tensor per micro-batch: count it in plan.cpp's
 // layer_activation_bytes / chunk_extra_activation_bytes and in saved_bytes() below.
 static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(SelfAttention::Saved) == 5 * sizeof(Tensor));
-static_assert(sizeof(MLP::Saved) == 2 * sizeof(Tensor));
+static_assert(sizeof(SelfAttention::Saved) == 7 * sizeof(Tensor) + 2 * sizeof(Norm::Saved));
+static_assert(sizeof(DenseMLP::Saved) == 2 * sizeof(Tensor) + sizeof(MLPState));
 static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(TransformerLayer::Saved) == 15 * sizeof(Tensor) + alignof(Tensor));  // + bool complete
+static_assert(sizeof(TransformerLayer::Saved) == 4 * sizeof(Tensor) + 2 * sizeof(Norm::Saved) +
+                                                    sizeof(SelfAttention::Saved) + sizeof(std::shared_ptr<MLPState>) +
+                                                    alignof(Tensor));  // + bool complete
 
 Config tiny(const std::string& arch, int layers = 4) {
   Config c;
@@ -44,7 +50,25 @@ int64_t nb(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes
 int64_t saved_bytes(const Norm::Saved& s) { return nb(s.mean) + nb(s.rstd); }
 int64_t saved_bytes(const TransformerLayer::Saved& s) {
   return nb(s.x_in) + nb(s.x_mid) + nb(s.ln1_out) + nb(s.ln2_out) + saved_bytes(s.n1) + saved_bytes(s.n2) +
-         nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.mlp.h) + nb(s.mlp.a);
+         nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.attn.q_pre) +
+         nb(s.attn.k_pre) + saved_bytes(s.attn.q_norm) + saved_bytes(s.attn.k_norm) + (s.mlp ? s.mlp->nbytes() : 0);
+}
+
+// The tensors a layer keeps, by the names model/kept_tensors.h gives them.
+std::map<std::string, const Tensor*> kept_by_name(const TransformerLayer::Saved& s) {
+  std::map<std::string, const Tensor*> m = {
+      {"x_in", &s.x_in}, {"x_mid", &s.x_mid}, {"ln1_out", &s.ln1_out}, {"ln2_out", &s.ln2_out},
+      {"n1.mean", &s.n1.mean}, {"n1.rstd", &s.n1.rstd}, {"n2.mean", &s.n2.mean}, {"n2.rstd", &s.n2.rstd},
+      {"self_attention.q", &s.attn.q}, {"self_attention.k", &s.attn.k}, {"self_attention.v", &s.attn.v},
+      {"self_attention.out", &s.attn.out}, {"self_attention.lse", &s.attn.lse},
+      {"self_attention.q_pre", &s.attn.q_pre}, {"self_attention.k_pre", &s.attn.k_pre},
+      {"self_attention.q_norm.mean", &s.attn.q_norm.mean}, {"self_attention.q_norm.rstd", &s.attn.q_norm.rstd},
+      {"self_attention.k_norm.mean", &s.attn.k_norm.mean}, {"self_attention.k_norm.rstd", &s.attn.k_norm.rstd}};
+  if (const auto* mlp = dynamic_cast<const DenseMLP::Saved*>(s.mlp.get())) {
+    m["mlp.h"] = &mlp->h;
+    m["mlp.a"] = &mlp->a;
+  }
+  return m;
 }
 
 // A whole model on one rank, CPU, in `dtype`, initialized: the real thing the estimate models.
@@ -86,6 +110,59 @@ RecomputePolicy policy(RecomputePolicy::Mode mode, bool block = false, int num_l
   p.num_layers = num_layers;
   p.norm_act = norm_act;
   return p;
+}
+
+TEST_CASE("plan: activation bytes follow the model features", "[plan][features]") {
+  using Mode = RecomputePolicy::Mode;
+  // qk_layernorm (q, k before the norms and their statistics kept), kv_channels != hidden/heads, and the
+  // llama preset with layernorm + gelu (two statistics per norm, the GELU output kept).
+  Config qwen = tiny("llama");
+  qwen.model.qk_layernorm = true;
+  qwen.model.kv_channels = 12;
+  qwen.model.add_qkv_bias = true;
+  Config mixed = tiny("llama");
+  mixed.model.normalization = "layernorm";
+  mixed.model.activation = "gelu";
+  mixed.model.kv_channels = 6;
+  for (const Config& cfg : {qwen, mixed})
+    for (const RecomputePolicy& rp : {policy(Mode::None), policy(Mode::Selective), policy(Mode::None, false, 1, false)}) {
+      INFO("normalization " << cfg.model.normalization.value_or("preset") << " recompute "
+                            << recompute_mode_name(rp.mode) << " norm_act " << rp.norm_act);
+      RealModel m(cfg, DType::F64, rp);
+      const int64_t B = 3, T = 8;
+      GPTModel::MicroState st;
+      m.forward(st, B, T);
+      LayerDims ld;
+      ld.B = B;
+      ld.T = T;
+      ld.rows = B * T;
+      ld.hidden = cfg.model.hidden_size;
+      ld.heads = cfg.model.num_attention_heads;
+      ld.groups = m.d.num_query_groups;
+      ld.head_dim = m.d.head_dim;
+      ld.ffn = m.d.ffn_hidden_size;
+      for (const auto& layer : st.layers) {
+        CHECK(saved_bytes(layer) == layer_activation_bytes(m.cfg.model, m.d, 1, false, B, T, DType::F64, rp.mode,
+                                                           !rp.norm_act));
+        // The description names exactly the tensors the layer keeps, with their sizes.
+        std::map<std::string, const Tensor*> real = kept_by_name(layer);
+        const auto described =
+            layer_kept(layer_spec(m.d.features, 0), m.d.features.activation, ld, rp.mode, !rp.norm_act);
+        std::set<std::string> names;
+        for (const KeptTensor& t : described) {
+          INFO(t.name);
+          names.insert(t.name);
+          REQUIRE(real.count(t.name) == 1);
+          REQUIRE(real[t.name]->defined());
+          CHECK(real[t.name]->numel() == t.numel);
+        }
+        for (const auto& [name, t] : real)
+          if (t->defined()) CHECK(names.count(name) == 1);
+      }
+      const int64_t extra = nb(st.tokens) + nb(st.labels) + nb(st.final_in) + nb(st.final_out) +
+                            saved_bytes(st.final_norm) + nb(st.head.lse);
+      CHECK(extra == chunk_extra_activation_bytes(m.cfg.model, 1, false, B, T, DType::F64, true, true));
+    }
 }
 
 TEST_CASE("plan: activation bytes per layer equal what a real forward keeps", "[plan]") {

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "tensor/rope_params.h"
+
 namespace mt::ops::cpu {
 
 // ---------------------------------------------------------------- elementwise.cpp
@@ -78,9 +80,10 @@ template <typename T> void swiglu_backward_cpu(T* dinp, const T* dout, const T* 
 // ---------------------------------------------------------------- rope.cpp
 // x (B, T, heads, D), in place; the backward rotates by -angle.
 template <typename T>
-void rope_forward_cpu(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, double theta, int64_t position_offset);
+void rope_forward_cpu(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
+                      int64_t position_offset);
 template <typename T>
-void rope_backward_cpu(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, double theta,
+void rope_backward_cpu(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
                        int64_t position_offset);
 
 // ---------------------------------------------------------------- attention.cpp

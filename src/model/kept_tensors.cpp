@@ -1,0 +1,62 @@
+#include "model/kept_tensors.h"
+
+namespace mt {
+
+std::vector<KeptTensor> norm_kept(const std::string& name, Normalization kind, int64_t rows) {
+  std::vector<KeptTensor> out;
+  if (kind == Normalization::LayerNorm) out.push_back({name + ".mean", rows, true});
+  out.push_back({name + ".rstd", rows, true});
+  return out;
+}
+
+std::vector<KeptTensor> self_attention_kept(const SelfAttentionSpec& spec, const LayerDims& d,
+                                            RecomputePolicy::Mode mode) {
+  const int64_t N = d.B * d.T;  // attention sees every row (gathered under SP)
+  const int64_t qn = d.heads * d.head_dim * N, kn = d.groups * d.head_dim * N;
+  // q, k, v split out; on the GPU's fused path q is the whole projection and k, v are empty: the same total.
+  std::vector<KeptTensor> out = {{"self_attention.q", qn}, {"self_attention.k", kn}, {"self_attention.v", kn}};
+  if (spec.qk_layernorm) {  // q, k before their per-head RMSNorms, and the norms' statistics
+    out.push_back({"self_attention.q_pre", qn});
+    out.push_back({"self_attention.k_pre", kn});
+    for (auto& t : norm_kept("self_attention.q_norm", Normalization::RMSNorm, d.heads * N)) out.push_back(t);
+    for (auto& t : norm_kept("self_attention.k_norm", Normalization::RMSNorm, d.groups * N)) out.push_back(t);
+  }
+  if (mode == RecomputePolicy::Mode::None) {  // the attention core, dropped by selective recompute
+    out.push_back({"self_attention.out", qn});
+    out.push_back({"self_attention.lse", d.B * d.heads * d.T, true});
+  }
+  return out;
+}
+
+std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const LayerDims& d, bool keep_norm_act) {
+  switch (kind) {
+    case MLPKind::Dense: {
+      const int64_t N = d.B * d.T;
+      const bool swiglu = activation == Activation::SwiGLU;
+      std::vector<KeptTensor> out = {{"mlp.h", N * d.ffn * (swiglu ? 2 : 1)}};  // fc1 output
+      if (!swiglu || keep_norm_act) out.push_back({"mlp.a", N * d.ffn});     // GELU's; SwiGLU's unless recomputed
+      return out;
+    }
+  }
+  return {};
+}
+
+std::vector<KeptTensor> layer_kept(const TransformerLayerSpec& spec, Activation activation, const LayerDims& d,
+                                   RecomputePolicy::Mode mode, bool keep_norm_act) {
+  const int64_t rc = d.rows * d.hidden;
+  std::vector<KeptTensor> out = {{"x_in", rc}};
+  if (mode == RecomputePolicy::Mode::Full) return out;
+  out.push_back({"x_mid", rc});
+  if (keep_norm_act) {  // the norm outputs (else recomputed in backward)
+    out.push_back({"ln1_out", rc});
+    out.push_back({"ln2_out", rc});
+  }
+  auto append = [&out](std::vector<KeptTensor> v) { out.insert(out.end(), v.begin(), v.end()); };
+  append(norm_kept("n1", spec.norm, d.rows));
+  append(norm_kept("n2", spec.norm, d.rows));
+  append(self_attention_kept(spec.self_attention, d, mode));
+  append(mlp_kept(spec.mlp, activation, d, keep_norm_act));
+  return out;
+}
+
+}  // namespace mt

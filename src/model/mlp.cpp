@@ -1,0 +1,50 @@
+#include "model/mlp.h"
+
+#include "tensor/ops.h"
+
+namespace mt {
+
+DenseMLP::DenseMLP(const std::string& prefix, const ModelContext& ctx, ParamStore& store)
+    : ctx_(&ctx),
+      swiglu_(ctx.features().activation == Activation::SwiGLU),
+      ffn_local_(ctx.derived->ffn_hidden_size / ctx.ps->tp_size),
+      linear_fc1_(prefix + ".linear_fc1", ctx.model->hidden_size,
+                  static_cast<int64_t>(ctx.derived->ffn_hidden_size) * (swiglu_ ? 2 : 1),
+                  ctx.features().add_bias_linear, ParamInit::Normal, ctx, store, swiglu_ ? 2 : 1),
+      linear_fc2_(prefix + ".linear_fc2", ctx.derived->ffn_hidden_size, ctx.model->hidden_size,
+                  ctx.features().add_bias_linear, ParamInit::ScaledNormal, ctx, store) {}
+
+Tensor DenseMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual) const {
+  const ModelContext& c = *ctx_;
+  auto s = std::make_shared<Saved>();
+  state = s;
+  if (swiglu_) {
+    s->h = linear_fc1_.forward(x);
+    Tensor a = c.empty({s->h.size(0), ffn_local_});
+    ops::swiglu_forward(a, s->h);
+    if (!c.recompute.norm_act) s->a = a;  // else backward recomputes it from h
+    return linear_fc2_.forward(a, residual);
+  }
+  s->a = linear_fc1_.forward_gelu(x, &s->h);  // GELU in the GEMM's epilogue where possible
+  return linear_fc2_.forward(s->a, residual);
+}
+
+Tensor DenseMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const {
+  MT_INTERNAL_ASSERT(state, "DenseMLP::backward without a forward");
+  Saved& s = static_cast<Saved&>(*state);  // made by forward above
+  Tensor dh;
+  if (swiglu_ && !s.a.defined()) {
+    dh = linear_fc2_.backward_swiglu(dy, s.h);  // SwiGLU output recomputed, dh written over h
+  } else if (swiglu_) {
+    Tensor da = linear_fc2_.backward(dy, s.a);
+    s.a = Tensor();
+    dh = s.h;  // written over h: each element is read before it is overwritten
+    ops::swiglu_backward(dh, da, s.h);
+  } else {
+    dh = linear_fc2_.backward_gelu(dy, s.a, s.h);  // GELU gradient in the dx GEMM's epilogue where possible
+  }
+  state.reset();
+  return linear_fc1_.backward(dh, x);
+}
+
+}  // namespace mt
