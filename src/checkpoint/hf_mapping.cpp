@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "config/model_features.h"
 #include "core/check.h"
 
 namespace mt::hf {
@@ -223,7 +224,7 @@ ArchSpec parse_config(const json& j, const std::string& path, std::vector<std::s
 
 ModelConfig to_model_config(const ArchSpec& a, const std::string& path) {
   ModelConfig m;
-  m.arch = a.gpt2 ? "gpt2" : "llama";
+  m.arch = a.gpt2 ? "gpt2" : "llama";  // the preset; the features that differ from it are stated
   m.num_layers = a.num_layers;
   m.hidden_size = a.hidden_size;
   m.num_attention_heads = a.num_heads;
@@ -234,44 +235,68 @@ ModelConfig to_model_config(const ArchSpec& a, const std::string& path) {
   m.rope_theta = a.rope_theta;
   m.norm_epsilon = a.norm_epsilon;
   m.init_method_std = a.init_std;
-  auto missing = [&](const char* key, const char* feature) {
-    MT_CHECK(false, path, ": config.json '", key, "' needs ", feature, ", which this build of megatrain lacks");
-  };
-  if (!a.gpt2) {
-    if (a.tied) missing("tie_word_embeddings", "model.untie_embeddings_and_output_weights: false");
-    if (a.qkv_bias) missing("architectures (Qwen2: q/k/v biases)", "model.add_qkv_bias");
-    if (a.qk_norm) missing("architectures (Qwen3: q_norm/k_norm)", "model.qk_layernorm");
-    if (a.rope_scaling) missing("rope_scaling", "model.rope_scaling");
+  if (a.gpt2) return m;
+  if (a.tied) m.untie_embeddings_and_output_weights = false;
+  m.add_qkv_bias = a.qkv_bias;
+  m.qk_layernorm = a.qk_norm;
+  if (a.head_dim * a.num_heads != a.hidden_size) m.kv_channels = a.head_dim;
+  m.rope_scaling = a.rope_scaling;
+  if (a.rope_scaling) {
+    m.rope_scaling_factor = a.rope_factor;
+    m.rope_scaling_low_freq_factor = a.rope_low_freq_factor;
+    m.rope_scaling_high_freq_factor = a.rope_high_freq_factor;
+    m.rope_scaling_original_max_position_embeddings = a.rope_original_max_positions;
   }
-  if (a.head_dim * a.num_heads != a.hidden_size) missing("head_dim", "model.kv_channels");
+  (void)path;
   return m;
 }
 
-ArchSpec from_model_config(const ModelConfig& m, const std::string& architecture) {
+ArchSpec from_model_config(const Config& cfg, const std::string& architecture) {
+  const ModelConfig& m = cfg.model;
+  const ModelFeatures f = resolve_model_features(cfg);
   ArchSpec a;
-  a.gpt2 = m.arch == "gpt2";
   a.num_layers = m.num_layers;
   a.hidden_size = m.hidden_size;
   a.num_heads = m.num_attention_heads;
   a.num_kv_heads = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
-  a.head_dim = m.hidden_size / m.num_attention_heads;
+  a.head_dim = f.kv_channels;
   a.ffn_hidden_size = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
   a.vocab_size = m.vocab_size;
   a.max_positions = m.seq_length;
   a.rope_theta = m.rope_theta;
   a.norm_epsilon = m.norm_epsilon;
   a.init_std = m.init_method_std;
-  a.tied = a.gpt2;
-  if (a.gpt2) {
+  a.tied = !f.untie_embeddings_and_output_weights;
+  a.rope_scaling = f.rope_scaling.enabled;
+  a.rope_factor = f.rope_scaling.factor;
+  a.rope_low_freq_factor = f.rope_scaling.low_freq_factor;
+  a.rope_high_freq_factor = f.rope_scaling.high_freq_factor;
+  a.rope_original_max_positions = static_cast<int>(f.rope_scaling.original_max_position_embeddings);
+  const bool gpt2_like = f.normalization == Normalization::LayerNorm && f.activation == Activation::GELU &&
+                         f.add_bias_linear && f.position_embedding == PositionEmbedding::LearnedAbsolute && a.tied &&
+                         !f.qk_layernorm && a.head_dim * a.num_heads == a.hidden_size && a.num_kv_heads == a.num_heads;
+  const bool llama_like = f.normalization == Normalization::RMSNorm && f.activation == Activation::SwiGLU &&
+                          !f.add_bias_linear && f.position_embedding == PositionEmbedding::RoPE;
+  MT_CHECK(gpt2_like || llama_like, "the checkpoint's model (", describe_model_features(cfg, f),
+           ") is neither GPT-2 (layernorm, gelu, biases, learned positions, tied) nor Llama-like (rmsnorm, swiglu, no "
+           "linear biases, rope): no Hugging Face architecture megatrain exports holds it");
+  if (gpt2_like) {
+    a.gpt2 = true;
     a.architecture = "GPT2LMHeadModel", a.model_type = "gpt2";
-    MT_CHECK(architecture.empty() || architecture == a.architecture, "the checkpoint is a gpt2 model, not ", architecture);
-  } else if (architecture == "MistralForCausalLM") {
-    a.architecture = architecture, a.model_type = "mistral";
-  } else {
-    MT_CHECK(architecture.empty() || architecture == "LlamaForCausalLM", "the checkpoint's model has the tensors of "
-             "LlamaForCausalLM, not of ", architecture);
-    a.architecture = "LlamaForCausalLM", a.model_type = "llama";
+    MT_CHECK(architecture.empty() || architecture == a.architecture, "the checkpoint is a GPT-2 model, not ", architecture);
+    return a;
   }
+  a.qkv_bias = f.qkv_bias;
+  a.qk_norm = f.qk_layernorm;
+  MT_CHECK(!(a.qkv_bias && a.qk_norm), "the checkpoint's model has both q/k/v biases (Qwen2) and q/k norms (Qwen3): "
+                                       "no Hugging Face architecture megatrain exports has both");
+  std::string want = a.qk_norm ? "Qwen3ForCausalLM" : a.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  if (want == "LlamaForCausalLM" && architecture == "MistralForCausalLM") want = architecture;
+  MT_CHECK(architecture.empty() || architecture == want, "the checkpoint's model has the tensors of ", want,
+           ", not of ", architecture, " (the config.json it was imported from)");
+  a.architecture = want;
+  a.model_type = want == "Qwen3ForCausalLM" ? "qwen3" : want == "Qwen2ForCausalLM" ? "qwen2"
+                 : want == "MistralForCausalLM" ? "mistral" : "llama";
   return a;
 }
 

@@ -43,12 +43,14 @@ struct ArchSpec {
 // settings, training-only dropout: reported in *notes); anything else is an error naming the key.
 ArchSpec parse_config(const nlohmann::json& j, const std::string& path, std::vector<std::string>* notes);
 
-// The model section that reproduces `a` (throws mt::Error naming the config.json key when this build
-// of megatrain lacks the feature it needs).
+// The model section that reproduces `a`: model.arch as the preset, the feature keys that differ
+// from it stated (add_qkv_bias, qk_layernorm, kv_channels, untie_embeddings_and_output_weights,
+// rope_scaling*).
 ModelConfig to_model_config(const ArchSpec& a, const std::string& path);
 // The reverse for export: the architecture megatrain's model is (`architecture` picks one of several
 // that share the same tensors, e.g. Mistral; "" = the plainest that fits).
-ArchSpec from_model_config(const ModelConfig& m, const std::string& architecture);
+// Throws mt::Error when no supported architecture has the model's features.
+ArchSpec from_model_config(const Config& cfg, const std::string& architecture);
 
 // config.json for `a`. When `base` (the config.json the model was imported from) is an object, the
 // result is `base` with the keys it has rewritten from `a` (so unmapped keys such as token ids stay),

@@ -287,14 +287,14 @@ void convert_export(const ExportOptions& opt) {
   }
   hf::ArchSpec a;
   try {
-    a = hf::from_model_config(cfg.model, architecture);
+    a = hf::from_model_config(cfg, architecture);
   } catch (const Error& e) {
     // A config.json found beside the tokenizer may be another model's: then it is no base.
     if (!opt.hf_config.empty() || architecture.empty()) throw;
     std::fprintf(stderr, "note: %s is not this checkpoint's architecture (%s): writing a config.json of its own\n",
                  base_path.c_str(), e.what());
     base = nlohmann::ordered_json();
-    a = hf::from_model_config(cfg.model, "");
+    a = hf::from_model_config(cfg, "");
   }
 
   // The checkpoint's training.precision unless --dtype says otherwise.

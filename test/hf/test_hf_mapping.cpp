@@ -122,12 +122,14 @@ TEST_CASE("hf config: parse, refuse, ignore on purpose, and write back", "[hf]")
   CHECK(a.num_kv_heads == 2);
   CHECK(a.rope_theta == 50000.0);
   ModelConfig m = to_model_config(a, "m/config.json");
+  Config cfg;
+  cfg.model = m;
   CHECK(m.arch == "llama");
   CHECK(m.num_query_groups == 2);
   CHECK(m.seq_length == 128);
   // Written back over the original: the same keys and values.
   nlohmann::ordered_json base = nlohmann::ordered_json::parse(j.dump());
-  CHECK(json::parse(make_config(from_model_config(m, "LlamaForCausalLM"), "float32", base).dump()) == j);
+  CHECK(json::parse(make_config(from_model_config(cfg, "LlamaForCausalLM"), "float32", base).dump()) == j);
 
   auto error = [](json c) {
     try {
