@@ -32,8 +32,10 @@ using json = nlohmann::json;
 namespace {
 
 // A tiny model of `config` with random weights saved as a checkpoint in dir/ckpt.
-std::unique_ptr<HostModel> make_model(const std::string& config, const std::string& dir, int vocab) {
-  Config cfg = load_config(std::string(MT_SOURCE_DIR) + "/configs/ci/" + config, {"model.vocab_size=" + std::to_string(vocab)});
+std::unique_ptr<HostModel> make_model(const std::string& config, const std::string& dir, int vocab,
+                                      std::vector<std::string> overrides = {}) {
+  overrides.push_back("model.vocab_size=" + std::to_string(vocab));
+  Config cfg = load_config(std::string(MT_SOURCE_DIR) + "/configs/ci/" + config, overrides);
   auto host = build_host_model(cfg);
   host->store->initialize(99, 0.5, cfg.model.num_layers);  // large values: a wrong mapping shows in the logits
   save_host_model(*host, dir + "/ckpt", config_to_yaml(cfg), hf_test::world());
@@ -73,10 +75,23 @@ std::vector<float> logits_of(HostModel& h, const std::vector<int32_t>& ids) {
 }  // namespace
 
 TEST_CASE("convert: megatrain -> HF -> megatrain -> HF returns every tensor bit for bit", "[convert]") {
-  for (const char* config : {"tiny-llama.yaml", "tiny-gpt2.yaml"}) {
-    DYNAMIC_SECTION(config) {
+  struct Case {
+    std::string config;
+    std::vector<std::string> overrides;
+  };
+  // Llama (+ llama3 rope scaling), GPT-2, Qwen2 (qkv bias, tied), Qwen3 (q/k norms, head dim 24).
+  const std::vector<Case> cases = {
+      {"tiny-llama.yaml", {}},
+      {"tiny-llama.yaml", {"model.rope_scaling=true", "model.rope_scaling_original_max_position_embeddings=16"}},
+      {"tiny-gpt2.yaml", {}},
+      {"qwen2-tiny.yaml", {}},
+      {"qwen3-tiny.yaml", {}},
+      {"llama-gpt2features-tiny.yaml", {}}};  // GPT-2 by its features: exported as GPT2LMHeadModel
+  for (const Case& c : cases) {
+    const std::string config = c.config;
+    DYNAMIC_SECTION(config << " " << c.overrides.size()) {
       hf_test::TempDir d;
-      auto orig = make_model(config, d.path, 120);  // padded to 128: the padding rows stay out of HF
+      auto orig = make_model(config, d.path, 120, c.overrides);  // padded to 128: the padding rows stay out of HF
       ExportOptions ex;
       ex.checkpoint = d.path + "/ckpt";
       ex.output = d.path + "/hf";
@@ -85,8 +100,10 @@ TEST_CASE("convert: megatrain -> HF -> megatrain -> HF returns every tensor bit 
       REQUIRE(fs::exists(d.path + "/hf/config.json"));
       REQUIRE(fs::exists(d.path + "/hf/generation_config.json"));
       st::Archive ar(d.path + "/hf");
-      CHECK(ar.find(std::string(config) == "tiny-gpt2.yaml" ? "transformer.wte.weight" : "model.embed_tokens.weight")
-                ->info->shape == Shape{120, 64});
+      const bool gpt2 = config == "tiny-gpt2.yaml" || config == "llama-gpt2features-tiny.yaml";
+      const st::Archive::Entry* emb = ar.find(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight");
+      REQUIRE(emb != nullptr);
+      CHECK(emb->info->shape == Shape{120, 64});
 
       ImportOptions im;
       im.hf_dir = d.path + "/hf";
@@ -154,6 +171,16 @@ TEST_CASE("convert: megatrain -> HF -> megatrain -> HF returns every tensor bit 
       CHECK(json::parse(std::ifstream(d.path + "/hf4/config.json")) == json::parse(std::ifstream(d.path + "/hf3/config.json")));
     }
   }
+}
+
+TEST_CASE("convert: export refuses a model no supported architecture has", "[convert]") {
+  hf_test::TempDir d;
+  make_model("tiny-llama.yaml", d.path, 128, {"model.normalization=layernorm"});  // layernorm + swiglu
+  ExportOptions ex;
+  ex.checkpoint = d.path + "/ckpt";
+  ex.output = d.path + "/hf";
+  CHECK_THROWS_WITH(convert_export(ex), Catch::Contains("no Hugging Face architecture"));
+  CHECK(!fs::exists(d.path + "/hf"));
 }
 
 TEST_CASE("convert: export refuses to write over a folder; inspect prints the checkpoint", "[convert]") {
