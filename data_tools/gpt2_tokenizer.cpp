@@ -90,9 +90,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const Gpt2Tokenizer& o)
 std::unique_ptr<Tokenizer> Gpt2Tokenizer::clone() const { return std::unique_ptr<Tokenizer>(new Gpt2Tokenizer(*this)); }
 
 void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids) {
-  pieces_.clear();
-  pretokenize(PreTokenizerPattern::kGpt2, text, &pieces_);
-  for (std::string_view p : pieces_) encoder_->encode(p, ids);
+  pretokenize_each(PreTokenizerPattern::kGpt2, text, [&](std::string_view p) { encoder_->encode(p, ids); });
 }
 
 std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {

@@ -29,7 +29,6 @@ class Gpt2Tokenizer : public Tokenizer {
   int32_t eod_id_ = -1;
   std::shared_ptr<const BpeModel> model_;
   std::unique_ptr<BpeEncoder> encoder_;
-  std::vector<std::string_view> pieces_;
 };
 
 // Token texts by id from a JSON object {token: id} (encoder.json, tokenizer.json's model.vocab);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -293,26 +294,31 @@ void HfTokenizer::encode(std::string_view text, std::vector<int32_t>* ids) {
 void HfTokenizer::encode_segment(std::string_view text, std::vector<int32_t>* ids) {
   if (text.empty()) return;
   const Config& c = *cfg_;
-  owned_.clear();
+  std::string normalized;
   if (c.nfc) {
-    owned_.push_back(nfc(text));
-    text = owned_.back();
+    normalized = nfc(text);
+    text = normalized;
   }
-  pieces_.assign(1, text);
-  for (const PreStage& s : c.stages) {
-    next_pieces_.clear();
-    for (std::string_view p : pieces_) {
-      if (s.byte_level && s.add_prefix_space && !p.starts_with(' ')) {
-        std::string& spaced = owned_.emplace_back(1, ' ');
-        spaced.append(p);
-        p = spaced;
-      }
-      if (s.use_regex) pretokenize(s.pattern, p, &next_pieces_);
-      else next_pieces_.push_back(p);
+  // Each pre-tokenizer stage splits the pieces of the one before and hands its own on, the last
+  // to BPE: no stage holds a list of the whole text's pieces (memory bounded on a huge line).
+  std::function<void(std::string_view, size_t)> stage = [&](std::string_view p, size_t k) {
+    if (k == c.stages.size()) {
+      encoder_->encode(p, ids);
+      return;
     }
-    pieces_.swap(next_pieces_);
-  }
-  for (std::string_view p : pieces_) encoder_->encode(p, ids);
+    const PreStage& s = c.stages[k];
+    std::string spaced;
+    if (s.byte_level && s.add_prefix_space && !p.starts_with(' ')) {
+      spaced = " ";
+      spaced.append(p);
+      p = spaced;
+    }
+    if (s.use_regex)
+      pretokenize_each(s.pattern, p, [&](std::string_view q) { stage(q, k + 1); });
+    else
+      stage(p, k + 1);
+  };
+  stage(text, 0);
 }
 
 std::string HfTokenizer::decode(std::span<const int32_t> ids) const {

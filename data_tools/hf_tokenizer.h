@@ -13,7 +13,6 @@
 // decode: added tokens give their content, other ids their bytes (ByteLevel decoder).
 #pragma once
 
-#include <deque>
 
 #include "data_tools/bpe.h"
 #include "data_tools/pretokenizer.h"
@@ -42,8 +41,6 @@ class HfTokenizer : public Tokenizer {
 
   std::shared_ptr<const Config> cfg_;
   std::unique_ptr<BpeEncoder> encoder_;
-  std::vector<std::string_view> pieces_, next_pieces_;
-  std::deque<std::string> owned_;  // normalized segments, pieces with a prepended space
 };
 
 }  // namespace mt::data

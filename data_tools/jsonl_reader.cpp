@@ -50,6 +50,29 @@ void LineReader::fill() {
 }
 
 bool LineReader::next(std::string_view* line) {
+  owned_ = false;
+  if (!next_raw(line)) return false;
+  owned_ = line->data() == long_line_.data();
+  // A UTF-8 byte order mark at the start of the file (Windows editors write one) is not text.
+  if (line_no_ == 1 && line->substr(0, 3) == "\xEF\xBB\xBF") {
+    line->remove_prefix(3);
+    if (owned_) {
+      long_line_.erase(0, 3);
+      *line = long_line_;
+    }
+  }
+  return true;
+}
+
+std::string LineReader::release_line() {
+  MT_INTERNAL_ASSERT(owned_, "release_line without an owned line");
+  owned_ = false;
+  std::string out;
+  out.swap(long_line_);
+  return out;
+}
+
+bool LineReader::next_raw(std::string_view* line) {
   long_line_.clear();
   bool spanning = false;
   for (;;) {

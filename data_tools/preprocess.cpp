@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,7 +52,6 @@ struct Chunk {
 void encode_chunk(Chunk& c, const PreprocessOptions& o, Tokenizer& tok) {
   c.out.assign(o.json_keys.size(), KeyOutput{});
   JsonLineParser parser(o.json_keys);
-  std::vector<int32_t> ids;
   size_t begin = 0;
   for (size_t i = 0; i < c.ends.size(); begin = c.ends[i], ++i) {
     const std::string_view line(c.text.data() + begin, c.ends[i] - begin);
@@ -80,11 +80,13 @@ void encode_chunk(Chunk& c, const PreprocessOptions& o, Tokenizer& tok) {
       KeyOutput& out = c.out[k];
       int32_t nseq = 0;
       for (std::string_view s : parser.fields()[k].strings) {
-        ids.clear();
-        tok.encode(s, &ids);
-        if (ids.empty()) continue;
-        out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
-        out.seq_lens.push_back(static_cast<int32_t>(ids.size()));
+        const size_t before = out.tokens.size();
+        tok.encode(s, &out.tokens);  // straight into the chunk's tokens: no copy of a huge document's ids
+        const size_t n = out.tokens.size() - before;
+        if (n == 0) continue;
+        MT_CHECK(n <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), c.file, ":", line_no, ": a text of ",
+                 n, " tokens is over the format's limit of 2^31 - 1 per sequence; split the document");
+        out.seq_lens.push_back(static_cast<int32_t>(n));
         ++nseq;
       }
       if (nseq > 0 && o.append_eod) {
@@ -157,7 +159,10 @@ struct Pipeline {
         std::string_view line;
         int64_t bytes_before = 0;
         while (in.next(&line)) {
-          c->text.append(line);
+          if (c->ends.empty() && in.line_is_owned() && line.size() >= opt.chunk_bytes)
+            c->text = in.release_line();  // a huge line becomes the chunk's text without a copy
+          else
+            c->text.append(line);
           c->ends.push_back(c->text.size());
           if (c->text.size() >= opt.chunk_bytes) {
             c->input_bytes = in.bytes_read() - bytes_before;
@@ -315,6 +320,14 @@ PreprocessStats preprocess(const PreprocessOptions& o, const std::atomic<bool>* 
     st.input_bytes += c->input_bytes;
     progress_pos = c->progress_pos;
   }
+  // An input without a single document (empty, blank or all lines skipped as bad) would give a
+  // dataset that training cannot read: refused, and nothing is written (the writers remove their
+  // temporary files).
+  MT_CHECK(st.documents > 0, "preprocess: the input has no documents (", st.lines, " lines: ", st.blank_lines,
+           " blank, ", st.bad_lines, " skipped as bad); nothing was written under ", o.output_prefix,
+           "; check --input");
+  MT_CHECK(writers[0]->num_tokens() > 0, "preprocess: the ", st.documents, " documents of the input have no tokens (",
+           "every text is empty); nothing was written under ", o.output_prefix, "; check --input and --json-keys");
   for (auto& w : writers) w->finalize();
   st.sequences = writers[0]->num_sequences();
   st.tokens = writers[0]->num_tokens();

@@ -3,6 +3,10 @@
 // position i, trying the regex alternatives in order as a backtracking regex engine would.
 #include "data_tools/pretokenizer.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+
 #include "core/check.h"
 #include "data_tools/unicode.h"
 
@@ -100,29 +104,56 @@ size_t match_llama3(const Char* c, size_t i, size_t n) {
 
 }  // namespace
 
-void pretokenize(PreTokenizerPattern pattern, std::string_view text, std::vector<std::string_view>* out) {
+// Decodes the text a window of characters at a time (memory bounded by the window and the longest
+// piece, not by the text: one 50 MB line used to take 12 bytes per character here). A match is
+// kept only when the window cannot have changed it: the matchers read forward from i only, and
+// what decides a match's end is the run of white space after it (\s+(?!\S), \s*[\r\n]+) and a
+// few characters more; otherwise the unmatched rest moves to the front and the window refills.
+void pretokenize_each(PreTokenizerPattern pattern, std::string_view text,
+                      const std::function<void(std::string_view)>& emit, size_t window) {
   if (text.empty()) return;
   MT_CHECK(text.size() < (size_t{1} << 32), "pre-tokenizer: a text of ", text.size(),
            " bytes is over the 4 GiB limit of one document; split the document");
-  thread_local std::vector<Char> chars;
-  chars.clear();
+  const size_t kWindow = std::max<size_t>(window, 8);  // characters
+  constexpr size_t kMargin = 4;                        // characters past a match that may decide it
+  std::vector<Char> chars;  // not thread_local: pre-tokenizer stages nest (hf_tokenizer.cpp)
   auto p = reinterpret_cast<const unsigned char*>(text.data());
   auto end = p + text.size();
-  for (auto q = p; q < end;) {
-    Char ch;
-    ch.off = static_cast<uint32_t>(q - p);
-    q += utf8_decode(q, end, &ch.cp);
-    ch.f = char_flags(ch.cp);
-    chars.push_back(ch);
+  auto q = p;  // next byte to decode
+  size_t want = kWindow;
+  for (;;) {
+    while (q < end && chars.size() < want) {
+      Char ch;
+      ch.off = static_cast<uint32_t>(q - p);
+      q += utf8_decode(q, end, &ch.cp);
+      ch.f = char_flags(ch.cp);
+      chars.push_back(ch);
+    }
+    const bool last = q == end;
+    const size_t n = chars.size();
+    chars.push_back(Char{static_cast<uint32_t>(q - p), 0, kOther});  // sentinel: offset of the window's end
+    const Char* c = chars.data();
+    size_t i = 0;
+    while (i < n) {
+      const size_t e = pattern == PreTokenizerPattern::kGpt2 ? match_gpt2(c, i, n) : match_llama3(c, i, n);
+      if (!last) {
+        size_t j = e;
+        while (j < n && is_s(c[j])) ++j;
+        if (j + kMargin > n) break;  // the window's end may change this match: refill first
+      }
+      emit(text.substr(c[i].off, c[e].off - c[i].off));
+      i = e;
+    }
+    chars.pop_back();
+    if (last) break;
+    chars.erase(chars.begin(), chars.begin() + static_cast<std::ptrdiff_t>(i));
+    want = i == 0 ? 2 * want : kWindow;  // one piece longer than the window: widen it
+    want = std::max(want, chars.size() + kWindow / 2);
   }
-  const size_t n = chars.size();
-  chars.push_back(Char{static_cast<uint32_t>(text.size()), 0, kOther});  // sentinel: offset of the end
-  const Char* c = chars.data();
-  for (size_t i = 0; i < n;) {
-    const size_t e = pattern == PreTokenizerPattern::kGpt2 ? match_gpt2(c, i, n) : match_llama3(c, i, n);
-    out->push_back(text.substr(c[i].off, c[e].off - c[i].off));
-    i = e;
-  }
+}
+
+void pretokenize(PreTokenizerPattern pattern, std::string_view text, std::vector<std::string_view>* out) {
+  pretokenize_each(pattern, text, [out](std::string_view piece) { out->push_back(piece); });
 }
 
 }  // namespace mt::data

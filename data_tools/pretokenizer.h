@@ -8,6 +8,7 @@
 // \s is the White_Space property, \p{L} / \p{N} the general categories L* / N* (see unicode.h).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -26,5 +27,10 @@ const char* pattern_name(PreTokenizerPattern p);
 
 // Appends the regex's matches in text, left to right, to out (views into text).
 void pretokenize(PreTokenizerPattern pattern, std::string_view text, std::vector<std::string_view>* out);
+// The same pieces, handed to emit one by one, in memory bounded by a window of characters (and
+// the longest piece), whatever the text's length. window: characters decoded at a time (tests
+// use small ones; the pieces never depend on it).
+void pretokenize_each(PreTokenizerPattern pattern, std::string_view text,
+                      const std::function<void(std::string_view)>& emit, size_t window = size_t{1} << 16);
 
 }  // namespace mt::data

@@ -1,22 +1,50 @@
 // megatrain entry point: MPI start-up (also as a plain process), the command line, and the rule
 // that bad input ends in one clear line on stderr and a non-zero exit.
+//
+// One job, one voice: an error in the configuration ("config FILE: ...") is found by every rank
+// alike, before any communication, so rank 0 alone prints it and every rank finalizes MPI and
+// exits 1 (no MPI_Abort: Open MPI would add its abort banner; `mpirun -q` also silences mpirun's
+// own "exited with non-zero status" notice). Any other error may be one rank's alone (its data
+// file, a device): that rank prints it with its rank and aborts the job, so no rank waits forever.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "core/check.h"
 #include "runtime/mpi_communicator.h"
 #include "train/cli.h"
 
+namespace {
+
+bool is_config_error(const std::string& msg) { return msg.rfind("config ", 0) == 0; }
+
+// `megatrain config` and `megatrain plan` check a configuration for --world-size ranks without
+// communicating: no MPI start-up (about a second for a lone process under Open MPI).
+bool needs_mpi(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "";
+  return cmd != "config" && cmd != "plan";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  mt::mpi_init(&argc, &argv);
+  if (needs_mpi(argc, argv)) mt::mpi_init(&argc, &argv);
   int code = 0;
   try {
     code = mt::run_cli(argc, argv);
   } catch (const mt::Error& e) {
-    if (mt::mpi_world_size() > 1)
-      std::fprintf(stderr, "megatrain: error (rank %d): %s\n", mt::mpi_world_rank(), e.what());
+    const std::string msg = e.what();
+    const int world = mt::mpi_world_size(), rank = mt::mpi_world_rank();
+    if (world > 1 && is_config_error(msg)) {
+      if (rank == 0) std::fprintf(stderr, "megatrain: error: %s\n", msg.c_str());
+      std::fflush(stderr);
+      mt::mpi_finalize();
+      return 1;
+    }
+    if (world > 1)
+      std::fprintf(stderr, "megatrain: error (rank %d): %s\n", rank, msg.c_str());
     else
-      std::fprintf(stderr, "megatrain: error: %s\n", e.what());
+      std::fprintf(stderr, "megatrain: error: %s\n", msg.c_str());
     std::fflush(stderr);
     mt::mpi_abort(1);
   } catch (const std::exception& e) {

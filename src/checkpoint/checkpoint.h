@@ -14,7 +14,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,10 +50,46 @@ struct SaveRequest {
 // Collective over `world`: every rank calls it. Returns the final checkpoint path.
 std::string save_checkpoint(const SaveRequest& req, Communicator& world);
 
-// Resolves checkpoint.load: "auto" -> DIR/latest if present (else ""), "none" -> "", else PATH
-// (a checkpoint directory, or a DIR holding `latest`). Throws mt::Error if an explicit path is
-// not a complete checkpoint (no DONE / no manifest).
+// checkpoint.async_save: the same save with phase 2 (each rank writing its shard) on a background
+// thread. The constructor (collective) creates the temp directory; the tensors of `req` must be
+// host copies that nothing else changes (a snapshot). written() says whether this rank's shard is
+// on disk; finish() (collective) waits for it, then agrees and commits (manifest, DONE, rename,
+// latest, prune) exactly as save_checkpoint does, throwing the agreed error of any rank. A process
+// killed before finish() leaves only a temp directory: the newest complete checkpoint is untouched.
+class AsyncSave {
+ public:
+  AsyncSave(SaveRequest req, Communicator& world);
+  ~AsyncSave();  // waits for the thread; never commits
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+  bool written() const;
+  std::string finish();
+  int64_t iteration() const { return req_.iteration; }
+
+ private:
+  SaveRequest req_;
+  Communicator& world_;
+  std::string nonce_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  bool done_ = false;
+  int failure_kind_ = 0;
+  std::string failure_msg_;
+};
+
+// Resolves checkpoint.load: "auto" -> the newest complete checkpoint in DIR (the one DIR/latest
+// names; when latest is missing, dangling or stale the newest complete one still wins, with a
+// warning saying why), "" when DIR holds none; "none" -> ""; else PATH (a checkpoint directory, or
+// a DIR holding `latest`). Throws mt::Error if an explicit path is not a complete checkpoint (no
+// DONE / no manifest), or latest names a checkpoint that is damaged and nothing newer is complete.
 std::string resolve_load_path(const std::string& load, const std::string& dir);
+
+// The complete checkpoints in DIR (iter_N directories holding DONE), by iteration, oldest first.
+std::vector<std::pair<int64_t, std::string>> list_complete_checkpoints(const std::string& dir);
+
+// A run that starts at start_iteration and saves into DIR must never replace a complete checkpoint:
+// throws mt::Error naming it when DIR holds a complete checkpoint of a later iteration.
+void refuse_overwrite(const std::string& dir, int64_t start_iteration);
 
 namespace detail {
 struct LoadIndex;  // parsed manifest + the shard tensors whose sha256 was verified (checkpoint_load.cpp)

@@ -10,10 +10,12 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/ckpt_util.h"
+#include "core/log.h"
 #include "core/sha256.h"
 
 namespace mt::ckpt {
@@ -159,11 +161,74 @@ std::map<std::string, uint64_t> index_manifest(const json& m, detail::LoadIndex*
 
 }  // namespace
 
+std::vector<std::pair<int64_t, std::string>> list_complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    int64_t it = 0;
+    if (detail::parse_iter_dir_name(entry.path().filename().string(), &it) && is_dir(entry.path()) &&
+        is_file(entry.path() / "DONE"))
+      out.emplace_back(it, entry.path().string());
+  }
+  MT_CHECK(!ec, "checkpoint: cannot list ", dir, ": ", ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+// checkpoint.load: auto. The newest complete checkpoint in DIR, which is normally the one DIR/latest
+// names. When latest is missing, dangling or stale (a crash between renaming a checkpoint into place
+// and updating latest, or a deleted file) the newest complete checkpoint still wins, with a warning
+// saying why: starting fresh there would overwrite complete checkpoints.
+std::string resolve_auto(const fs::path& dir) {
+  const auto complete = list_complete_checkpoints(dir.string());
+  const fs::path latest = dir / "latest";
+  std::error_code ec;
+  const bool latest_present = fs::exists(fs::symlink_status(latest, ec));
+  if (complete.empty()) {
+    // Nothing complete to resume from: a latest that names something is still an error (the user
+    // must decide), an empty DIR is a fresh start.
+    if (latest_present) return follow_latest(dir);
+    return "";
+  }
+  const std::string& newest = complete.back().second;
+  const std::string newest_name = fs::path(newest).filename().string();
+  std::string why;
+  if (!latest_present) {
+    why = str_cat(latest.string(), " is missing");
+  } else if (!is_file(latest)) {
+    why = str_cat(latest.string(), " is a dangling link or not a file");
+  } else {
+    std::string named;
+    try {
+      named = trim(detail::read_text_file(latest.string()));
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (why.empty()) {
+      if (named == newest_name) return newest;
+      const fs::path target = dir / named;
+      int64_t it = 0;
+      if (!named.empty() && named.find('/') == std::string::npos && is_dir(target) && !is_file(target / "DONE") &&
+          detail::parse_iter_dir_name(named, &it) && it > complete.back().first)
+        require_complete(target);  // a newer, damaged checkpoint: refuse rather than silently go back
+      why = named.empty()       ? str_cat(latest.string(), " is empty")
+            : !is_dir(target) ? str_cat(latest.string(), " names '", named, "', which does not exist")
+                            : str_cat(latest.string(), " names ", named, ", but ", newest_name,
+                                      " is newer and complete (a crash before latest was updated?)");
+    }
+  }
+  log::warn("checkpoint: resuming from {}, the newest complete checkpoint in {}: {}", newest, dir.string(), why);
+  return newest;
+}
+}  // namespace
+
 std::string resolve_load_path(const std::string& load, const std::string& dir) {
   if (load == "none" || load.empty()) return "";
   if (load == "auto") {
-    if (dir.empty() || !fs::exists(fs::path(dir) / "latest")) return "";  // fresh start
-    return follow_latest(dir);
+    if (dir.empty()) return "";
+    return resolve_auto(dir);
   }
   const fs::path p = load;
   MT_CHECK(is_dir(p), "checkpoint.load: ", load, " does not exist or is not a directory");
@@ -173,12 +238,59 @@ std::string resolve_load_path(const std::string& load, const std::string& dir) {
   return p.string();
 }
 
+void refuse_overwrite(const std::string& dir, int64_t start_iteration) {
+  const auto complete = list_complete_checkpoints(dir);
+  if (complete.empty() || complete.back().first <= start_iteration) return;
+  throw Error(str_cat("checkpoint.dir ", dir, " holds the complete checkpoint ", complete.back().second,
+                      " (iteration ", complete.back().first, "), newer than this run's start at iteration ",
+                      start_iteration, ", which later saves would overwrite: set checkpoint.load: auto (and "
+                      "checkpoint.finetune: false) to resume from it, or choose another checkpoint.dir"));
+}
+
+namespace {
+// The manifest checksum that DONE records ("manifest_sha256 <hex>" on its second line), "" if none.
+std::string done_manifest_sha256(const std::string& done_path) {
+  const std::string text = detail::read_text_file(done_path);
+  const std::string key = "\nmanifest_sha256 ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return "";
+  return trim(text.substr(at + key.size(), 64));
+}
+
+// The shard tensors of each file must lie inside it without overlapping; with the file's size
+// recorded, they must fill it exactly (a swapped or shifted byte_offset shows up here).
+void check_file_layout(const detail::LoadIndex& idx, const json& files) {
+  std::map<std::string, std::vector<std::tuple<uint64_t, uint64_t, std::string>>> ranges;
+  for (const auto& [name, t] : idx.tensors)
+    for (const detail::ShardRef& s : t.shards)
+      if (s.bytes) ranges[s.file].emplace_back(s.byte_offset, s.bytes, name);
+  for (auto& [file, r] : ranges) {
+    std::sort(r.begin(), r.end());
+    uint64_t end = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      const auto& [off, len, name] = r[i];
+      if (off < end)
+        throw Error(str_cat("tensor '", name, "' at byte ", off, " of ", file, " overlaps tensor '",
+                            std::get<2>(r[i - 1]), "' (which ends at byte ", end, ")"));
+      if (files.contains(file) && off != end)
+        throw Error(str_cat("tensor '", name, "' starts at byte ", off, " of ", file, ", the previous one ends at ", end));
+      end = off + len;
+    }
+    if (files.contains(file) && end != files[file].get<uint64_t>())
+      throw Error(str_cat("the tensors of ", file, " end at byte ", end, ", the file should hold ", files[file].get<uint64_t>()));
+  }
+}
+}  // namespace
+
 LoadedCheckpoint open_checkpoint(const std::string& path) {
   require_complete(path);
   const std::string mpath = (fs::path(path) / "manifest.json").string();
+  const std::string done_path = (fs::path(path) / "DONE").string();
+  const std::string mtext = detail::read_text_file(mpath);
+  const std::string want_sha = done_manifest_sha256(done_path);
   json m;
   try {
-    m = json::parse(detail::read_text_file(mpath));
+    m = json::parse(mtext);
   } catch (const json::exception& e) {
     throw Error(str_cat("checkpoint ", path, ": ", mpath, " is not valid JSON: ", e.what()));
   }
@@ -190,13 +302,33 @@ LoadedCheckpoint open_checkpoint(const std::string& path) {
   std::map<std::string, uint64_t> need;
   try {
     const int version = m.at("version").get<int>();
-    MT_CHECK(version == 1, "format version ", version, " is not supported (this megatrain reads version 1; ",
-             version > 1 ? "it was written by a newer megatrain)" : "unknown version)");
+    MT_CHECK(version == 1 || version == 2, "format version ", version,
+             " is not supported (this megatrain reads versions 1 and 2; ",
+             version > 2 ? "it was written by a newer megatrain)" : "unknown version)");
+    // Version 2 records the manifest's checksum in DONE (version 1, older megatrains, did not).
+    if (version >= 2) {
+      MT_CHECK(!want_sha.empty(), "format version 2, but ", done_path,
+               " records no manifest_sha256 (DONE was edited or replaced)");
+      MT_CHECK(sha256_hex(mtext.data(), mtext.size()) == want_sha,
+               "its checksum does not match the manifest_sha256 that ", done_path,
+               " records: the manifest was edited or is corrupt; load another checkpoint");
+    }
     ck.iteration = m.at("iteration").get<int64_t>();
     ck.world_size = m.at("world_size").get<int>();
     ck.state = m.value("state", json());
     ck.config_yaml = m.value("config_yaml", std::string());
+    // The iteration agrees with the directory name and the training state.
+    int64_t dir_it = 0;
+    fs::path norm = fs::path(path).lexically_normal();
+    if (norm.filename().empty()) norm = norm.parent_path();  // a trailing '/'
+    if (detail::parse_iter_dir_name(norm.filename().string(), &dir_it))
+      MT_CHECK(dir_it == ck.iteration, "'iteration' ", ck.iteration, " does not match the directory name (iteration ",
+               dir_it, ")");
+    if (ck.state.is_object() && ck.state.contains("iteration"))
+      MT_CHECK(ck.state["iteration"] == m["iteration"], "'state.iteration' ", ck.state["iteration"].dump(),
+               " does not match 'iteration' ", ck.iteration);
     need = index_manifest(m, ck.index.get());
+    check_file_layout(*ck.index, m.value("files", json::object()));
   } catch (const std::exception& e) {
     throw Error(str_cat("checkpoint ", path, ": ", mpath, " is malformed: ", e.what()));
   }

@@ -1,4 +1,4 @@
-// save_checkpoint (checkpoint.h). Three phases, each ending in a collective agreement so that an
+// save_checkpoint and AsyncSave (checkpoint.h). Three phases, each ending in a collective agreement so that an
 // error on any rank becomes the same exception on every rank (no rank left waiting in a barrier):
 //   1. rank 0 creates DIR and DIR/iter_N.tmp-<nonce>/, and broadcasts the nonce;
 //   2. every rank writes and fsyncs shard_rRRRRR.bin + shard_rRRRRR.json there;
@@ -177,7 +177,7 @@ json merge_manifest(const SaveRequest& req, int world_size, const fs::path& tmp)
                        shape_str(domain.len), ": ", problem);
   }
   return {{"format", "megatrain-checkpoint"},
-          {"version", 1},
+          {"version", 2},
           {"iteration", req.iteration},
           {"world_size", world_size},
           {"state", req.state},
@@ -257,47 +257,60 @@ void prune(const fs::path& dir, int64_t iteration, int keep_last, const std::str
 
 std::string checkpoint_dir_name(int64_t iteration) { return detail::iter_dir_name(iteration); }
 
-std::string save_checkpoint(const SaveRequest& req, Communicator& world) {
+namespace {
+
+// Phase 1 (collective): rank 0 makes DIR and the temp directory; returns the nonce.
+std::string begin_save(const SaveRequest& req, Communicator& world) {
   MT_CHECK(!req.dir.empty(), "checkpoint.dir is empty: set checkpoint.dir to save checkpoints");
   MT_INTERNAL_ASSERT(req.iteration >= 0, "checkpoint iteration ", req.iteration);
+  const std::string name = detail::iter_dir_name(req.iteration);
+  std::vector<uint8_t> nonce_buf(16, 0);
+  agree(world, capture([&] {
+          if (world.rank() != 0) return;
+          const std::string nonce = make_nonce();
+          std::memcpy(nonce_buf.data(), nonce.data(), 16);
+          create_dirs(fs::path(req.dir) / (name + ".tmp-" + nonce));
+        }));
+  Tensor nt = Tensor::from_blob(nonce_buf.data(), {16}, DType::U8);
+  world.broadcast(nt, 0);
+  return std::string(reinterpret_cast<const char*>(nonce_buf.data()), 16);
+}
+
+fs::path temp_path(const SaveRequest& req, const std::string& nonce) {
+  return fs::path(req.dir) / (detail::iter_dir_name(req.iteration) + ".tmp-" + nonce);
+}
+
+// Phase 2 (local, any thread): this rank's shard. (create_dirs is a no-op on a shared filesystem;
+// without one the merge reports the missing shard files.)
+Failure write_phase(const SaveRequest& req, int rank, const std::string& nonce) {
+  return capture([&] {
+    const fs::path tmp = temp_path(req, nonce);
+    create_dirs(tmp);
+    write_shard(req, rank, tmp);
+  });
+}
+
+// Phase 3 (collective): agree on phase 2, then rank 0 commits.
+std::string commit_save(const SaveRequest& req, Communicator& world, const std::string& nonce, const Failure& written) {
   const int rank = world.rank();
   const fs::path dir = req.dir;
   const std::string name = detail::iter_dir_name(req.iteration);
   const fs::path final_path = dir / name;
-
-  // 1. Rank 0 makes the directories and the nonce.
-  std::vector<uint8_t> nonce_buf(16, 0);
-  agree(world, capture([&] {
-          if (rank != 0) return;
-          const std::string nonce = make_nonce();
-          std::memcpy(nonce_buf.data(), nonce.data(), 16);
-          create_dirs(dir / (name + ".tmp-" + nonce));
-        }));
-  Tensor nt = Tensor::from_blob(nonce_buf.data(), {16}, DType::U8);
-  world.broadcast(nt, 0);
-  const std::string nonce(reinterpret_cast<const char*>(nonce_buf.data()), 16);
-  const fs::path tmp = dir / (name + ".tmp-" + nonce);
-
-  // 2. Every rank writes its shard. (create_dirs is a no-op on a shared filesystem; without one
-  // the merge below reports the missing shard files.)
-  Failure f = capture([&] {
-    create_dirs(tmp);
-    write_shard(req, rank, tmp);
-  });
+  const fs::path tmp = temp_path(req, nonce);
   try {
-    agree(world, f);
+    agree(world, written);
   } catch (...) {
     if (rank == 0) detail::remove_tree_quiet(tmp.string());
     throw;
   }
-
-  // 3. Rank 0 commits.
   bool renamed = false;
-  f = capture([&] {
+  Failure f = capture([&] {
     if (rank != 0) return;
-    json manifest = merge_manifest(req, world.size(), tmp);
-    detail::write_file_durable((tmp / "manifest.json").string(), manifest.dump(1));
-    detail::write_file_durable((tmp / "DONE").string(), str_cat(name, "\n"));
+    const std::string manifest = merge_manifest(req, world.size(), tmp).dump(1);
+    detail::write_file_durable((tmp / "manifest.json").string(), manifest);
+    // DONE holds the manifest's checksum: load refuses an edited or damaged manifest.
+    detail::write_file_durable((tmp / "DONE").string(),
+                               str_cat(name, "\nmanifest_sha256 ", sha256_hex(manifest.data(), manifest.size()), "\n"));
     detail::fsync_dir(tmp.string());
     move_into_place(tmp, final_path, nonce);
     renamed = true;
@@ -318,6 +331,39 @@ std::string save_checkpoint(const SaveRequest& req, Communicator& world) {
     throw;
   }
   return final_path.string();
+}
+
+}  // namespace
+
+std::string save_checkpoint(const SaveRequest& req, Communicator& world) {
+  const std::string nonce = begin_save(req, world);
+  return commit_save(req, world, nonce, write_phase(req, world.rank(), nonce));
+}
+
+AsyncSave::AsyncSave(SaveRequest req, Communicator& world) : req_(std::move(req)), world_(world) {
+  nonce_ = begin_save(req_, world_);
+  thread_ = std::thread([this] {
+    Failure f = write_phase(req_, world_.rank(), nonce_);
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_kind_ = f.kind;
+    failure_msg_ = std::move(f.msg);
+    done_ = true;
+  });
+}
+
+AsyncSave::~AsyncSave() {
+  if (thread_.joinable()) thread_.join();
+}
+
+bool AsyncSave::written() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+std::string AsyncSave::finish() {
+  MT_INTERNAL_ASSERT(thread_.joinable(), "AsyncSave::finish called twice");
+  thread_.join();
+  return commit_save(req_, world_, nonce_, Failure{failure_kind_, failure_msg_});
 }
 
 }  // namespace mt::ckpt

@@ -41,6 +41,22 @@ struct ModelConfig {
   int rope_scaling_original_max_position_embeddings = 8192;
   double init_method_std = 0.02;
   double dropout = 0.0;                // hidden dropout (after attention and MLP), training only
+
+  // ---- mixture of experts (issue #16; Megatron-Core names). num_experts 0 = dense MLPs everywhere.
+  int num_experts = 0;
+  int moe_router_topk = 2;
+  int moe_ffn_hidden_size = 0;                       // per expert; required with experts
+  std::vector<double> moe_layer_freq = {1};          // [k]: every k-th layer (i % k == 0); or one 0/1 per layer
+  int moe_shared_expert_intermediate_size = 0;       // 0 = no shared expert
+  std::string moe_router_score_function = "softmax"; // softmax | sigmoid
+  bool moe_router_pre_softmax = false;               // softmax over all experts, not renormalized over the k
+  double moe_router_topk_scaling_factor = 1.0;
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | none
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;
+  bool moe_router_enable_expert_bias = false;        // DeepSeek-V3 auxiliary-loss-free balancing
+  double moe_router_bias_update_rate = 1e-3;
+  double moe_expert_capacity_factor = 0.0;           // 0 = dropless
 };
 
 // Elements per data-parallel gradient / parameter bucket unless parallel.grad_bucket_size says otherwise
@@ -81,6 +97,7 @@ struct TrainingConfig {
   int recompute_num_layers = 1;        // full recompute: layers per chunk (uniform) or count (block)
   bool recompute_norm_act = true;      // recompute norm outputs and llama's SwiGLU output in backward
   std::string nan_policy = "stop";     // stop | skip: what a NaN/Inf loss or gradient norm does
+  int64_t nan_max_skips = 10;          // skip: this many non-finite iterations in a row stop the run
   int64_t exit_interval = 0;           // stop (with a checkpoint) after this many iterations; 0 = off
   double collective_timeout_s = 600;   // hang watchdog: a collective pending this long aborts the job; 0 = off
 };
@@ -124,11 +141,14 @@ struct CheckpointConfig {
   int64_t save_interval = 0;           // 0 = only at the end
   int keep_last = 0;                   // 0 = keep all
   std::string load = "auto";           // auto (latest in dir, if any) | none | PATH
+  bool finetune = false;               // load weights only: iteration 0, fresh optimizer and data
+  bool async_save = false;             // write checkpoints from a background thread
 };
 
 struct LoggingConfig {
   int64_t log_interval = 10;
   std::string metrics_file;            // "" = none
+  std::string tensorboard_dir;         // "" = none; TensorBoard event files (rank 0)
   std::string level = "info";          // trace | debug | info | warn | error
 };
 

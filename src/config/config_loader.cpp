@@ -15,6 +15,8 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "config/config_schema.h"
 #include "core/check.h"
@@ -291,9 +293,55 @@ struct LoadState {
   std::set<std::string> given;  // key paths set by the file or an override
 };
 
+// An explicit tag (!!str 2, !!float x, !custom) would change how a value is read; megatrain reads
+// every value by its key's type, so a tag is refused rather than ignored.
+void refuse_tags(const YAML::Node& n, const std::string& origin) {
+  const std::string& tag = n.Tag();
+  if (!tag.empty() && tag != "?" && tag != "!") {
+    std::string shown = tag;
+    const std::string core = "tag:yaml.org,2002:";
+    if (shown.rfind(core, 0) == 0) shown = "!!" + shown.substr(core.size());
+    fail(origin, str_cat("the YAML tag '", one_line(shown), "' is not supported; remove it (each key's type "
+                         "is fixed, quote a value to keep it text)"), line_of(n));
+  }
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      refuse_tags(kv.first, origin);
+      refuse_tags(kv.second, origin);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& e : n) refuse_tags(e, origin);
+  }
+}
+
+// Line (1-based) of the second document's "---", for the message; -1 when not found.
+int second_document_line(const std::string& text) {
+  int line = 1, markers = 0;
+  bool content = false;
+  for (std::size_t i = 0; i < text.size(); ++line) {
+    std::size_t e = text.find('\n', i);
+    if (e == std::string::npos) e = text.size();
+    const std::string l = text.substr(i, e - i);
+    if (l.rfind("---", 0) == 0 && (l.size() == 3 || std::isspace(static_cast<unsigned char>(l[3])))) {
+      if (content || ++markers > 1) return line;
+      content = l.find_first_not_of(" \t\r", 3) != std::string::npos && l[l.find_first_not_of(" \t\r", 3)] != '#';
+    } else if (!trim(l).empty() && trim(l)[0] != '#' && trim(l) != "...") {
+      content = true;
+    }
+    i = e + 1;
+  }
+  return -1;
+}
+
 YAML::Node parse_yaml(const std::string& text, const std::string& origin, const std::string& what) {
   try {
-    return YAML::Load(text);
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      fail(origin, "a second YAML document starts here ('---'); megatrain reads one document per file: merge them "
+                   "into one or use separate files", second_document_line(text));
+    if (docs.empty()) return YAML::Node();
+    refuse_tags(docs[0], origin);
+    return docs[0];
   } catch (const YAML::ParserException& e) {
     fail(origin, str_cat(what, " at line ", e.mark.line + 1, ", column ", e.mark.column + 1, ": ", one_line(e.msg)));
   } catch (const YAML::Exception& e) {

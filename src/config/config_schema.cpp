@@ -149,6 +149,28 @@ std::vector<ConfigField> build_schema() {
           .doc("rope_scaling: wavelengths below original_max_position_embeddings / this are not scaled"),
       MT_CONFIG_KEY(model, rope_scaling_original_max_position_embeddings).min(1)
           .doc("rope_scaling: the context length the model was trained with before scaling"),
+      // mixture of experts (issue #16)
+      MT_CONFIG_KEY(model, num_experts).min(0).doc("experts per MoE layer; 0 = a dense MLP in every layer"),
+      MT_CONFIG_KEY(model, moe_router_topk).min(1).doc("experts each token is routed to"),
+      MT_CONFIG_KEY(model, moe_ffn_hidden_size).min(0).doc("hidden size of each expert's MLP (required with experts)"),
+      MT_CONFIG_KEY(model, moe_layer_freq).min(0)
+          .doc("which layers are MoE: [k] (or k) every k-th layer (layer i when i % k == 0), or one 0/1 per layer"),
+      MT_CONFIG_KEY(model, moe_shared_expert_intermediate_size).min(0)
+          .doc("hidden size of the shared expert every token goes through (DeepSeek, Qwen2-MoE); 0 = none"),
+      MT_CONFIG_KEY(model, moe_router_score_function).one_of({"softmax", "sigmoid"})
+          .doc("router scores: softmax over the experts, or sigmoid (DeepSeek-V3)"),
+      MT_CONFIG_KEY(model, moe_router_pre_softmax)
+          .doc("softmax: the weights are the softmax over all experts (else over the chosen k)"),
+      MT_CONFIG_KEY(model, moe_router_topk_scaling_factor).above(0).doc("the routing weights are multiplied by this"),
+      MT_CONFIG_KEY(model, moe_router_load_balancing_type).one_of({"aux_loss", "seq_aux_loss", "none"})
+          .doc("load-balancing loss: over the micro-batch (aux_loss), per sequence (seq_aux_loss), or none"),
+      MT_CONFIG_KEY(model, moe_aux_loss_coeff).min(0).doc("weight of the load-balancing loss"),
+      MT_CONFIG_KEY(model, moe_z_loss_coeff).min(0).doc("weight of the router z-loss (mean logsumexp^2); 0 = none"),
+      MT_CONFIG_KEY(model, moe_router_enable_expert_bias)
+          .doc("DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias in the choice, updated after each step"),
+      MT_CONFIG_KEY(model, moe_router_bias_update_rate).min(0).doc("step of the expert-bias update"),
+      MT_CONFIG_KEY(model, moe_expert_capacity_factor).min(0)
+          .doc("tokens per expert at most ceil(tokens * topk / experts * factor), the lowest-weight dropped; 0 = dropless"),
       // ------------------------------------------------------------------ parallel
       MT_CONFIG_KEY(parallel, tensor).min(1).doc("tensor-parallel size: each layer's weights split over this many ranks")
           .megatron({"tensor_model_parallel_size"}),
@@ -216,6 +238,9 @@ std::vector<ConfigField> build_schema() {
                "token per layer in bf16 (gpt2: 2 x hidden, its GELU output is always kept)"),
       MT_CONFIG_KEY(training, nan_policy).one_of({"stop", "skip"})
           .doc("a NaN/Inf loss or gradient norm: stop = exit with an error, skip = drop that step's update and go on"),
+      MT_CONFIG_KEY(training, nan_max_skips).min(1)
+          .doc("nan_policy skip: this many non-finite iterations in a row stop the run with an error (the last "
+               "checkpoint is kept)"),
       MT_CONFIG_KEY(training, exit_interval).min(0).doc("save a checkpoint and exit after this many steps; 0 = off"),
       MT_CONFIG_KEY(training, collective_timeout_s).min(0)
           .doc("hang watchdog: a collective not completed after this many seconds makes every rank log where it is and exit; 0 = off")
@@ -256,10 +281,17 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(checkpoint, dir).doc("checkpoint directory (DIR/iter_NNNNNNN/); \"\" = no checkpoints").megatron({"save"}),
       MT_CONFIG_KEY(checkpoint, save_interval).min(0).doc("save every this many steps; 0 = only at the end"),
       MT_CONFIG_KEY(checkpoint, keep_last).min(0).doc("newest checkpoints kept, older ones deleted; 0 = keep all"),
-      MT_CONFIG_KEY(checkpoint, load).doc("auto = resume from the latest checkpoint in dir, if any; none = start fresh; or a checkpoint path"),
+      MT_CONFIG_KEY(checkpoint, load).doc("auto = resume from the newest complete checkpoint in dir, if any; none = start fresh; or a checkpoint path"),
+      MT_CONFIG_KEY(checkpoint, finetune)
+          .doc("with load: PATH, load the model weights only: iteration 0, fresh optimizer and data position")
+          .megatron({"finetune"}),
+      MT_CONFIG_KEY(checkpoint, async_save)
+          .doc("copy the tensors to host memory and write the checkpoint from a background thread while training goes on")
+          .megatron({"async_save"}),
       // ------------------------------------------------------------------ logging
       MT_CONFIG_KEY(logging, log_interval).min(1).doc("log and record training metrics every this many steps"),
       MT_CONFIG_KEY(logging, metrics_file).doc("JSON-lines metrics file; \"\" = none"),
+      MT_CONFIG_KEY(logging, tensorboard_dir).doc("TensorBoard event files of every logged scalar (Megatron's --tensorboard-dir); \"\" = none"),
       MT_CONFIG_KEY(logging, level).one_of({"trace", "debug", "info", "warn", "error"}).doc("log level"),
   };
 

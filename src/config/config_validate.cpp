@@ -9,6 +9,7 @@
 #include "config/config_loader.h"
 #include "config/config_schema.h"
 #include "config/model_features.h"
+#include "config/config_validate_moe.h"
 #include "core/check.h"
 
 namespace mt {
@@ -105,6 +106,7 @@ void validate_config(const Config& cfg) {
 
   MT_CHECK(p.expert == 1, pre, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet "
            "(parallel.expert is ", p.expert, "); set parallel.expert: 1");
+  validate_moe_config(cfg, pre);
   MT_CHECK(p.virtual_pipeline == 1 || p.pipeline > 1, pre, "parallel.virtual_pipeline (", p.virtual_pipeline,
            ") > 1 needs parallel.pipeline > 1 (it interleaves chunks of the pipeline stages); set virtual_pipeline: 1 "
            "or pipeline > 1");

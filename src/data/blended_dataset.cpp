@@ -51,10 +51,20 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<SampleDataset>> datas
                         {"weights", weights_}, {"size", size_}};
   IndexCache cache(cache_dir, "blend", key);
   if (cache.find() && cache.load("dataset_index", &dataset_index_) &&
-      cache.load("dataset_sample_index", &dataset_sample_index_) && dataset_index_.size() == size_ &&
-      dataset_sample_index_.size() == size_) {
-    loaded_from_cache_ = true;
-    return;
+      cache.load("dataset_sample_index", &dataset_sample_index_)) {
+    std::string why;
+    if (dataset_index_.size() != size_ || dataset_sample_index_.size() != size_)
+      why = str_cat(dataset_index_.size(), " and ", dataset_sample_index_.size(), " entries, expected ", size_);
+    for (int64_t i = 0; why.empty() && i < size_; ++i) {
+      if (dataset_index_[i] < 0 || static_cast<size_t>(dataset_index_[i]) >= datasets_.size() ||
+          dataset_sample_index_[i] < 0)
+        why = str_cat("entry ", i, " = (", dataset_index_[i], ", ", dataset_sample_index_[i], ") is out of range");
+    }
+    if (why.empty()) {
+      loaded_from_cache_ = true;
+      return;
+    }
+    cache.reject(cache.path("description.json"), why);
   }
   std::vector<int16_t> di;
   std::vector<int64_t> dsi;

@@ -98,14 +98,58 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, DocRange docu
   IndexCache cache(opt_.cache_dir, base_name(prefix) + "-" + split_name(opt_.split), key);
   cache_description_path_ = cache.enabled() ? cache.path("description.json") : "";
   if (cache.find() && cache.load("document_index", &document_index_) && cache.load("sample_index", &sample_index_) &&
-      cache.load("shuffle_index", &shuffle_index_) &&
-      document_index_.size() == num_epochs_ * (range_.end - range_.begin) &&
-      sample_index_.size() == 2 * (shuffle_index_.size() + 1) && shuffle_index_.size() >= opt_.num_samples) {
-    loaded_from_cache_ = true;
-    log::debug("loaded the {} index of '{}' from {}", split_name(opt_.split), prefix, cache_description_path_);
-    return;
+      cache.load("shuffle_index", &shuffle_index_)) {
+    const std::string why = check_index();
+    if (why.empty()) {
+      loaded_from_cache_ = true;
+      log::debug("loaded the {} index of '{}' from {}", split_name(opt_.split), prefix, cache_description_path_);
+      return;
+    }
+    cache.reject(cache.path("description.json"), why);
+    document_index_ = sample_index_ = shuffle_index_ = Array<int64_t>();
   }
   build(cache);
+}
+
+// Everything get() relies on, so that a loaded index can never read out of bounds: every epoch of
+// the document index is a permutation of the range; sample i starts at token i * L of the stream
+// (a position in the document index and an offset inside that document); the shuffle index is a
+// permutation of the samples. Returns "" when the arrays are sound, else what is wrong.
+std::string GPTDataset::check_index() const {
+  const int64_t L = opt_.seq_length, ndocs = range_.end - range_.begin;
+  const int64_t num_samples = (num_epochs_ * tokens_per_epoch_ - 1) / L;
+  if (document_index_.size() != num_epochs_ * ndocs)
+    return str_cat("document_index has ", document_index_.size(), " entries, expected ", num_epochs_ * ndocs);
+  if (shuffle_index_.size() != num_samples)
+    return str_cat("shuffle_index has ", shuffle_index_.size(), " entries, expected ", num_samples);
+  if (sample_index_.size() != 2 * (num_samples + 1))
+    return str_cat("sample_index has ", sample_index_.size(), " entries, expected ", 2 * (num_samples + 1));
+  std::vector<char> seen(static_cast<size_t>(std::max(ndocs, num_samples)));
+  for (int64_t e = 0; e < num_epochs_; ++e) {
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int64_t k = 0; k < ndocs; ++k) {
+      const int64_t d = document_index_[e * ndocs + k];
+      if (d < range_.begin || d >= range_.end || seen[d - range_.begin]++)
+        return str_cat("document_index[", e * ndocs + k, "] = ", d, " is not part of a permutation of documents [",
+                       range_.begin, ", ", range_.end, ")");
+    }
+  }
+  int64_t pos = 0, start = 0;  // start: stream position of document_index[pos]
+  for (int64_t s = 0; s <= num_samples; ++s) {
+    const int64_t p = sample_index_[2 * s], o = sample_index_[2 * s + 1];
+    if (p < pos || p >= document_index_.size()) return str_cat("sample_index[", 2 * s, "] = ", p, " is out of order");
+    for (; pos < p; ++pos) start += document_length(document_index_[pos]);
+    const bool inside = s == 0 ? o == 0 : (o >= 0 && o < document_length(document_index_[p]));
+    if (!inside || start + o != s * L)
+      return str_cat("sample ", s, " starts at (", p, ", ", o, "), not at token ", s * L);
+  }
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int64_t i = 0; i < num_samples; ++i) {
+    const int64_t v = shuffle_index_[i];
+    if (v < 0 || v >= num_samples || seen[v]++)
+      return str_cat("shuffle_index[", i, "] = ", v, " is not part of a permutation of ", num_samples, " samples");
+  }
+  return "";
 }
 
 void GPTDataset::build(IndexCache& cache) {

@@ -91,6 +91,7 @@ class GPTDataset : public SampleDataset {
 
  private:
   void build(IndexCache& cache);
+  std::string check_index() const;  // "" when the loaded arrays are sound
 
   std::shared_ptr<const IndexedDataset> data_;
   DocRange range_;

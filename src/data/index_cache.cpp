@@ -35,6 +35,27 @@ uint64_t hash_string(std::string_view s, uint64_t seed) {
   return mix64(h);
 }
 
+uint64_t checksum_bytes(const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0x243f6a8885a308d3ull ^ bytes;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x9fb21c651e98df25ull;  // odd multiplier: every word changes the state, in order
+    h ^= h >> 31;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, p + i, bytes - i);
+  return mix64(h ^ tail);
+}
+
+static std::string hex64(uint64_t x) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(x));
+  return hex;
+}
+
 std::shared_ptr<const unsigned char> map_file(const std::string& path, int64_t* bytes) {
   *bytes = 0;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -79,9 +100,7 @@ void write_file_atomic(const std::string& path, const void* data, size_t bytes) 
 
 IndexCache::IndexCache(std::string dir, const std::string& stem, nlohmann::json key) : key_(std::move(key)) {
   if (dir.empty()) return;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash_string(key_.dump())));
-  base_ = (std::filesystem::path(dir) / (stem + "-" + hex)).string();
+  base_ = (std::filesystem::path(dir) / (stem + "-" + hex64(hash_string(key_.dump())))).string();
 }
 
 bool IndexCache::find() {
@@ -92,7 +111,7 @@ bool IndexCache::find() {
   ss << f.rdbuf();
   const auto j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("key") || j["key"] != key_ || !j.contains("arrays") ||
-      !j["arrays"].is_object()) {
+      !j["arrays"].is_object() || !j.contains("checksums") || !j["checksums"].is_object()) {
     log::warn("index cache '{}' is unreadable or belongs to other data: rebuilding it", path("description.json"));
     return false;
   }
@@ -106,6 +125,37 @@ int64_t IndexCache::recorded_count(const std::string& name) const {
   return v.is_number_integer() ? v.get<int64_t>() : -1;
 }
 
+std::string IndexCache::recorded_checksum(const std::string& name) const {
+  if (!description_.contains("checksums") || !description_["checksums"].contains(name)) return "";
+  const auto& v = description_["checksums"][name];
+  return v.is_string() ? v.get<std::string>() : "";
+}
+
+void IndexCache::reject(const std::string& file, const std::string& why) const {
+  log::warn("index cache file '{}' is corrupt ({}): rebuilding it", file, why);
+}
+
+bool IndexCache::verify(const std::string& file, const unsigned char* data, int64_t bytes, int64_t count,
+                        size_t elem, const std::string& checksum) const {
+  if (!data) {
+    reject(file, "cannot be read");
+    return false;
+  }
+  if (count < 0 || checksum.empty()) {
+    reject(file, "no size or checksum recorded in " + path("description.json"));
+    return false;
+  }
+  if (bytes != count * static_cast<int64_t>(elem)) {
+    reject(file, str_cat(bytes, " bytes where ", count * static_cast<int64_t>(elem), " were written"));
+    return false;
+  }
+  if (hex64(checksum_bytes(data, static_cast<size_t>(bytes))) != checksum) {
+    reject(file, "its contents do not match the checksum recorded in " + path("description.json"));
+    return false;
+  }
+  return true;
+}
+
 void IndexCache::add_raw(const std::string& file, const std::string& name, const void* data, size_t bytes,
                          int64_t count) {
   if (!enabled() || save_failed_) return;
@@ -116,6 +166,7 @@ void IndexCache::add_raw(const std::string& file, const std::string& name, const
              ec.message(), ")");
     write_file_atomic(path(file), data, bytes);
     description_["arrays"][name] = count;
+    description_["checksums"][name] = hex64(checksum_bytes(data, bytes));
   } catch (const Error& e) {
     log::warn("cannot save the index cache ({}); keeping it in memory (set data.cache_dir to a writable directory)",
               e.what());

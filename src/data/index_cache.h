@@ -6,7 +6,10 @@
 // HASH is 16 hex digits of a hash of the key (the JSON of everything the arrays depend on). Every
 // file is written to a unique temporary name and renamed, so concurrent builders (several ranks)
 // and interrupted runs never leave a partial file under a final name; a reader trusts a cache
-// only when the description's key equals its own and each array file has the recorded size.
+// only when the description's key equals its own and each array file has the recorded size and
+// checksum ("checksums": {"NAME": hex}, a hash of the file's bytes): an edited, truncated or
+// swapped file is rebuilt with a warning naming it, never used. Callers also check the loaded
+// arrays' structure (ranges, permutations) before trusting them.
 // Arrays load as read-only mappings (shared by every process on the node).
 #pragma once
 
@@ -22,6 +25,8 @@ namespace mt::data {
 
 uint64_t mix64(uint64_t x);                                  // splitmix64 finalizer
 uint64_t hash_string(std::string_view s, uint64_t seed = 0);  // 64-bit FNV-1a, then mixed
+// Order-sensitive 64-bit checksum of a byte buffer (8-byte words multiplied in, then mixed).
+uint64_t checksum_bytes(const void* data, size_t bytes);
 
 // A read-only array: built in memory, or a mapping of a cache file.
 template <typename T>
@@ -58,18 +63,22 @@ class IndexCache {
   bool enabled() const { return !base_.empty(); }
   std::string path(const std::string& name) const { return base_ + "-" + name; }
 
-  // True when a complete cache with this key exists; then load() maps its arrays (false when a
-  // file is missing or its size is not the recorded count).
+  // True when a complete cache with this key exists; then load() maps its arrays (false, with a
+  // warning naming the file, when a file is missing, its size is not the recorded count or its
+  // bytes do not match the recorded checksum).
   bool find();
   template <typename T>
   bool load(const std::string& name, Array<T>* out) const {
     int64_t bytes = 0;
+    const std::string file = path(file_name<T>(name));
     const int64_t count = recorded_count(name);
-    auto m = map_file(path(file_name<T>(name)), &bytes);
-    if (!m || count < 0 || bytes != count * static_cast<int64_t>(sizeof(T))) return false;
+    auto m = map_file(file, &bytes);
+    if (!verify(file, m.get(), bytes, count, sizeof(T), recorded_checksum(name))) return false;
     *out = Array<T>(m, reinterpret_cast<const T*>(m.get()), count);
     return true;
   }
+  // Logs "index cache file FILE is corrupt (WHY): rebuilding it" (for the callers' structural checks).
+  void reject(const std::string& file, const std::string& why) const;
 
   // Saving: add each array, then commit() writes the description. Failures (a read-only data
   // directory, a full disk) are logged as warnings and the arrays simply stay in memory.
@@ -88,6 +97,9 @@ class IndexCache {
     return name + (sizeof(T) == 2 ? ".int16" : ".int64");
   }
   int64_t recorded_count(const std::string& name) const;
+  std::string recorded_checksum(const std::string& name) const;
+  bool verify(const std::string& file, const unsigned char* data, int64_t bytes, int64_t count, size_t elem,
+              const std::string& checksum) const;
   void add_raw(const std::string& file, const std::string& name, const void* data, size_t bytes, int64_t count);
 
   std::string base_;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include "runtime/communicator.h"
 
 #include "tensor/ops.h"
 
@@ -77,8 +80,23 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState&
   }
 }
 
-void AdamW::step(double lr, double grad_scale) {
+bool AdamW::would_overflow(double grad_norm) {
+  if (v_bound_ < 0) {
+    // sqrt of the sum of squares (fp64) >= the largest element; Inf or NaN in v stays non-finite.
+    double local = shard_numel_ > 0 ? std::sqrt(ops::sum_squares(v_)) : 0.0;
+    if (!(local <= std::numeric_limits<double>::max())) local = std::numeric_limits<double>::infinity();
+    v_bound_ = ps_->world && ps_->world_size > 1 ? ps_->world->all_reduce_scalar(local, ReduceOp::Max) : local;
+  }
+  const double next = cfg_.adam_beta2 * v_bound_ + (1.0 - cfg_.adam_beta2) * grad_norm * grad_norm;
+  return !(next <= static_cast<double>(std::numeric_limits<float>::max()));
+}
+
+void AdamW::step(double lr, double grad_scale, double grad_norm) {
   ++step_;
+  if (grad_norm < 0 || v_bound_ < 0)
+    v_bound_ = -1;
+  else
+    v_bound_ = cfg_.adam_beta2 * v_bound_ + (1.0 - cfg_.adam_beta2) * grad_norm * grad_norm;
   Tensor& master = store_->flat_master();
   Tensor& grads = store_->flat_grads();
   // One update per run of adjacent segments (in the flat buffers and in the state) with the same
@@ -134,6 +152,7 @@ void AdamW::full_moments(Tensor& m, Tensor& v) const {
 }
 
 void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
+  v_bound_ = -1;  // recomputed from the loaded state by the next would_overflow
   int64_t offset = 0;
   for (const ShardRange& r : shard_) {
     m_.slice(offset, r.size()).copy_from(m.slice(r.begin, r.size()));

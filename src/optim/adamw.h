@@ -39,7 +39,16 @@ class AdamW {
   // One update of this rank's shard with learning rate lr; gradients are multiplied by grad_scale
   // first. With the distributed optimizer the other shards' parameters arrive by
   // GradSync::gather_params.
-  void step(double lr, double grad_scale);
+  // grad_norm: the global norm of the gradients after grad_scale (< 0: unknown; then the moment
+  // bound below is no longer tracked until it is recomputed).
+  void step(double lr, double grad_scale, double grad_norm = -1);
+  // True when a step with gradients of global norm grad_norm (after scaling) could push an element
+  // of the second moment past the largest float (stored as Inf it would freeze that weight for
+  // good: every later update is m / sqrt(Inf) = 0). Uses a running upper bound of every rank's
+  // v elements, B_t = beta2 * B_{t-1} + (1 - beta2) * norm_t^2 >= max v (each |g_i| <= norm), so it
+  // costs nothing per step; after set_full_moments the bound is recomputed once from the state
+  // (a reduction over all ranks: call it on every rank, as the trainer does each iteration).
+  bool would_overflow(double grad_norm);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   const std::vector<ShardRange>& shard() const { return shard_; }
@@ -60,6 +69,7 @@ class AdamW {
   std::vector<OptimizerSegment> segments_;
   Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
   int64_t step_ = 0;
+  double v_bound_ = 0;  // >= every element of v on every rank; < 0 = unknown (recompute)
 };
 
 }  // namespace mt

@@ -51,6 +51,12 @@ class Communicator {
   virtual void all_gather(Tensor& out, const Tensor& in) = 0;
   // in/out: size() equal chunks along dim 0; chunk j of `in` goes to rank j, arriving as chunk rank().
   virtual void all_to_all(Tensor& out, const Tensor& in) = 0;
+  // Blocks of rows of different sizes (all-to-all-v; the MoE token dispatch): `in` holds size() consecutive
+  // blocks along dim 0, block j (send_rows[j] rows) going to rank j; `out` receives recv_rows[j] rows from rank j,
+  // blocks in rank order. A row is the product of the other dims (the same in `in` and `out`, on every rank);
+  // blocks of zero rows and empty tensors are allowed. Every rank of the group calls it, whatever its counts.
+  virtual void all_to_all_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
+                            const std::vector<int64_t>& recv_rows) = 0;
   virtual void broadcast(Tensor& x, int root) = 0;
   virtual void send(const Tensor& x, int peer) = 0;  // point-to-point (not collective)
   virtual void recv(Tensor& x, int peer) = 0;
@@ -74,5 +80,9 @@ class Communicator {
   double all_reduce_scalar(double v, ReduceOp op);
   int64_t all_reduce_int(int64_t v, ReduceOp op);
 };
+
+// Bytes of one row of an all_to_all_v; checks the shapes and that the counts add up to the tensors' rows.
+size_t all_to_all_v_row_bytes(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows, int group_size);
 
 }  // namespace mt

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <limits>
 
 #include "core/check.h"
 #include "runtime/watchdog.h"
@@ -106,6 +107,30 @@ class MpiCommunicator final : public Communicator {
     int chunk = static_cast<int>(in.nbytes() / size_);
     watchdog::Scope wd("all_to_all", name_, in.nbytes());
     MT_MPI_CHECK(MPI_Alltoall(in.raw(), chunk, MPI_BYTE, out.raw(), chunk, MPI_BYTE, comm_), name_);
+  }
+  void all_to_all_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
+                    const std::vector<int64_t>& recv_rows) override {
+    check_host(out);
+    check_host(in);
+    const size_t row = all_to_all_v_row_bytes(out, in, send_rows, recv_rows, size_);
+    std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+    int64_t so = 0, ro = 0;
+    for (size_t j = 0; j < sc.size(); ++j) {
+      const int64_t sb = send_rows[j] * static_cast<int64_t>(row), rb = recv_rows[j] * static_cast<int64_t>(row);
+      MT_INTERNAL_ASSERT(so + sb <= std::numeric_limits<int>::max() && ro + rb <= std::numeric_limits<int>::max(), "all_to_all_v over 2 GiB on ", name_);
+      sc[j] = static_cast<int>(sb);
+      sd[j] = static_cast<int>(so);
+      rc[j] = static_cast<int>(rb);
+      rd[j] = static_cast<int>(ro);
+      so += sb;
+      ro += rb;
+    }
+    watchdog::Scope wd("all_to_all_v", name_, static_cast<size_t>(so));
+    // empty tensors may have no storage behind them: MPI gets a valid dummy address for zero bytes
+    char dummy = 0;
+    void* sp = in.numel() > 0 ? in.raw() : &dummy;
+    void* rp = out.numel() > 0 ? out.raw() : &dummy;
+    MT_MPI_CHECK(MPI_Alltoallv(sp, sc.data(), sd.data(), MPI_BYTE, rp, rc.data(), rd.data(), MPI_BYTE, comm_), name_);
   }
   void broadcast(Tensor& x, int root) override {
     check_host(x);

@@ -1,9 +1,12 @@
 #include "train/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "config/config_loader.h"
 #include "config/model_features.h"
@@ -16,6 +19,44 @@
 #include "train/trainer.h"
 
 namespace mt {
+
+namespace {
+
+// Levenshtein distance (insert, delete, substitute: 1 each).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first word, when it is not an option, must be a subcommand: `megatrain trian` names the word
+// and the closest subcommand instead of CLI11's generic message.
+void check_subcommand_word(CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return;
+  const std::string word = argv[1];
+  std::string closest, names;
+  size_t best = std::string::npos;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return;
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    const size_t dist = edit_distance(word, sub->get_name());
+    if (dist < best) best = dist, closest = sub->get_name();
+  }
+  const bool near = best <= std::max<size_t>(2, closest.size() / 3);
+  MT_CHECK(false, "unknown command '", word, "'", near ? "; did you mean '" + closest + "'?" : std::string(),
+           " (commands: ", names, "; megatrain --help lists them)");
+}
+
+}  // namespace
 
 int run_cli(int argc, char** argv) {
   CLI::App app{"megatrain: native trainer for GPT/Llama-style transformers (CPU and CUDA, MPI + NCCL)"};
@@ -84,6 +125,7 @@ int run_cli(int argc, char** argv) {
   std::string inspect_path;
   inspect->add_option("CHECKPOINT", inspect_path, "Checkpoint directory, or a checkpoint.dir holding 'latest'")->required();
 
+  check_subcommand_word(app, argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -91,9 +133,9 @@ int run_cli(int argc, char** argv) {
   }
 
   if (*train) {
+    install_stop_signal_handlers();  // first: a signal during start-up is handled too
     Config cfg = load_config(config_path, overrides);
     log::init(mpi_world_rank(), mpi_world_size(), cfg.logging.level);
-    install_stop_signal_handlers();
     run_training(cfg);
     return 0;
   }

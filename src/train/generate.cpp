@@ -69,7 +69,13 @@ void run_generate(const GenerateOptions& opt) {
   GPTModel model(ctx, store, ModelChunkSpec{0, cfg.model.num_layers, true, true});
   store.allocate(ctx.dtype, ctx.device);
   load_model_weights(ck, store);
+  // Which weights these are, on stderr (stdout is the text).
+  std::fprintf(stderr, "megatrain generate: loaded checkpoint %s (iteration %lld, %s, %d layers, hidden %d, saved by %d rank(s))\n",
+               ck.path.c_str(), static_cast<long long>(ck.iteration), cfg.model.arch.c_str(), cfg.model.num_layers,
+               cfg.model.hidden_size, ck.world_size);
 
+  // Only ids the tokenizer can decode are sampled (a model may have more rows than the tokenizer ids).
+  const int64_t sampled_vocab = std::min<int64_t>(tokenizer->vocab_size(), cfg.model.vocab_size);
   std::vector<int32_t> ids = tokenizer->encode(opt.prompt);
   if (ids.empty()) ids.push_back(tokenizer->eod_id());
   const size_t prompt_len = ids.size();
@@ -83,7 +89,7 @@ void run_generate(const GenerateOptions& opt) {
     const int64_t T = static_cast<int64_t>(ids.size() - start);
     Tensor logits = model.logits(ids.data() + start, 1, T);
     const float* last = logits.data<float>() + (T - 1) * logits.size(1);
-    const int32_t next = sample(last, cfg.model.vocab_size, opt.temperature, opt.top_k, rng);
+    const int32_t next = sample(last, sampled_vocab, opt.temperature, opt.top_k, rng);
     if (next == tokenizer->eod_id()) break;
     ids.push_back(next);
     // Print whole UTF-8 characters as they complete (a character can span several tokens).

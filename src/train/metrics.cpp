@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -13,7 +16,7 @@ int64_t model_flops_per_token(int64_t n, const ModelConfig& m) {
 }
 
 MetricsWriter::MetricsWriter(const Config& cfg, const DerivedConfig& d, int64_t fpt, bool gpu, bool write)
-    : cfg_(&cfg), d_(&d), flops_per_token_(fpt), gpu_(gpu) {
+    : cfg_(&cfg), d_(&d), flops_per_token_(fpt), gpu_(gpu), write_(write) {
   const std::string& path = cfg.logging.metrics_file;
   if (!write || path.empty()) return;
   std::filesystem::path p(path);
@@ -54,7 +57,22 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
   if (d_->precision == Precision::FP16) line += fmt::format(" | loss scale {:g}", r.loss_scale);
   line += " | ETA " + hms(eta);
   log::info("{}", line);
-  if (!file_) return;
+  if (tb_) {
+    Scalars sc = {{"lm loss", r.loss},
+                  {"learning-rate", r.lr},
+                  {"grad-norm", r.grad_norm},
+                  {"consumed-samples", static_cast<double>(r.consumed_samples)},
+                  {"iteration-time", r.ms_per_iter / 1e3},
+                  {"tokens-per-sec", tok_s},
+                  {"skipped-iterations", static_cast<double>(r.skipped)}};
+    if (gpu_) {
+      sc.insert(sc.end(), {{"throughput", tflops}, {"mfu", mfu}, {"mem-max-allocated-bytes", mem_gib * (1 << 30)}});
+      if (d_->world_size > 1) sc.emplace_back("comm-exposed-ms", r.comm_exposed_ms);
+    }
+    if (d_->precision == Precision::FP16) sc.emplace_back("loss-scale", r.loss_scale);
+    tb_->add_scalars(r.iteration, sc);
+  }
+  if (!file_ || !first_record(Kind::Train, r.iteration)) return;
   std::string json = fmt::format(
       "{{\"iteration\": {}, \"consumed_samples\": {}, \"loss\": {}, \"grad_norm\": {}, \"lr\": {:.9g}, "
       "\"tokens_per_s\": {:.6g}, \"ms_per_iter\": {:.6g}, \"skipped\": {}",
@@ -71,9 +89,88 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
 
 void MetricsWriter::eval(int64_t iteration, double val_loss) {
   log::info("validation at iter {} | val loss {:.6f} | val ppl {:.3f}", iteration, val_loss, std::exp(val_loss));
-  if (!file_) return;
+  note_val(iteration, val_loss);
+  if (tb_) tb_->add_scalars(iteration, {{"lm loss validation", val_loss}, {"lm loss validation ppl", std::exp(val_loss)}});
+  if (!file_ || !first_record(Kind::Val, iteration)) return;
   std::fputs(fmt::format("{{\"iteration\": {}, \"val_loss\": {}}}\n", iteration, json_number(val_loss)).c_str(), file_);
   std::fflush(file_);
+}
+
+void MetricsWriter::test(int64_t iteration, double test_loss) {
+  log::info("test at iter {} | test loss {:.6f} | test ppl {:.3f}", iteration, test_loss, std::exp(test_loss));
+  if (tb_) tb_->add_scalars(iteration, {{"lm loss test", test_loss}, {"lm loss test ppl", std::exp(test_loss)}});
+  if (!file_ || !first_record(Kind::Test, iteration)) return;
+  std::fputs(fmt::format("{{\"iteration\": {}, \"test_loss\": {}}}\n", iteration, json_number(test_loss)).c_str(), file_);
+  std::fflush(file_);
+}
+
+void MetricsWriter::add_scalars(int64_t step, const Scalars& scalars) {
+  if (tb_) tb_->add_scalars(step, scalars);
+}
+
+bool MetricsWriter::first_record(Kind kind, int64_t iteration) { return written_.insert({kind, iteration}).second; }
+
+void MetricsWriter::note_val(int64_t iteration, double val_loss) {
+  if (std::isfinite(val_loss) && (best_val_.first < 0 || val_loss < best_val_.second)) best_val_ = {iteration, val_loss};
+}
+
+void MetricsWriter::start(int64_t iteration) {
+  if (!write_) return;
+  if (!cfg_->logging.tensorboard_dir.empty()) {
+    tb_ = std::make_unique<TensorBoardWriter>(cfg_->logging.tensorboard_dir, iteration + 1);
+    log::info("TensorBoard event file: {}", tb_->path());
+  }
+  if (!file_) return;
+  // Keep the records up to `iteration`, one per (kind, iteration); drop the rest.
+  const std::string& path = cfg_->logging.metrics_file;
+  std::fclose(file_);
+  file_ = nullptr;
+  std::vector<std::string> kept;
+  int64_t dropped = 0;
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const bool ok = j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer();
+      const int64_t it = ok ? j["iteration"].get<int64_t>() : -1;
+      const Kind kind = j.contains("val_loss") ? Kind::Val : j.contains("test_loss") ? Kind::Test : Kind::Train;
+      if (!ok || it > iteration || !first_record(kind, it)) {
+        ++dropped;  // unreadable (cut by a crash), past the start, or a duplicate
+        continue;
+      }
+      if (kind == Kind::Val && j["val_loss"].is_number()) note_val(it, j["val_loss"].get<double>());
+      kept.push_back(line);
+    }
+  }
+  if (dropped > 0) {
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      for (const std::string& l : kept) out << l << '\n';
+      MT_CHECK(out.good(), "logging.metrics_file: cannot write '", tmp, "'");
+    }
+    std::filesystem::rename(tmp, path);
+    log::warn("logging.metrics_file {}: removed {} record(s) past iteration {} or repeated (this run starts at "
+              "iteration {}; {} record(s) kept)",
+              path, dropped, iteration, iteration + 1, kept.size());
+  }
+  file_ = std::fopen(path.c_str(), "a");
+  MT_CHECK(file_ != nullptr, "logging.metrics_file: cannot open '", path, "' for appending");
+}
+
+void log_run_summary(const RunSummary& s) {
+  const int64_t ran = s.last_iteration - s.first_iteration;
+  log::info("run summary: {} | iteration {}/{} ({} in this run) | wall time {} | {} tokens in this run, {} in all",
+            s.how_ended, s.last_iteration, s.train_iters, ran, hms(s.wall_seconds), s.tokens_this_run, s.tokens_total);
+  std::string losses = ran > 0 ? fmt::format("last train loss {:.6f}", s.last_loss) : "no training step in this run";
+  losses += s.best_val.first >= 0
+                ? fmt::format(" | best validation loss {:.6f} at iteration {}", s.best_val.second, s.best_val.first)
+                : " | no validation loss";
+  if (s.has_test) losses += fmt::format(" | test loss {:.6f}", s.test_loss);
+  log::info("run summary: {}", losses);
+  log::info("run summary: last checkpoint {}", s.last_checkpoint.empty() ? "none (checkpoint.dir is \"\")" : s.last_checkpoint);
 }
 
 }  // namespace mt

@@ -5,9 +5,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "config/config.h"
+#include "train/tensorboard_writer.h"
 
 namespace mt {
 
@@ -34,13 +38,51 @@ class MetricsWriter {
   // mem_gib: peak device memory, the largest over the ranks.
   void train(const IterationRecord& r, double mem_gib);
   void eval(int64_t iteration, double val_loss);
+  // The test split's loss at the end of training: {"iteration", "test_loss"}.
+  void test(int64_t iteration, double test_loss);
+
+  // Call once before the first record, with the iteration the run starts from (0, or the resumed
+  // checkpoint's). The metrics file then holds one record per (kind, iteration): records past
+  // `iteration` (from a run that went on after its last checkpoint, or an earlier run in the same
+  // file) are removed, saying how many, and a record already in the file is not written again (a
+  // finished job run again appends nothing). Opens logging.tensorboard_dir's event file.
+  void start(int64_t iteration);
+  // More TensorBoard scalars at a step (e.g. per-layer expert load); nothing without tensorboard_dir.
+  void add_scalars(int64_t step, const Scalars& scalars);
+
+  // The lowest validation loss of the metrics file and this run (iteration -1: none).
+  std::pair<int64_t, double> best_val() const { return best_val_; }
 
  private:
+  enum class Kind { Train, Val, Test };
+  // Whether (kind, iteration) is new to the metrics file; marks it written.
+  bool first_record(Kind kind, int64_t iteration);
+  void note_val(int64_t iteration, double val_loss);
   const Config* cfg_;
   const DerivedConfig* d_;
   int64_t flops_per_token_;
   bool gpu_;
+  bool write_;
   std::FILE* file_ = nullptr;
+  std::set<std::pair<Kind, int64_t>> written_;
+  std::pair<int64_t, double> best_val_{-1, 0.0};
+  std::unique_ptr<TensorBoardWriter> tb_;
 };
+
+// The end-of-run block (rank 0 logs it).
+struct RunSummary {
+  int64_t first_iteration = 0;  // the iteration this run started from
+  int64_t last_iteration = 0;
+  int64_t train_iters = 0;
+  double wall_seconds = 0;
+  int64_t tokens_this_run = 0, tokens_total = 0;
+  double last_loss = 0;
+  std::pair<int64_t, double> best_val{-1, 0.0};
+  bool has_test = false;
+  double test_loss = 0;
+  std::string last_checkpoint;  // "" = none
+  std::string how_ended;        // "finished", "stopped by signal", ...
+};
+void log_run_summary(const RunSummary& s);
 
 }  // namespace mt

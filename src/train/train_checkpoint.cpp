@@ -1,6 +1,9 @@
 #include "train/train_checkpoint.h"
 
 #include <algorithm>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
 
 namespace mt {
 
@@ -51,9 +54,9 @@ Tensor param_view(const Tensor& flat, const Param& p) {
 const char* kSuffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
 }  // namespace
 
-std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
-                                     const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                     const std::string& config_yaml) {
+ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                        const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                        const std::string& config_yaml, bool snapshot) {
   ckpt::SaveRequest req;
   req.dir = dir;
   req.iteration = iteration;
@@ -65,6 +68,7 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank.
     const bool owner = ps.dp_rank == 0 && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
+    if (!owner) continue;  // the save writes owned boxes only
     const Tensor sources[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes) {
@@ -72,13 +76,74 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
         st.name = p->spec.name + kSuffix[k];
         st.global_shape = p->spec.global_shape;
         st.offset = b.global_offset;
+        st.owner = true;
         st.data = box_view(sources[k], b, true);
-        st.owner = owner;
+        if (snapshot && sources[k].device() == Device::CPU) st.data = st.data.clone();
         req.tensors.push_back(std::move(st));
       }
     }
   }
-  return ckpt::save_checkpoint(req, *ps.world);
+  return req;
+}
+
+std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                     const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                     const std::string& config_yaml) {
+  return ckpt::save_checkpoint(
+      training_save_request(dir, iteration, keep_last, store, opt, ps, state, config_yaml, false), *ps.world);
+}
+
+TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck) {
+  const std::string where = ck.path + "/manifest.json";
+  MT_CHECK(ck.state.is_object(), "checkpoint ", where, ": 'state' is missing or not an object");
+  auto get = [&](const char* key, bool required) -> int64_t {
+    if (!ck.state.contains(key)) {
+      MT_CHECK(!required, "checkpoint ", where, ": 'state' has no '", key,
+               "' (the manifest was edited or written by another program); load another checkpoint");
+      return 0;
+    }
+    const nlohmann::json& v = ck.state[key];
+    MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, "checkpoint ", where, ": 'state.", key, "' is ",
+             v.dump(), ", expected a non-negative integer");
+    return v.get<int64_t>();
+  };
+  TrainingState t;
+  t.iteration = get("iteration", true);
+  t.consumed_train_samples = get("consumed_train_samples", true);
+  t.optimizer_step = get("optimizer_step", true);
+  t.skipped_iterations = get("skipped_iterations", false);
+  return t;
+}
+
+void check_checkpoint_matches_model(const ckpt::LoadedCheckpoint& ck, const ParamStore& store, int64_t vocab_size,
+                                    bool finetune, Communicator& world) {
+  // The parameter names the checkpoint holds (moments are "<name>/exp_avg", "<name>/exp_avg_sq").
+  std::set<std::string> saved;
+  for (const auto& [name, t] : ck.manifest.at("tensors").items()) saved.insert(name.substr(0, name.find('/')));
+  for (Param* p : store.params())
+    MT_CHECK(saved.count(p->spec.name), "checkpoint ", ck.path, " has no tensor '", p->spec.name,
+             "' that this model has: it was saved by a different model (compare its config_yaml with this config)");
+  // Which saved names some rank's model holds (each rank holds its own pipeline stage's).
+  const std::vector<std::string> names(saved.begin(), saved.end());
+  Tensor held = Tensor::zeros({static_cast<int64_t>(names.size())}, DType::I32);
+  for (size_t i = 0; i < names.size(); ++i) held.data<int32_t>()[i] = store.find(names[i]) != nullptr;
+  if (world.size() > 1 && !names.empty()) world.all_reduce(held, ReduceOp::Max);
+  for (size_t i = 0; i < names.size(); ++i)
+    MT_CHECK(held.data<int32_t>()[i], "checkpoint ", ck.path, " holds tensor '", names[i],
+             "' that this model does not have: it was saved by a different model (compare its config_yaml, e.g. "
+             "model.num_layers, with this config)");
+  // vocab_size: the padded tables can match while the vocabularies differ.
+  if (finetune || ck.config_yaml.empty()) return;
+  int64_t saved_vocab = -1;
+  try {
+    const YAML::Node m = YAML::Load(ck.config_yaml)["model"];
+    if (m && m["vocab_size"]) saved_vocab = m["vocab_size"].as<int64_t>();
+  } catch (const YAML::Exception& e) {
+    throw Error(str_cat("checkpoint ", ck.path, "/manifest.json: its config_yaml does not parse: ", e.what()));
+  }
+  MT_CHECK(saved_vocab < 0 || saved_vocab == vocab_size, "checkpoint ", ck.path, " was saved with model.vocab_size ",
+           saved_vocab, ", this config has ", vocab_size,
+           ": resuming needs the same vocabulary; set checkpoint.finetune: true to start a new run from its weights");
 }
 
 void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store) {

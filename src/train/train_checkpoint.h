@@ -13,9 +13,29 @@
 
 namespace mt {
 
+// What a rank saves: every parameter box it owns (value, exp_avg, exp_avg_sq; replicas are written
+// by one rank). With snapshot they are host copies that training cannot change (async_save).
+ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                        const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                        const std::string& config_yaml, bool snapshot);
+
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                      const std::string& config_yaml);
+
+// The training state a checkpoint records (manifest.json "state"). Throws mt::Error naming the
+// manifest and the key when one is missing or of the wrong type.
+struct TrainingState {
+  int64_t iteration = 0, consumed_train_samples = 0, optimizer_step = 0, skipped_iterations = 0;
+};
+TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck);
+
+// Refuses a checkpoint whose tensors are not exactly the model's: a parameter of the model that it
+// lacks, a tensor that no rank's model has (say num_layers 2 -> 1), or a different model.vocab_size
+// (even with the same padded size; allowed when finetuning). mt::Error names the checkpoint and the
+// tensor or key. Collective over `world` (every rank calls it).
+void check_checkpoint_matches_model(const ckpt::LoadedCheckpoint& ck, const ParamStore& store, int64_t vocab_size,
+                                    bool finetune, Communicator& world);
 
 // Restores only the parameter values (inference, conversion).
 void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store);

@@ -5,7 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <thread>
+
+#include <pthread.h>
+#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -36,8 +40,26 @@ namespace mt {
 
 namespace {
 
+// SIGTERM, SIGUSR1 and the first SIGINT ask the loop to stop after the current iteration (saving a
+// checkpoint); a second SIGINT exits at once. Only async-signal-safe calls here.
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+std::atomic<int> g_sigint_count{0};
+void say(const char* msg) {
+  ssize_t ignored = ::write(STDERR_FILENO, msg, std::strlen(msg));
+  (void)ignored;
+}
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_sigint_count.fetch_add(1) > 0) {
+    say("megatrain: second SIGINT: exiting now without saving a checkpoint\n");
+    ::_exit(130);
+  }
+  say(sig == SIGINT    ? "megatrain: SIGINT: stopping after the current iteration (a checkpoint is saved if "
+                         "checkpoint.dir is set); press Ctrl-C again to exit at once\n"
+      : sig == SIGTERM ? "megatrain: SIGTERM: stopping after the current iteration\n"
+                       : "megatrain: SIGUSR1: stopping after the current iteration\n");
+  g_stop_signal.store(sig);
+}
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1"; }
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
@@ -179,12 +201,15 @@ struct Run {
     return loss_sum / (static_cast<double>(d.tokens_per_iteration) * iterations);
   }
 
-  double evaluate() {
-    if (!data.valid || cfg.training.eval_iters <= 0) return -1;
+  double evaluate() { return evaluate(data.valid); }
+
+  // The mean loss over the first eval_iters global batches of a split; -1 when it is empty.
+  double evaluate(const std::shared_ptr<data::SampleDataset>& split) {
+    if (!split || cfg.training.eval_iters <= 0) return -1;
     grad_sync->wait_params();
     // The same first eval_iters global batches of the validation split every time, so that
     // validation losses are comparable across evaluations and across resumes.
-    data::BatchLoader loader(data.valid, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
+    data::BatchLoader loader(split, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
                              d.data_parallel_size, 0, cfg.data.prefetch);
     double sum = 0;
     for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += exec->evaluate(loader.next());
@@ -208,11 +233,22 @@ int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
 }  // namespace
 
 void install_stop_signal_handlers() {
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) {
+    sigaction(sig, &sa, nullptr);
+    sigaddset(&set, sig);
+  }
+  // A launcher may have blocked them: unblocked, one already pending is handled now.
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 TrainResult run_training(const Config& cfg) {
+  const auto run_start = Clock::now();
   ops::cpu::init_cpu_threads();
   Run run(cfg);
   run.world = make_world_communicator();
@@ -285,17 +321,34 @@ TrainResult run_training(const Config& cfg) {
   // State, possibly restored.
   int64_t iteration = 0, consumed = 0, skipped_total = 0;
   LossScaler scaler(cfg.optimizer);  // used with fp16 only
+  std::string last_checkpoint;       // for the end-of-run summary
+  TrainResult result;
+  MT_CHECK(!cfg.checkpoint.finetune || (cfg.checkpoint.load != "auto" && cfg.checkpoint.load != "none"),
+           "checkpoint.finetune: true needs checkpoint.load: PATH (the checkpoint whose weights to start from); it is ",
+           cfg.checkpoint.load);
   const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
   if (!load.empty()) {
     ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
-    load_training_checkpoint(ck, *run.store, *run.opt);
-    iteration = ck.state.at("iteration").get<int64_t>();
-    consumed = ck.state.at("consumed_train_samples").get<int64_t>();
-    skipped_total = ck.state.value("skipped_iterations", int64_t{0});
-    run.opt->set_step_count(ck.state.at("optimizer_step").get<int64_t>());
-    scaler.load_state(ck.state);
-    log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+    check_checkpoint_matches_model(ck, *run.store, cfg.model.vocab_size, cfg.checkpoint.finetune, *run.world);
+    if (cfg.checkpoint.finetune) {
+      // Megatron's --finetune: the weights only; iteration 0, fresh optimizer and data position.
+      load_model_weights(ck, *run.store);
+      log::info("finetuning from the weights of {} (iteration {}): starting at iteration 0 with a fresh optimizer "
+                "and data position", ck.path, ck.iteration);
+    } else {
+      const TrainingState st = read_training_state(ck);  // before anything is loaded
+      load_training_checkpoint(ck, *run.store, *run.opt);
+      iteration = st.iteration;
+      consumed = st.consumed_train_samples;
+      skipped_total = st.skipped_iterations;
+      run.opt->set_step_count(st.optimizer_step);
+      scaler.load_state(ck.state);
+      log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
+      last_checkpoint = ck.path;
+    }
   }
+  if (!cfg.checkpoint.dir.empty()) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
+  const int64_t first_iteration = iteration, first_consumed = consumed;
 
   // Data.
   const data::SampleCounts counts = data::megatron_sample_counts(cfg, d);
@@ -303,10 +356,22 @@ TrainResult run_training(const Config& cfg) {
   MT_INTERNAL_ASSERT(run.data.train, "no train dataset (derive_config refuses a data.split whose train share is 0)");
   log::info("train data: {}", run.data.train->describe());
   if (run.data.valid) log::info("valid data: {}", run.data.valid->describe());
+  if (run.data.test) log::info("test data: {}", run.data.test->describe());
   data::BatchLoader loader(run.data.train, d.global_batch_size, cfg.training.micro_batch_size, ps.dp_rank,
                            d.data_parallel_size, consumed, cfg.data.prefetch);
 
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
+  metrics.start(iteration);
+  // checkpoint.async_save: the save in flight, committed (collectively) once every rank wrote its
+  // shard, before the next save, and before the run ends; its errors surface there.
+  std::unique_ptr<ckpt::AsyncSave> async_save;
+  auto finish_async_save = [&] {
+    if (!async_save) return;
+    const std::string path = async_save->finish();
+    async_save.reset();
+    log::info("saved checkpoint {} (written in the background)", path);
+    last_checkpoint = path;
+  };
   auto save = [&](int64_t it) {
     if (cfg.checkpoint.dir.empty()) return;
     run.grad_sync->wait_params();
@@ -316,16 +381,54 @@ TrainResult run_training(const Config& cfg) {
                             {"skipped_iterations", skipped_total},
                             {"seed", cfg.training.seed}};
     if (run.ctx.dtype == DType::F16) scaler.save_state(state);
-    std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
-                                                *run.opt, ps, state, run.config_yaml);
-    log::info("saved checkpoint {}", path);
+    if (!cfg.checkpoint.async_save) {
+      std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
+                                                  *run.opt, ps, state, run.config_yaml);
+      log::info("saved checkpoint {}", path);
+      last_checkpoint = path;
+      return;
+    }
+    // async_save: at most one save in flight; a snapshot on the host, written in the background.
+    finish_async_save();
+    const auto t0 = Clock::now();
+    async_save = std::make_unique<ckpt::AsyncSave>(
+        training_save_request(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
+                              run.config_yaml, true),
+        *run.world);
+    log::info("checkpoint of iteration {}: snapshot taken in {:.1f} ms, writing in the background", it, ms_since(t0));
   };
 
-  TrainResult result;
+  auto summary = [&](const char* how_ended, bool has_test, double test_loss) {
+    RunSummary s;
+    s.first_iteration = first_iteration;
+    s.last_iteration = iteration;
+    s.train_iters = cfg.training.train_iters;
+    s.wall_seconds = ms_since(run_start) / 1e3;
+    s.tokens_total = loader.consumed_samples() * cfg.model.seq_length;
+    s.tokens_this_run = (loader.consumed_samples() - first_consumed) * cfg.model.seq_length;
+    s.last_loss = result.last_loss;
+    s.best_val = metrics.best_val();
+    s.has_test = has_test;
+    s.test_loss = test_loss;
+    s.last_checkpoint = last_checkpoint;
+    s.how_ended = how_ended;
+    log_run_summary(s);
+  };
+
+  // A stop signal during start-up (data, model, loading): exit before the first iteration.
+  if (const int sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max))) {
+    log::info("{} received during start-up: exiting before iteration {} (nothing new to save)", signal_name(sig),
+              iteration + 1);
+    result.last_iteration = iteration;
+    result.stopped_by_signal = true;
+    return result;
+  }
   IterationRecord rec;
   double interval_loss = 0, interval_ms = 0;
-  int interval_iters = 0;
+  int interval_iters = 0, interval_steps = 0;  // steps counted in the loss / all steps since the last log line
   int64_t last_saved = iteration, last_eval = -1;
+  int64_t nan_streak = 0;           // non-finite iterations in a row (nan_policy skip)
+  bool updated_since_save = false;  // periodic saves of weights no update has changed are not written
   const int64_t decay_iters = d.lr_decay_iters;
   while (iteration < cfg.training.train_iters) {
     auto t0 = Clock::now();
@@ -347,14 +450,28 @@ TrainResult run_training(const Config& cfg) {
     bool skip = false;
     // A non-finite loss is divergence (training.nan_policy); with fp16 a non-finite gradient alone is
     // an overflow of the scaled gradients: the loss scaler's business, never nan_policy's.
-    if (!std::isfinite(loss) || (!fp16 && !std::isfinite(gnorm))) {
-      MT_CHECK(d.nan_policy == NanPolicy::Skip, "iteration ", it, ": loss ", loss, ", gradient norm ", gnorm,
-               " is not finite; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
+    // The update's effect on Adam's second moment is checked before it is applied: an Inf there
+    // would silently freeze those weights from then on (optim/adamw.h, AdamW::would_overflow).
+    const double clip_scale =
+        (cfg.optimizer.clip_grad > 0 && gnorm > cfg.optimizer.clip_grad) ? cfg.optimizer.clip_grad / (gnorm + 1e-6) : 1.0;
+    const bool moments_overflow = std::isfinite(gnorm) && run.opt->would_overflow(gnorm * clip_scale);
+    if (!std::isfinite(loss) || (!fp16 && !std::isfinite(gnorm)) || moments_overflow) {
+      const std::string what = moments_overflow
+                                   ? str_cat("gradient norm ", gnorm, " would overflow Adam's second moment")
+                                   : str_cat("loss ", loss, ", gradient norm ", gnorm, " is not finite");
+      MT_CHECK(d.nan_policy == NanPolicy::Skip, "iteration ", it, ": ", what,
+               "; stopping (the last checkpoint is untouched). Lower optimizer.lr, or set "
                "training.nan_policy: skip to skip such iterations");
+      ++nan_streak;
+      MT_CHECK(nan_streak < cfg.training.nan_max_skips, "iteration ", it, ": ", what, ", the ", nan_streak,
+               "th such iteration in a row (training.nan_max_skips = ", cfg.training.nan_max_skips,
+               "); stopping (the last checkpoint is untouched). Lower optimizer.lr, or resume from an earlier "
+               "checkpoint");
       skip = true;
       ++skipped_total;
       ++rec.skipped;
-      log::warn("iteration {}: non-finite loss/gradient norm, update skipped", it);
+      log::warn("iteration {}: {}, update skipped ({} in a row, training.nan_max_skips = {})", it, what, nan_streak,
+                cfg.training.nan_max_skips);
     } else if (fp16) {
       const bool overflow = !std::isfinite(gnorm);
       scaler.update(overflow);
@@ -371,19 +488,23 @@ TrainResult run_training(const Config& cfg) {
     if (!skip) {
       const double clip = cfg.optimizer.clip_grad;
       const double scale = (clip > 0 && gnorm > clip) ? clip / (gnorm + 1e-6) : 1.0;
-      run.opt->step(lr, scale / loss_scale);
+      run.opt->step(lr, scale / loss_scale, gnorm * scale);
       run.grad_sync->gather_params();
+      nan_streak = 0;
+      updated_since_save = true;
       interval_loss += loss;
       ++interval_iters;
     }
     iteration = it;
     rec.comm_exposed_ms += take_exposed_comm_ms(run.ctx.device);
     interval_ms += ms_since(t0);
+    ++interval_steps;
     watchdog::iteration_end(it);
     result.last_iteration = it;
     result.last_loss = loss;
 
-    const bool log_now = it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters;
+    // The first line at iteration 1 (a newcomer sees the run start), then every log_interval.
+    const bool log_now = it == 1 || it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters;
     if (log_now) {
       rec.iteration = it;
       rec.consumed_samples = loader.consumed_samples();
@@ -391,8 +512,7 @@ TrainResult run_training(const Config& cfg) {
       rec.grad_norm = gnorm;
       rec.lr = lr;
       rec.loss_scale = scaler.scale();
-      const int64_t n_iters = it % cfg.logging.log_interval == 0 ? cfg.logging.log_interval
-                                                                 : it % cfg.logging.log_interval;
+      const int64_t n_iters = interval_steps;
       rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
       rec.comm_exposed_ms /= static_cast<double>(n_iters);
       double mem = peak_memory_gib(run.ctx.device);
@@ -400,31 +520,63 @@ TrainResult run_training(const Config& cfg) {
       metrics.train(rec, mem);
       rec = IterationRecord{};
       interval_loss = interval_ms = 0;
-      interval_iters = 0;
+      interval_iters = interval_steps = 0;
     }
     if (cfg.training.eval_interval > 0 && it % cfg.training.eval_interval == 0) {
       result.last_val_loss = run.evaluate();
-      if (result.last_val_loss >= 0) metrics.eval(it, result.last_val_loss);
+      if (!(result.last_val_loss < 0)) metrics.eval(it, result.last_val_loss);  // NaN too: logged as null
       last_eval = it;
     }
-    const bool stop_signal = run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max) != 0;
+    const int stop_sig = static_cast<int>(run.world->all_reduce_int(g_stop_signal.load(), ReduceOp::Max));
+    const bool stop_signal = stop_sig != 0;
     const bool exit_now = cfg.training.exit_interval > 0 && it % cfg.training.exit_interval == 0;
-    if ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) || stop_signal || exit_now) {
+    const bool periodic = cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0;
+    if (periodic && !updated_since_save && !stop_signal && !exit_now && !cfg.checkpoint.dir.empty()) {
+      log::warn("iteration {}: no update since the checkpoint of iteration {} (every iteration skipped): not saving "
+                "the same weights again", it, last_saved);
+    } else if (periodic || stop_signal || exit_now) {
       save(it);
       last_saved = it;
+      updated_since_save = false;
     }
+    if (async_save && run.world->all_reduce_int(async_save->written() ? 1 : 0, ReduceOp::Min) == 1) finish_async_save();
     if (stop_signal || exit_now) {
-      log::info("{} at iteration {}: checkpoint saved, exiting", stop_signal ? "stop signal received" : "exit_interval reached", it);
+      finish_async_save();
+      log::info("{} at iteration {}: {}, exiting", stop_signal ? str_cat(signal_name(stop_sig), " received") : "exit_interval reached",
+                it, cfg.checkpoint.dir.empty() ? "no checkpoint saved (checkpoint.dir is empty)" : "checkpoint saved");
       result.stopped_by_signal = stop_signal;
+      summary(stop_signal ? "stopped by a signal" : "stopped at training.exit_interval", false, 0);
       return result;
     }
   }
+  if (iteration == first_iteration) {
+    // A finished job run again: nothing to train, evaluate or save.
+    log::info("training already done: resumed at iteration {} and training.train_iters is {}; nothing to do "
+              "(raise training.train_iters to train on)", iteration, cfg.training.train_iters);
+    summary("already finished", false, 0);
+    return result;
+  }
   if (last_eval != iteration) {
     result.last_val_loss = run.evaluate();
-    if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
+    if (!(result.last_val_loss < 0)) metrics.eval(iteration, result.last_val_loss);  // NaN too: logged as null
   }
   if (last_saved != iteration) save(iteration);
+  finish_async_save();
+  // The test split once, at the end of training (as Megatron does).
+  const bool has_test = run.data.test && cfg.training.eval_iters > 0;
+  if (has_test) {
+    result.last_test_loss = run.evaluate(run.data.test);
+    // As validation: a record only for a finite loss.
+    if (result.last_test_loss >= 0)
+      metrics.test(iteration, result.last_test_loss);
+    else
+      log::warn("test at iter {}: the test loss is not finite ({}); no record written", iteration, result.last_test_loss);
+  } else {
+    log::info("test: skipped, {}", cfg.training.eval_iters <= 0 ? "training.eval_iters is 0"
+                                                                : "the test split is empty (data.split gives it weight 0)");
+  }
   log::info("training done: {} iterations, last loss {:.6f}", iteration, result.last_loss);
+  summary("finished", has_test && result.last_test_loss >= 0, result.last_test_loss);
   return result;
 }
 

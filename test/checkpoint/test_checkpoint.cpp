@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "core/check.h"
+#include "core/sha256.h"
 #include "runtime/mpi_communicator.h"
 #include "test/catch.h"
 
@@ -120,7 +122,7 @@ TEST_CASE("checkpoint round trip: fp32, fp64, int64, bf16, a scalar, state and c
   CHECK(ck.state == req.state);
   CHECK(ck.config_yaml == req.config_yaml);
   CHECK(ck.manifest["format"] == "megatrain-checkpoint");
-  CHECK(ck.manifest["version"] == 1);
+  CHECK(ck.manifest["version"] == 2);
   CHECK(ck.manifest["tensors"]["embedding.weight"]["shards"].size() == 1);
   CHECK(ck.manifest["tensors"]["embedding.weight"]["dtype"] == "fp32");
   CHECK(has_tensor(ck, "step_counts"));
@@ -282,7 +284,8 @@ TEST_CASE("a truncated or missing shard file is named", "[checkpoint]") {
   CHECK_THROWS_WITH(open_checkpoint(path), Catch::Contains(path + "/manifest.json") && Catch::Contains("not valid JSON"));
 }
 
-TEST_CASE("resolve_load_path: no latest is a fresh start, a dangling latest is an error", "[checkpoint]") {
+TEST_CASE("resolve_load_path: no checkpoint is a fresh start, a dangling latest with nothing complete is an error",
+          "[checkpoint]") {
   TempDir tmp;
   CHECK(resolve_load_path("auto", tmp.path) == "");
   CHECK(resolve_load_path("auto", tmp / "not_yet_created") == "");
@@ -290,6 +293,62 @@ TEST_CASE("resolve_load_path: no latest is a fresh start, a dangling latest is a
   CHECK_THROWS_WITH(resolve_load_path("auto", tmp.path),
                     Catch::Contains("names iter_0000042") && Catch::Contains("does not exist"));
   CHECK_THROWS_WITH(resolve_load_path(tmp / "nowhere", ""), Catch::Contains("does not exist"));
+}
+
+// Issue #20: with latest missing, dangling or stale, auto-resume must still find the newest complete
+// checkpoint (a fresh start would overwrite it).
+TEST_CASE("auto-resume finds the newest complete checkpoint when latest is missing, dangling or stale",
+          "[checkpoint][safety]") {
+  TempDir tmp;
+  save_checkpoint(simple_request(tmp.path, 10, 10.f), world());
+  const std::string newest = save_checkpoint(simple_request(tmp.path, 20, 20.f), world());
+  // An incomplete, newer one (interrupted before its DONE) never counts.
+  fs::create_directories(tmp / "iter_0000030.tmp-abc");
+  SECTION("latest deleted") { fs::remove(tmp / "latest"); }
+  SECTION("latest a dangling link") {
+    fs::remove(tmp / "latest");
+    fs::create_symlink(tmp / "gone", tmp / "latest");
+  }
+  SECTION("latest names a deleted checkpoint") { spit(tmp / "latest", "iter_0000025\n"); }
+  SECTION("crash between the rename and latest: latest names the previous one") { spit(tmp / "latest", "iter_0000010\n"); }
+  SECTION("latest empty") { spit(tmp / "latest", ""); }
+  CHECK(resolve_load_path("auto", tmp.path) == newest);
+  CHECK(load_first(resolve_load_path("auto", tmp.path)) == 20.f);
+  // The first checkpoint of a run renamed into place, latest never written.
+  TempDir first;
+  const std::string only = save_checkpoint(simple_request(first.path, 5, 5.f), world());
+  fs::remove(first / "latest");
+  CHECK(resolve_load_path("auto", first.path) == only);
+}
+
+TEST_CASE("a newer checkpoint that latest names but lacks DONE is refused, not skipped", "[checkpoint][safety]") {
+  TempDir tmp;
+  save_checkpoint(simple_request(tmp.path, 10, 10.f), world());
+  const std::string p20 = save_checkpoint(simple_request(tmp.path, 20, 20.f), world());
+  fs::remove(p20 + "/DONE");
+  CHECK_THROWS_WITH(resolve_load_path("auto", tmp.path), Catch::Contains(p20) && Catch::Contains("no DONE marker"));
+}
+
+TEST_CASE("refuse_overwrite: a run never starts below a complete checkpoint of its checkpoint.dir",
+          "[checkpoint][safety]") {
+  TempDir tmp;
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 0));
+  CHECK_NOTHROW(refuse_overwrite(tmp / "absent", 0));
+  const std::string p = save_checkpoint(simple_request(tmp.path, 20, 20.f), world());
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 20));
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 30));
+  CHECK_THROWS_WITH(refuse_overwrite(tmp.path, 0), Catch::Contains(p) && Catch::Contains("checkpoint.load: auto"));
+  CHECK_THROWS_WITH(refuse_overwrite(tmp.path, 10), Catch::Contains("iteration 20"));
+  // Incomplete directories are not checkpoints.
+  fs::remove(p + "/DONE");
+  CHECK_NOTHROW(refuse_overwrite(tmp.path, 0));
+}
+
+TEST_CASE("keep_last never deletes the checkpoint just saved or a newer one", "[checkpoint][safety]") {
+  TempDir tmp;
+  for (int64_t it : {10, 20, 30}) save_checkpoint(simple_request(tmp.path, it, float(it)), world());
+  save_checkpoint(simple_request(tmp.path, 15, 15.f, 1), world());  // keep_last 1, but 20 and 30 are newer
+  CHECK(entries(tmp.path) == std::vector<std::string>{"iter_0000015", "iter_0000020", "iter_0000030", "latest"});
 }
 
 TEST_CASE("a re-save of the same iteration replaces it", "[checkpoint]") {
@@ -319,4 +378,103 @@ TEST_CASE("a save that cannot write is an error naming the path and leaves lates
   CHECK_THROWS_AS(save_checkpoint(bad, world()), InternalError);
   CHECK(entries(tmp.path) == std::vector<std::string>{"blocker", "iter_0000001", "latest"});
   CHECK(resolve_load_path("auto", tmp.path) == good);
+}
+
+namespace {
+// A checkpoint with two same-size tensors "a" (all 1) and "b" (all 2), and its manifest rewritten by
+// `edit` with DONE's manifest checksum either kept (the edit is caught by it) or updated to match
+// (the cross-checks must catch it on their own).
+std::string edited_checkpoint(const TempDir& tmp, const std::function<void(nlohmann::json&)>& edit, bool fix_sum) {
+  SaveRequest r;
+  r.dir = tmp.path;
+  r.iteration = 3;
+  r.tensors.push_back(whole("a", make<float>({2, 2}, [](int64_t) { return 1.f; })));
+  r.tensors.push_back(whole("b", make<float>({2, 2}, [](int64_t) { return 2.f; })));
+  r.state = {{"iteration", 3}};
+  const std::string path = save_checkpoint(r, world());
+  nlohmann::json m = nlohmann::json::parse(slurp(path + "/manifest.json"));
+  edit(m);
+  const std::string text = m.dump(1);
+  spit(path + "/manifest.json", text);
+  if (fix_sum) spit(path + "/DONE", "iter_0000003\nmanifest_sha256 " + sha256_hex(text.data(), text.size()) + "\n");
+  return path;
+}
+}  // namespace
+
+TEST_CASE("the manifest is checksummed in DONE and cross-checked: edits are refused before anything loads",
+          "[checkpoint][integrity]") {
+  auto swap_field = [](const char* field) {
+    return [field](nlohmann::json& m) {
+      std::swap(m["tensors"]["a"]["shards"][0][field], m["tensors"]["b"]["shards"][0][field]);
+    };
+  };
+  for (bool fix_sum : {false, true}) {
+    INFO("DONE's checksum updated: " << fix_sum);
+    {
+      TempDir tmp;
+      const std::string p = edited_checkpoint(tmp, [](nlohmann::json& m) { m["state"]["iteration"] = 2; }, fix_sum);
+      CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains(p + "/manifest.json") &&
+                                                Catch::Contains(fix_sum ? "state.iteration" : "manifest_sha256"));
+    }
+    {
+      TempDir tmp;
+      const std::string p = edited_checkpoint(
+          tmp, [](nlohmann::json& m) { m["iteration"] = 4, m["state"]["iteration"] = 4; }, fix_sum);
+      CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains(fix_sum ? "directory name" : "manifest_sha256"));
+    }
+    {
+      TempDir tmp;
+      const std::string p = edited_checkpoint(
+          tmp, [](nlohmann::json& m) { m["tensors"]["b"]["shards"][0]["byte_offset"] = 8; }, fix_sum);
+      CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains(fix_sum ? "overlaps" : "manifest_sha256"));
+    }
+  }
+  // Offsets and checksums swapped together: every shard still hashes right, only DONE's manifest
+  // checksum tells that "a" would load "b"'s values.
+  TempDir tmp;
+  const std::string p = edited_checkpoint(
+      tmp,
+      [&](nlohmann::json& m) {
+        swap_field("byte_offset")(m);
+        swap_field("sha256")(m);
+      },
+      false);
+  CHECK_THROWS_WITH(open_checkpoint(p), Catch::Contains("manifest_sha256") && Catch::Contains(p + "/DONE"));
+  // Offsets alone swapped, checksum fixed: the per-tensor checksum refuses the read.
+  TempDir tmp2;
+  const std::string p2 = edited_checkpoint(tmp2, swap_field("byte_offset"), true);
+  LoadedCheckpoint ck = open_checkpoint(p2);
+  Tensor t = Tensor::empty({2, 2}, DType::F32);
+  CHECK_THROWS_WITH(load_tensor(ck, "a", {2, 2}, {0, 0}, t), Catch::Contains("checksum mismatch") && Catch::Contains("'a'"));
+  // DONE without the checksum line (an old-format DONE) on a version 2 manifest.
+  TempDir tmp3;
+  const std::string p3 = edited_checkpoint(tmp3, [](nlohmann::json&) {}, false);
+  spit(p3 + "/DONE", "iter_0000003\n");
+  CHECK_THROWS_WITH(open_checkpoint(p3), Catch::Contains("records no manifest_sha256"));
+}
+
+TEST_CASE("AsyncSave: the snapshot is written in the background and committed by finish()", "[checkpoint][async]") {
+  TempDir tmp;
+  save_checkpoint(simple_request(tmp.path, 1, 1.f), world());
+  SaveRequest req = simple_request(tmp.path, 2, 2.f);
+  {
+    AsyncSave save(req, world());
+    // Until finish() nothing outside the temp directory changes.
+    CHECK(slurp(tmp / "latest") == "iter_0000001\n");
+    CHECK(!fs::exists(tmp / "iter_0000002"));
+    CHECK(save.finish() == tmp / "iter_0000002");
+  }
+  CHECK(slurp(tmp / "latest") == "iter_0000002\n");
+  CHECK(load_first(tmp / "iter_0000002") == 2.f);
+  // An error on the writing thread comes out of finish() and leaves nothing behind.
+  SaveRequest bad = simple_request(tmp.path, 3, 3.f);
+  bad.tensors[0].offset = {0};
+  AsyncSave failing(bad, world());
+  CHECK_THROWS_AS(failing.finish(), InternalError);
+  CHECK(entries(tmp.path) == std::vector<std::string>{"iter_0000001", "iter_0000002", "latest"});
+  // A process that dies before finish() (the destructor never commits) leaves latest alone.
+  { AsyncSave abandoned(simple_request(tmp.path, 4, 4.f), world()); }
+  CHECK(slurp(tmp / "latest") == "iter_0000002\n");
+  CHECK(!fs::exists(tmp / "iter_0000004"));
+  CHECK(resolve_load_path("auto", tmp.path) == tmp / "iter_0000002");
 }

@@ -2,7 +2,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -234,4 +237,115 @@ TEST_CASE("gpt dataset: token ids beyond the vocabulary and too little data are 
   } catch (const mt::Error& e) {
     CHECK(std::string(e.what()).find("fewer than model.seq_length + 1") != std::string::npos);
   }
+}
+
+namespace {
+
+std::vector<int64_t> read_i64(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<int64_t> v(std::filesystem::file_size(path) / 8);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 8));
+  return v;
+}
+
+void write_i64(const std::string& path, const std::vector<int64_t>& v) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 8));
+}
+
+// Rewrites the checksum recorded for NAME as that of its current file (a cache edited consistently:
+// only the structural checks can catch it).
+void reseal(const std::string& desc_path, const std::string& name, const std::string& file) {
+  std::ifstream in(desc_path);
+  auto j = nlohmann::json::parse(in);
+  const auto v = read_i64(file);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(checksum_bytes(v.data(), v.size() * 8)));
+  j["checksums"][name] = hex;
+  j["arrays"][name] = v.size();
+  std::ofstream(desc_path, std::ios::trunc) << j.dump(2);
+}
+
+}  // namespace
+
+// Issue #20: edited cache files gave SIGSEGV (document / sample / shuffle entries out of range, a
+// negative shuffle entry), internal errors (a sample offset moved, a shuffle duplicate reading a
+// sample twice is silent; an offset past the document), or a silently different run (a reversed
+// shuffle). Each is now detected (checksum; structure when the checksum is rewritten too) and the
+// index rebuilt, identical to a fresh build.
+TEST_CASE("gpt dataset: every corrupted cache is rebuilt, never used", "[data][gpt][reliability]") {
+  TempDir tmp;
+  write(tmp.path + "/ds", make_docs(60, 5));
+  auto data = std::make_shared<const IndexedDataset>(tmp.path + "/ds");
+  const DocRange range{0, 50, true};
+  const GPTDataset reference(data, range, options(8, 200, 9));
+  struct Case {
+    const char* name;
+    const char* array;
+    std::function<void(std::vector<int64_t>&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"document id far out of range", "document_index", [](auto& v) { v[3] = 1LL << 40; }},
+      {"negative document id", "document_index", [](auto& v) { v[0] = -7; }},
+      {"document id of another split", "document_index", [](auto& v) { v[1] = 55; }},
+      {"duplicate document", "document_index", [](auto& v) { v[1] = v[0]; }},
+      {"sample position far out of range", "sample_index", [](auto& v) { v[10] = 1LL << 40; }},
+      {"sample offset far out of range", "sample_index", [](auto& v) { v[11] = 1LL << 40; }},
+      {"sample offset moved by one", "sample_index", [](auto& v) { v[11] += 1; }},
+      {"sample positions out of order", "sample_index", [](auto& v) { std::swap(v[10], v[20]); }},
+      {"shuffle entry far out of range", "shuffle_index", [](auto& v) { v[5] = 1LL << 40; }},
+      {"negative shuffle entry", "shuffle_index", [](auto& v) { v[5] = -1; }},
+      {"duplicate shuffle entry", "shuffle_index", [](auto& v) { v[5] = v[6]; }},
+      {"reversed shuffle", "shuffle_index", [](auto& v) { std::reverse(v.begin(), v.end()); }},
+      {"truncated shuffle", "shuffle_index", [](auto& v) { v.resize(v.size() / 2); }},
+      {"truncated sample index", "sample_index", [](auto& v) { v.resize(v.size() - 2); }},
+      {"empty document index", "document_index", [](auto& v) { v.clear(); }},
+  };
+  int detected = 0;
+  for (const bool resealed : {false, true}) {
+    for (const auto& c : cases) {
+      // The reversed shuffle is still a permutation: only the checksum can tell.
+      if (resealed && std::string(c.name) == "reversed shuffle") continue;
+      {
+        INFO(c.name << (resealed ? " (checksum rewritten)" : ""));
+        const std::string cache = tmp.path + "/cache";
+        std::filesystem::remove_all(cache);
+        GPTDataset first(data, range, options(8, 200, 9, cache));
+        REQUIRE(first.saved_to_cache());
+        const std::string desc = first.cache_description_path();
+        const std::string file = desc.substr(0, desc.size() - 16) + c.array + ".int64";
+        auto v = read_i64(file);
+        const auto before = v;
+        c.edit(v);
+        REQUIRE(v != before);
+        write_i64(file, v);
+        if (resealed) reseal(desc, c.array, file);
+        GPTDataset loaded(data, range, options(8, 200, 9, cache));
+        CHECK_FALSE(loaded.loaded_from_cache());
+        CHECK(vec(loaded.document_index()) == vec(reference.document_index()));
+        CHECK(vec(loaded.sample_index()) == vec(reference.sample_index()));
+        CHECK(vec(loaded.shuffle_index()) == vec(reference.shuffle_index()));
+        for (int64_t i = 0; i < reference.size(); ++i) REQUIRE(sample(loaded, i) == sample(reference, i));
+        GPTDataset again(data, range, options(8, 200, 9, cache));  // the rebuilt cache is sound
+        CHECK(again.loaded_from_cache());
+        ++detected;
+      }
+    }
+  }
+  CHECK(detected == static_cast<int>(2 * cases.size() - 1));
+}
+
+TEST_CASE("gpt dataset: a cache description without checksums is rebuilt", "[data][gpt][reliability]") {
+  TempDir tmp;
+  write(tmp.path + "/ds", make_docs(30, 3));
+  auto data = std::make_shared<const IndexedDataset>(tmp.path + "/ds");
+  const std::string cache = tmp.path + "/cache";
+  GPTDataset first(data, DocRange{0, 30, true}, options(8, 50, 1, cache));
+  auto j = nlohmann::json::parse(std::ifstream(first.cache_description_path()));
+  j.erase("checksums");
+  std::ofstream(first.cache_description_path(), std::ios::trunc) << j.dump(2);
+  GPTDataset second(data, DocRange{0, 30, true}, options(8, 50, 1, cache));
+  CHECK_FALSE(second.loaded_from_cache());
+  CHECK(vec(second.shuffle_index()) == vec(first.shuffle_index()));
 }

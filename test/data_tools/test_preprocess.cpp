@@ -1,5 +1,8 @@
 // preprocess / merge / inspect against an independent reader of the .idx/.bin format
 // (test_helpers.h), with the small tokenizer.json of the tokenizer tests.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <sstream>
@@ -260,4 +263,86 @@ TEST_CASE("merge equals preprocessing the concatenated input; inspect reports it
   CHECK_THAT(report, dt_test::has_text("documents   81 (1 empty)"));
   CHECK_THAT(report, dt_test::has_text("sequence length (tokens): min"));
   CHECK_THAT(report, dt_test::has_text("\"first file 0<|endoftext|>\""));
+}
+
+// Issue #20: a UTF-8 byte order mark was a "malformed JSON" error; an empty input wrote an empty
+// dataset with exit 0.
+TEST_CASE("preprocess: a UTF-8 BOM is accepted; an input without documents is refused", "[preprocess]") {
+  Fixture fx("pp_bom");
+  const std::string plain = fx.dir / "plain.jsonl", bom = fx.dir / "bom.jsonl";
+  dt_test::write_file(plain, "{\"text\": \"hello world\"}\n{\"text\": \"second\"}\n");
+  dt_test::write_file(bom, "\xEF\xBB\xBF{\"text\": \"hello world\"}\n{\"text\": \"second\"}\n");
+  preprocess(fx.options({plain}, "a"));
+  preprocess(fx.options({bom}, "b"));
+  CHECK(dt_test::read_file(fx.dir / "a_text_document.bin") == dt_test::read_file(fx.dir / "b_text_document.bin"));
+  CHECK(dt_test::read_file(fx.dir / "a_text_document.idx") == dt_test::read_file(fx.dir / "b_text_document.idx"));
+  // Only at the start of the file: elsewhere it is text inside a line, and bad JSON.
+  dt_test::write_file(bom, "{\"text\": \"a\"}\n\xEF\xBB\xBF{\"text\": \"b\"}\n");
+  CHECK_THAT(error_of([&] { preprocess(fx.options({bom}, "c")); }), dt_test::has_text(bom + ":2: malformed JSON"));
+
+  Fixture ef("pp_empty");
+  for (const std::string text : {std::string(), std::string("\n\n  \n"), std::string("\xEF\xBB\xBF")}) {
+    const std::string in = ef.dir / "empty.jsonl";
+    dt_test::write_file(in, text);
+    CHECK_THAT(error_of([&] { preprocess(ef.options({in}, "out")); }),
+               dt_test::has_text("no documents") && dt_test::has_text("nothing was written"));
+    CHECK_FALSE(any_output(ef.dir.path.string()));
+  }
+  // Every line bad and skipped: no documents either.
+  const std::string bad = ef.dir / "bad.jsonl";
+  dt_test::write_file(bad, "{oops}\n[1]\n");
+  auto o = ef.options({bad}, "out");
+  o.skip_bad = true;
+  CHECK_THAT(error_of([&] { preprocess(o); }), dt_test::has_text("2 skipped as bad"));
+  // Documents whose texts are all empty: no tokens.
+  dt_test::write_file(bad, "{\"text\": \"\"}\n{\"text\": []}\n");
+  o = ef.options({bad}, "out");
+  o.append_eod = true;  // EOD follows non-empty documents only
+  CHECK_THAT(error_of([&] { preprocess(o); }), dt_test::has_text("have no tokens"));
+  CHECK_FALSE(any_output(ef.dir.path.string()));
+}
+
+// Issue #20: one 50 MB line took 1-1.9 GB (the pre-tokenizer held 12 bytes per character and every
+// piece of the text). Run in a child process so that its peak resident set (ru_maxrss) is this
+// run's alone; the output is checked against the same text split into many short documents.
+TEST_CASE("preprocess: one 50 MB line runs in bounded memory", "[preprocess][memory]") {
+  Fixture fx("pp_huge");
+  const std::string in = fx.dir / "huge.jsonl";
+  const size_t kBytes = 50u << 20;
+  std::string text;
+  text.reserve(kBytes + 64);
+  text = "{\"text\": \"";
+  const std::string words[] = {"hello world ", "café 12345 ", "I'M xyz ", "hello, world! "};
+  for (size_t k = 0; text.size() < kBytes; ++k) text += words[k % 4];
+  text += "end\"}\n";
+  dt_test::write_file(in, text);
+  const size_t line_bytes = text.size();
+  std::string().swap(text);
+  auto o = fx.options({in}, "huge");
+  o.workers = 2;
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 0;
+    try {
+      const auto st = preprocess(o);
+      code = st.documents == 1 ? 0 : 3;
+    } catch (...) {
+      code = 4;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  struct rusage ru {};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  const double peak_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
+  std::printf("preprocess: one %.1f MB line: peak RSS %.0f MB\n", line_bytes / 1048576.0, peak_mb);
+  CHECK(peak_mb < 300);
+  // The tokens are those of the pieces (a 4-word sentence repeated): spot-check the sequence length.
+  const auto ds = dt_test::read_raw_dataset(fx.dir / "huge_text_document");
+  REQUIRE(ds.lengths.size() == 1);
+  CHECK(ds.lengths[0] > static_cast<int64_t>(line_bytes / 8));
 }

@@ -158,3 +158,36 @@ TEST_CASE("pretokenize: pieces cover any input, invalid UTF-8 included", "[preto
   CHECK(pattern_from_regex(kLlama3Pattern) == PreTokenizerPattern::kLlama3);
   CHECK_FALSE(pattern_from_regex("\\w+").has_value());
 }
+
+// Issue #20 (memory on one huge line): the pre-tokenizer decodes a window of characters at a time.
+// The pieces must be those of one window holding the whole text, for every window size.
+TEST_CASE("pretokenize: the pieces do not depend on the decoding window", "[pretokenizer]") {
+  std::mt19937 rng(11);
+  const std::string alphabet[] = {"a", "bc", "Z", "1", "234", " ", "  ", "   ", "\n", "\r\n", "\t", "'", "s", "'ll",
+                                  "!", "?!", "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xC2\xA0", "\x80", "'S"};
+  auto pieces = [](PreTokenizerPattern p, const std::string& text, size_t window) {
+    std::vector<std::string> out;
+    pretokenize_each(p, text, [&](std::string_view v) { out.emplace_back(v); }, window);
+    return out;
+  };
+  int compared = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 400);
+    // Runs of one kind (long white space, long words) cross window ends most often.
+    for (int i = 0; i < n; ++i) {
+      const std::string& a = alphabet[rng() % std::size(alphabet)];
+      const int reps = rng() % 4 == 0 ? static_cast<int>(rng() % 30) : 1;
+      for (int r = 0; r < reps; ++r) text += a;
+    }
+    for (auto p : {PreTokenizerPattern::kGpt2, PreTokenizerPattern::kLlama3}) {
+      const auto whole = pieces(p, text, text.size() + 8);
+      for (size_t w : {8u, 9u, 13u, 32u, 100u}) {
+        INFO("window " << w << ", text of " << text.size() << " bytes");
+        REQUIRE(pieces(p, text, w) == whole);
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 300 * 2 * 5);
+}

@@ -1,0 +1,52 @@
+// CUDA versions of the MoE ops of tensor/moe_ops.h, on raw contiguous device pointers (semantics there). Router
+// tensors are fp32; activations T = float, mt::bf16 or mt::f16; expert weight gradients are fp32 main grads.
+// Every launcher runs on the backend's current stream and returns without synchronizing. Plain header.
+//
+// Not here (the ops run them on the host copies, small and rare): the capacity drop and the expert-bias update.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+#include "tensor/moe_ops.h"
+
+namespace mt::ops::cuda {
+
+// ---------------------------------------------------------------- moe_router.cu (one thread per row)
+void moe_router_forward_cuda(int32_t* indices, float* weights, float* scores, const float* logits, const float* bias,
+                             int64_t N, int64_t E, const RouterSpec& spec);
+void moe_router_backward_cuda(float* dlogits, const float* dweights, const float* scores, const int32_t* indices,
+                              int64_t N, int64_t E, const RouterSpec& spec);
+// loss (1) (=) when not null; dlogits (+= dloss * gradient) when not null. Deterministic (fixed-order sums).
+void moe_aux_loss_cuda(float* loss, float* dlogits, const float* scores, const int32_t* indices, int64_t N, int64_t E,
+                       int64_t k, int64_t groups, double coeff, bool sigmoid, double dloss);
+void moe_z_loss_cuda(float* loss, float* dlogits, const float* logits, int64_t N, int64_t E, double coeff,
+                     double dloss);
+
+// ---------------------------------------------------------------- moe_permute.cu
+void moe_expert_counts_cuda(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E);
+void moe_routing_map_cuda(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* counts, const int32_t* indices,
+                          int64_t slots, int64_t E);
+template <typename T>
+void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k);
+template <typename T>
+void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
+template <typename T>
+void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const int32_t* row_of_slot, int64_t N,
+                                int64_t C, int64_t k);
+template <typename T>
+void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* yp, const float* weights,
+                                 const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
+
+// ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
+// One grouped GEMM over the El experts (groups without rows skipped). counts on the host.
+template <typename T>
+void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
+                                     int64_t IC, int64_t OC);
+// dx (=, skipped when null) one grouped GEMM; dweight (fp32) += (= unless accumulate) one grouped GEMM; with
+// overwrite, groups without rows get 0.
+template <typename T>
+void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
+                                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate);
+
+}  // namespace mt::ops::cuda

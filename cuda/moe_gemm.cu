@@ -1,0 +1,128 @@
+// Grouped expert GEMMs on CUDA: every local expert in ONE cublasGemmGroupedBatchedEx call per product (one
+// group of one problem per expert with rows; the sizes are on the host, which the layer has anyway: the
+// dispatcher's counts). Row-major onto cuBLAS's column-major as in gemm.cu, per expert e with m_e rows:
+//   out_e^T (OC, m_e) = W_e (stored (IC, OC), op T) x x_e^T (stored (IC, m_e))         m=OC n=m_e k=IC
+//   dx_e^T  (IC, m_e) = W_e (stored (IC, OC))       x dout_e^T (stored (OC, m_e))      m=IC n=m_e k=OC
+//   dW_e^T  (IC, OC)  = x_e^T (stored (IC, m_e))    x dout_e (stored (OC, m_e), op T)  m=IC n=OC  k=m_e  (fp32 C)
+// Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays go to the device in one copy.
+// Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the image has 13.1 (DESIGN.md).
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernel_utils.cuh"
+#include "cuda/moe_cuda.h"
+
+namespace mt::ops::cuda {
+
+using namespace ::mt::cuda;
+
+namespace {
+
+cublasHandle_t blas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    MT_CUBLAS_CHECK(cublasCreate(&x));
+    MT_CUBLAS_CHECK(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH));
+    return x;
+  }();
+  MT_CUBLAS_CHECK(cublasSetStream(h, current_stream()));
+  return h;
+}
+
+template <typename T> cudaDataType_t cuda_type();
+template <> cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+template <> cudaDataType_t cuda_type<mt::bf16>() { return CUDA_R_16BF; }
+template <> cudaDataType_t cuda_type<mt::f16>() { return CUDA_R_16F; }
+
+// One problem per group: the host-side arrays of a grouped call, and its device pointer arrays.
+struct Grouped {
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<float> alpha, beta;
+  std::vector<const void*> a, b;
+  std::vector<void*> c;
+  void add(cublasOperation_t opa, cublasOperation_t opb, int64_t M, int64_t N, int64_t K, const void* A, int64_t la,
+           const void* B, int64_t lb, void* C, int64_t lc, float be) {
+    ta.push_back(opa), tb.push_back(opb);
+    m.push_back(int(M)), n.push_back(int(N)), k.push_back(int(K));
+    a.push_back(A), b.push_back(B), c.push_back(C);
+    lda.push_back(int(la)), ldb.push_back(int(lb)), ldc.push_back(int(lc));
+    alpha.push_back(1.f), beta.push_back(be), size.push_back(1);
+  }
+  void run(cudaDataType_t ab_type, cudaDataType_t c_type, const char* what) {
+    const int G = int(m.size());
+    if (G == 0) return;
+    // device copies of the three pointer arrays, in one allocation and one copy
+    std::vector<const void*> host(size_t(3 * G));
+    for (int g = 0; g < G; ++g) host[g] = a[g], host[G + g] = b[g], host[2 * G + g] = c[g];
+    void* d = nullptr;
+    cudaStream_t st = current_stream();
+    MT_CUDA_CHECK(cudaMallocAsync(&d, host.size() * sizeof(void*), st));
+    MT_CUDA_CHECK(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, st));
+    auto** p = static_cast<const void**>(d);
+    auto* const* cp = static_cast<void* const*>(d) + 2 * G;
+    MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(),
+                                               alpha.data(), p, ab_type, lda.data(), p + G, ab_type, ldb.data(),
+                                               beta.data(), cp,
+                                               c_type, ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F));
+    MT_CUDA_CHECK_NAMED(cudaFreeAsync(d, st), what);
+  }
+};
+
+}  // namespace
+
+template <typename T>
+void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
+                                     int64_t IC, int64_t OC) {
+  Grouped g;
+  int64_t r0 = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    if (counts[e] > 0)
+      g.add(CUBLAS_OP_T, CUBLAS_OP_N, OC, counts[e], IC, weight + e * OC * IC, IC, x + r0 * IC, IC, out + r0 * OC, OC,
+            0.f);
+    r0 += counts[e];
+  }
+  g.run(cuda_type<T>(), cuda_type<T>(), "moe_grouped_linear_forward");
+}
+
+template <typename T>
+void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
+                                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate) {
+  if (dx) {
+    Grouped g;
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      if (counts[e] > 0)
+        g.add(CUBLAS_OP_N, CUBLAS_OP_N, IC, counts[e], OC, weight + e * OC * IC, IC, dout + r0 * OC, OC, dx + r0 * IC,
+              IC, 0.f);
+      r0 += counts[e];
+    }
+    g.run(cuda_type<T>(), cuda_type<T>(), "moe_grouped_linear_backward (dx)");
+  }
+  if (dweight) {
+    Grouped g;
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      float* dw = dweight + e * OC * IC;
+      if (counts[e] > 0)
+        g.add(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, counts[e], x + r0 * IC, IC, dout + r0 * OC, OC, dw, IC,
+              accumulate ? 1.f : 0.f);
+      else if (!accumulate)
+        MT_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(OC * IC) * sizeof(float), current_stream()));
+      r0 += counts[e];
+    }
+    g.run(cuda_type<T>(), CUDA_R_32F, "moe_grouped_linear_backward (dweight)");
+  }
+}
+
+#define MT_INSTANTIATE(T)                                                                                          \
+  template void moe_grouped_linear_forward_cuda<T>(T*, const T*, const T*, const int64_t*, int64_t, int64_t,      \
+                                                   int64_t);                                                       \
+  template void moe_grouped_linear_backward_cuda<T>(T*, float*, const T*, const T*, const T*, const int64_t*,     \
+                                                    int64_t, int64_t, int64_t, bool);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(mt::bf16)
+MT_INSTANTIATE(mt::f16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::ops::cuda

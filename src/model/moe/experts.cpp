@@ -1,0 +1,78 @@
+#include "model/moe/experts.h"
+
+#include "core/check.h"
+#include "tensor/moe_ops.h"
+
+namespace mt {
+
+Experts::Experts(const std::string& prefix, int64_t first_expert, int64_t local_experts, int64_t ffn_hidden_size,
+                 bool swiglu, const ModelContext& ctx, ParamStore& store)
+    : ctx_(&ctx), store_(&store), local_experts_(local_experts), ffn_(ffn_hidden_size), swiglu_(swiglu) {
+  MT_CHECK(ffn_hidden_size >= 1, "model.moe_ffn_hidden_size must be set (>= 1) for an MoE layer");
+  const int64_t C = ctx.model->hidden_size;
+  auto add = [&](int64_t e, const char* name, Shape shape, ParamInit init) {
+    ParamSpec s;
+    s.name = prefix + "." + std::to_string(e) + "." + name;
+    s.global_shape = std::move(shape);
+    s.init = init;
+    s.sequence_parallel_grad = ctx.ps->sequence_parallel;
+    return store.add(s);
+  };
+  for (int64_t e = first_expert; e < first_expert + local_experts; ++e)
+    fc1_.push_back(add(e, "linear_fc1.weight", {ffn_ * (swiglu ? 2 : 1), C}, ParamInit::Normal));
+  for (int64_t e = first_expert; e < first_expert + local_experts; ++e)
+    fc2_.push_back(add(e, "linear_fc2.weight", {C, ffn_}, ParamInit::ScaledNormal));
+}
+
+Tensor Experts::stacked(const std::vector<Param*>& ps, bool grad) const {
+  const Shape& s = ps.front()->local_shape;
+  const int64_t n = s[0] * s[1];
+  for (size_t i = 0; i < ps.size(); ++i)
+    MT_INTERNAL_ASSERT(ps[i]->flat_offset == ps.front()->flat_offset + i * static_cast<size_t>(n),
+                       "expert weights ", ps[i]->spec.name, " are not consecutive in the parameter store");
+  Tensor& flat = grad ? store_->flat_grads() : store_->flat_values();
+  return flat.slice(static_cast<int64_t>(ps.front()->flat_offset), n * static_cast<int64_t>(ps.size()))
+      .view({static_cast<int64_t>(ps.size()), s[0], s[1]});
+}
+
+ops::GradMode Experts::grad_mode(const std::vector<Param*>& ps) const {
+  const ops::GradMode m = grad_write_mode(*ps.front());
+  for (size_t i = 1; i < ps.size(); ++i)
+    MT_INTERNAL_ASSERT(grad_write_mode(*ps[i]) == m, "expert gradients written apart");
+  return m;
+}
+
+Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& counts) const {
+  const ModelContext& c = *ctx_;
+  const int64_t M = x.size(0), C = x.size(1);
+  s.counts = counts;
+  s.h = c.empty({M, ffn_ * (swiglu_ ? 2 : 1)});
+  ops::moe_grouped_linear_forward(s.h, x, stacked(fc1_, false), counts);
+  s.a = c.empty({M, ffn_});
+  if (swiglu_)
+    ops::swiglu_forward(s.a, s.h);
+  else
+    ops::gelu_forward(s.a, s.h);
+  Tensor y = c.empty({M, C});
+  ops::moe_grouped_linear_forward(y, s.a, stacked(fc2_, false), counts);
+  return y;
+}
+
+Tensor Experts::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
+  const ModelContext& c = *ctx_;
+  Tensor da = c.empty(s.a.shape());
+  Tensor dw2 = stacked(fc2_, true);
+  ops::moe_grouped_linear_backward(&da, &dw2, dy, s.a, stacked(fc2_, false), s.counts, grad_mode(fc2_));
+  Tensor dh = c.empty(s.h.shape());
+  if (swiglu_)
+    ops::swiglu_backward(dh, da, s.h);
+  else
+    ops::gelu_backward(dh, da, s.h);
+  Tensor dx = c.empty(x.shape());
+  Tensor dw1 = stacked(fc1_, true);
+  ops::moe_grouped_linear_backward(&dx, &dw1, dh, x, stacked(fc1_, false), s.counts, grad_mode(fc1_));
+  s = Saved{};
+  return dx;
+}
+
+}  // namespace mt

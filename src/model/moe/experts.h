@@ -1,0 +1,49 @@
+// The experts of one MoE layer held by this rank (Megatron-Core's GroupedMLP): for each local expert e, its
+// rows -> linear_fc1 (C -> 2F [gate; up] for SwiGLU, F for GELU) -> activation -> linear_fc2 (F -> C). No biases.
+// All local experts run as one grouped GEMM per projection (ops::moe_grouped_linear_*) and one activation launch
+// over all rows.
+//
+// Parameters, one per expert, named by the GLOBAL expert index so that a checkpoint reshards over
+// expert-parallel ranks by name: `<prefix>.<e>.linear_fc1.weight` (2F or F, C) and `<prefix>.<e>.linear_fc2.weight`
+// (C, F), e in [first_expert, first_expert + local_experts). They are registered fc1 of every local expert, then
+// fc2 of every local expert, so each projection's weights are consecutive in the store's flat buffers and are
+// read as one stacked (El, OC, IC) tensor. Replicated over TP (expert tensor parallelism 1); under sequence
+// parallelism each TP rank's gradient is a partial sum (sequence_parallel_grad). Their data-parallel reduction
+// is over the expert-data-parallel group, not the data-parallel one.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/model_context.h"
+#include "model/param_store.h"
+
+namespace mt {
+
+class Experts {
+ public:
+  Experts(const std::string& prefix, int64_t first_expert, int64_t local_experts, int64_t ffn_hidden_size,
+          bool swiglu, const ModelContext& ctx, ParamStore& store);
+  struct Saved {
+    std::vector<int64_t> counts;  // rows of each local expert
+    Tensor h, a;                  // fc1 output (M, 2F or F) and activation output (M, F)
+  };
+  // x (M, C) grouped by local expert, counts[e] rows each -> (M, C).
+  Tensor forward(Saved& s, const Tensor& x, const std::vector<int64_t>& counts) const;
+  // dy (M, C) -> dx (M, C); the weights' gradients accumulate (the first write of a step overwrites). Consumes s.
+  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
+  int64_t local_experts() const { return local_experts_; }
+
+ private:
+  // The stacked (El, OC, IC) view of consecutive parameters' values or gradients.
+  Tensor stacked(const std::vector<Param*>& ps, bool grad) const;
+  ops::GradMode grad_mode(const std::vector<Param*>& ps) const;
+
+  const ModelContext* ctx_;
+  ParamStore* store_;
+  int64_t local_experts_, ffn_;
+  bool swiglu_;
+  std::vector<Param*> fc1_, fc2_;
+};
+
+}  // namespace mt

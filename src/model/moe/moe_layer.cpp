@@ -1,0 +1,102 @@
+#include "model/moe/moe_layer.h"
+
+#include "core/check.h"
+#include "tensor/moe_ops.h"
+
+namespace mt {
+
+namespace {
+double scalar(const Tensor& t) {
+  if (!t.defined()) return 0.0;
+  Tensor h = Tensor::empty({1}, t.dtype());
+  h.copy_from(t);
+  return t.dtype() == DType::F64 ? h.data<double>()[0] : static_cast<double>(h.data<float>()[0]);
+}
+}  // namespace
+
+MoELayer::MoELayer(const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx, ParamStore& store)
+    : ctx_(&ctx),
+      opt_(opt),
+      router_(prefix + ".router", opt, ctx, store),
+      dispatcher_(opt.num_experts, *ctx.ps),
+      experts_(prefix + ".experts", dispatcher_.first_expert(), dispatcher_.local_experts(), opt.ffn_hidden_size,
+               opt.swiglu, ctx, store) {
+  MT_CHECK(ctx.ps->tp_size == 1 || ctx.ps->sequence_parallel,
+           "an MoE layer with tensor parallelism needs parallel.sequence_parallel: true (as Megatron-Core)");
+  if (opt.shared_ffn_hidden_size > 0) {
+    const int64_t C = ctx.model->hidden_size, F = opt.shared_ffn_hidden_size;
+    shared_fc1_ = std::make_unique<ColumnParallelLinear>(prefix + ".shared_experts.linear_fc1", C,
+                                                         F * (opt.swiglu ? 2 : 1), !opt.swiglu, ParamInit::Normal, ctx,
+                                                         store, opt.swiglu ? 2 : 1);
+    shared_fc2_ = std::make_unique<RowParallelLinear>(prefix + ".shared_experts.linear_fc2", F, C, !opt.swiglu,
+                                                      ParamInit::ScaledNormal, ctx, store);
+  }
+}
+
+Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
+  const ModelContext& c = *ctx_;
+  const int64_t N = x.size(0), C = x.size(1), E = opt_.num_experts, k = opt_.topk;
+  router_.forward(s.router, x);
+  // routing map; the counts come to the host (sizes of the exchange and of the grouped GEMMs)
+  s.slot_of_row = Tensor::empty({N * k}, DType::I32, x.device());
+  s.row_of_slot = Tensor::empty({N * k}, DType::I32, x.device());
+  Tensor counts = Tensor::empty({E}, DType::I32, x.device()), counts_host = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(s.slot_of_row, s.row_of_slot, counts, s.router.indices, E);
+  counts_host.copy_from(counts);
+  s.counts.assign(counts_host.data<int32_t>(), counts_host.data<int32_t>() + E);
+  int64_t M = 0;
+  for (int64_t n : s.counts) M += n;
+  Tensor xp = c.empty({M, C});
+  ops::moe_permute_forward(xp, x, s.slot_of_row, k);
+  s.xl = dispatcher_.dispatch(s.plan, xp, s.counts);
+  Tensor yl = experts_.forward(s.experts, s.xl, s.plan.local_counts);
+  s.yp = dispatcher_.combine(s.plan, yl);
+  Tensor y = c.empty({N, C});
+  ops::moe_unpermute_forward(y, s.yp, s.router.weights, s.row_of_slot);
+  if (shared_fc1_) {
+    if (opt_.swiglu) {
+      s.shared_h = shared_fc1_->forward(x);
+      s.shared_a = c.empty({s.shared_h.size(0), s.shared_h.size(1) / 2});
+      ops::swiglu_forward(s.shared_a, s.shared_h);
+    } else {
+      s.shared_a = shared_fc1_->forward_gelu(x, &s.shared_h);
+    }
+    y = shared_fc2_->forward(s.shared_a, &y);
+  }
+  if (residual) ops::add_(y, *residual);
+  return y;
+}
+
+Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
+  const ModelContext& c = *ctx_;
+  const int64_t N = x.size(0), k = opt_.topk;
+  Tensor dx_shared;
+  if (shared_fc1_) {
+    Tensor dh;
+    if (opt_.swiglu) {
+      Tensor da = shared_fc2_->backward(dy, s.shared_a);
+      dh = c.empty(s.shared_h.shape());
+      ops::swiglu_backward(dh, da, s.shared_h);
+    } else {
+      dh = shared_fc2_->backward_gelu(dy, s.shared_a, s.shared_h);
+    }
+    dx_shared = shared_fc1_->backward(dh, x);
+  }
+  Tensor dyp = c.empty(s.yp.shape());
+  Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
+  ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
+  Tensor dyl = dispatcher_.combine_backward(s.plan, dyp);
+  Tensor dxl = experts_.backward(dyl, s.experts, s.xl);
+  Tensor dxp = dispatcher_.dispatch_backward(s.plan, dxl);
+  Tensor dx = c.empty(x.shape());
+  ops::moe_permute_backward(dx, dxp, s.row_of_slot, k);
+  ops::add_(dx, router_.backward(s.router, dweights, x));
+  if (dx_shared.defined()) ops::add_(dx, dx_shared);
+  s = Saved{};
+  return dx;
+}
+
+double MoELayer::last_aux_loss(const Saved& s) const { return scalar(s.router.aux_loss); }
+double MoELayer::last_z_loss(const Saved& s) const { return scalar(s.router.z_loss); }
+
+}  // namespace mt

@@ -1,0 +1,68 @@
+// A mixture-of-experts MLP (Megatron-Core moe_layer.py): the only file that knows the router, the token
+// dispatcher and the experts. Same calling convention as the dense MLP (model/attention.h), so a decoder
+// layer's MLP slot can hold either.
+//
+//   x (N, C) -> router: top-k experts and weights per token (router.h)
+//            -> permute: rows grouped by global expert (ops::moe_permute_forward)
+//            -> dispatch: all-to-all-v over the expert-parallel group (parallel/token_dispatcher.h)
+//            -> experts: grouped GEMMs of this rank's experts (experts.h)
+//            -> combine: all-to-all-v back -> unpermute: y[n] = sum_j w[n, j] * expert_{i[n, j]}(x[n])
+//            [+ shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token] [+ residual]
+//
+// N is this rank's rows: with tensor parallelism the layer needs sequence parallelism (each TP rank routes its
+// own rows; the shared expert is tensor-parallel like the dense MLP). Parameter names (prefix e.g.
+// "layers.3.mlp"): <prefix>.router.weight, <prefix>.experts.<global e>.linear_fc{1,2}.weight,
+// <prefix>.shared_experts.linear_fc{1,2}.{weight,bias}.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/linear.h"
+#include "model/moe/experts.h"
+#include "model/moe/moe_options.h"
+#include "model/moe/router.h"
+#include "parallel/token_dispatcher.h"
+
+namespace mt {
+
+class MoELayer {
+ public:
+  MoELayer(const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx, ParamStore& store);
+  struct Saved {
+    Router::Saved router;
+    Tensor slot_of_row, row_of_slot;  // the routing map (N*k) int32
+    std::vector<int64_t> counts;      // (E) rows this rank routes to each global expert
+    TokenDispatcher::Plan plan;
+    Tensor xl;                        // the rows of this rank's experts (dispatched)
+    Experts::Saved experts;
+    Tensor yp;                        // the experts' outputs back in routed order (M, C)
+    Tensor shared_h, shared_a;        // shared expert: fc1 output, activation output
+  };
+  // x (N, C) -> y (N, C) [+ *residual].
+  Tensor forward(Saved& s, const Tensor& x, const Tensor* residual = nullptr) const;
+  // dy (N, C) -> dL/dx (N, C). Parameter gradients accumulate; the router's balancing losses' gradients (times
+  // Router::set_loss_grad_scale) are added here. Consumes s.
+  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
+
+  Router& router() { return router_; }
+  const Router& router() const { return router_; }
+  const TokenDispatcher& dispatcher() const { return dispatcher_; }
+  // Metrics of the last forward: the balancing losses' values (0 when off; reads the device) and the slots this
+  // rank routed to each global expert.
+  double last_aux_loss(const Saved& s) const;
+  double last_z_loss(const Saved& s) const;
+  const std::vector<int64_t>& tokens_per_expert(const Saved& s) const { return s.counts; }
+
+ private:
+  const ModelContext* ctx_;
+  MoEOptions opt_;
+  Router router_;
+  TokenDispatcher dispatcher_;
+  Experts experts_;
+  std::unique_ptr<ColumnParallelLinear> shared_fc1_;
+  std::unique_ptr<RowParallelLinear> shared_fc2_;
+};
+
+}  // namespace mt

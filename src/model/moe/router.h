@@ -1,0 +1,64 @@
+// The MoE router (Megatron-Core moe/router.py): logits = x W^T in fp32 (fp64 for fp64 models), scores, top-k
+// choice (with DeepSeek-V3's expert bias in the choice only), routing weights, optional capacity drop, and the
+// balancing losses (aux_loss | seq_aux_loss, z-loss). Nothing about communication.
+//
+// The losses' gradients are injected by backward (times loss_grad_scale, which the trainer sets to what the
+// language-model loss's gradient is scaled by: the loss scale over the micro-batches); their values are kept in
+// Saved for metrics. The expert bias (E, router dtype) is not a parameter: the optimizer never sees it; it moves
+// after each step by update_expert_bias from the load the forwards counted.
+// Parameter: `<prefix>.weight` (E, C), replicated over TP (a partial gradient per TP rank under SP).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/model_context.h"
+#include "model/moe/moe_options.h"
+#include "model/param_store.h"
+#include "tensor/moe_ops.h"
+
+namespace mt {
+
+class Router {
+ public:
+  Router(const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx, ParamStore& store);
+  struct Saved {
+    Tensor logits, scores;   // (N, E) router dtype
+    Tensor choice;           // (N, k) int32: the top-k choice
+    Tensor indices;          // (N, k) int32: the choice after the capacity drop (-1: dropped); = choice when dropless
+    Tensor weights;          // (N, k) router dtype: the routing weights (a dropped slot's is never read)
+    Tensor aux_loss, z_loss; // (1) router dtype, undefined when off
+  };
+  // x (N, C) -> s.indices, s.weights; counts the load for the expert bias.
+  void forward(Saved& s, const Tensor& x) const;
+  // dweights (N, k) router dtype (its entries of dropped slots ignored) -> dL/dx (N, C) in the activation dtype;
+  // the router weight's gradient accumulates; the enabled losses' gradients are added. Consumes s.
+  Tensor backward(Saved& s, const Tensor& dweights, const Tensor& x) const;
+
+  DType router_dtype() const { return rdt_; }
+  const ops::RouterSpec& spec() const { return spec_; }
+  void set_loss_grad_scale(double s) { loss_grad_scale_ = s; }
+  // Expert bias: (E) router dtype on the device (zeros at start), and the tokens routed to each expert by the
+  // forwards since the last update (host; the trainer sums it over the data-parallel ranks before updating).
+  const Tensor& expert_bias() const { return bias_; }
+  Tensor& expert_bias() { return bias_; }
+  std::vector<int64_t>& expert_load() const { return load_; }
+  // bias += rate * sign(mean(load) - load); clears the load.
+  void update_expert_bias(const std::vector<int64_t>& load);
+  Param* weight() const { return weight_; }
+
+ private:
+  Tensor to_router(const Tensor& t) const;  // t in the router dtype (t itself when it already is)
+  int64_t aux_groups(int64_t N) const;      // blocks of rows of the balancing loss (sequences for seq_aux_loss)
+
+  const ModelContext* ctx_;
+  MoEOptions opt_;
+  ops::RouterSpec spec_;
+  DType rdt_;
+  Param* weight_;
+  Tensor bias_;
+  double loss_grad_scale_ = 1.0;
+  mutable std::vector<int64_t> load_;  // counted by forward (const, like every module's forward)
+};
+
+}  // namespace mt

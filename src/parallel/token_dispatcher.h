@@ -1,0 +1,51 @@
+// The MoE token dispatcher over the expert-parallel group (Megatron-Core's MoEAlltoAllTokenDispatcher, only the
+// communication: permuting tokens by expert and combining them is the layer's). Experts are laid out
+// contiguously: EP rank r holds global experts [r * El, (r + 1) * El), El = E / EP.
+//
+// dispatch: this rank's routed rows, grouped by global expert (counts on the host, from the routing map), go to
+// the ranks of their experts: an all-to-all of the E counts, then an all-to-all-v of the rows, then a local
+// reorder from [source rank][local expert] to [local expert][source rank] so that each local expert's rows are
+// contiguous for the grouped GEMM. combine is the exact inverse. Every rank issues the same collectives in the
+// same order whatever the routing (a rank or expert with no rows included): no data-dependent deadlock.
+// EP 1: no communication, dispatch and combine are the identity.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "parallel/parallel_state.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+
+class TokenDispatcher {
+ public:
+  TokenDispatcher(int64_t num_experts, const ParallelState& ps);
+  int64_t num_experts() const { return num_experts_; }
+  int64_t local_experts() const { return local_experts_; }
+  int64_t first_expert() const { return first_expert_; }  // global index of this rank's first expert
+
+  // What one dispatch exchanged; combine and the backward passes reuse it (no second count exchange).
+  struct Plan {
+    std::vector<int64_t> send_rows, recv_rows;  // (EP): rows to / from each EP rank
+    std::vector<int64_t> recv_counts;           // (EP x El): rows received from rank r for local expert e
+    std::vector<int64_t> local_counts;          // (El): rows of each local expert after the exchange
+  };
+  // xp (M, C) grouped by global expert, counts (E) rows per expert (sum M) -> (sum local_counts, C) grouped by
+  // local expert, source ranks ascending inside an expert. Fills plan.
+  Tensor dispatch(Plan& plan, const Tensor& xp, const std::vector<int64_t>& counts) const;
+  // The inverse: yl (sum local_counts, C) grouped by local expert -> (M, C) in xp's order.
+  Tensor combine(const Plan& plan, const Tensor& yl) const;
+  // Gradients go the other way: dispatch's backward is combine, combine's backward is dispatch (same plan).
+  Tensor dispatch_backward(const Plan& plan, const Tensor& dxl) const { return combine(plan, dxl); }
+  Tensor combine_backward(const Plan& plan, const Tensor& dyp) const { return exchange_rows(plan, dyp); }
+
+ private:
+  Tensor exchange_rows(const Plan& plan, const Tensor& xp) const;  // dispatch with known counts
+
+  int64_t num_experts_, local_experts_, first_expert_;
+  int ep_size_;
+  Communicator* ep_;
+};
+
+}  // namespace mt

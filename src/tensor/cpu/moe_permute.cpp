@@ -1,0 +1,114 @@
+// CPU reference of the MoE routing map, capacity, permute and unpermute (tensor/moe_ops.h). Gathers only (no
+// scatter-add): each output row is written by one loop iteration, sums over a token's slots in slot order.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "tensor/cpu/moe_cpu.h"
+
+namespace mt::ops::cpu {
+
+void moe_expert_counts_cpu(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E) {
+  std::fill(counts, counts + E, 0);
+  for (int64_t s = 0; s < slots; ++s)
+    if (indices[s] >= 0) ++counts[indices[s]];
+}
+
+template <typename T>
+void moe_apply_capacity_cpu(int32_t* indices, const T* weights, int64_t slots, int64_t E, int64_t capacity) {
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
+  for (int64_t s = 0; s < slots; ++s)
+    if (indices[s] >= 0) by_expert[static_cast<size_t>(indices[s])].push_back(s);
+  for (auto& v : by_expert) {
+    if (static_cast<int64_t>(v.size()) <= capacity) continue;
+    // highest weight first, ties toward the lower slot (v is in slot order: a stable sort keeps it)
+    std::stable_sort(v.begin(), v.end(), [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+    for (size_t i = static_cast<size_t>(capacity); i < v.size(); ++i) indices[v[i]] = -1;
+  }
+}
+
+void moe_routing_map_cpu(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* counts, const int32_t* indices,
+                         int64_t slots, int64_t E) {
+  moe_expert_counts_cpu(counts, indices, slots, E);
+  std::vector<int64_t> next(static_cast<size_t>(E), 0);
+  for (int64_t e = 1; e < E; ++e) next[e] = next[e - 1] + counts[e - 1];
+  std::fill(slot_of_row, slot_of_row + slots, -1);
+  for (int64_t s = 0; s < slots; ++s) {  // slots in token order: tokens ascend inside each expert
+    if (indices[s] < 0) {
+      row_of_slot[s] = -1;
+      continue;
+    }
+    const int64_t r = next[indices[s]]++;
+    row_of_slot[s] = static_cast<int32_t>(r);
+    slot_of_row[r] = static_cast<int32_t>(s);
+  }
+}
+
+template <typename T>
+void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k) {
+  for (int64_t r = 0; r < M; ++r) std::copy_n(x + (slot_of_row[r] / k) * C, C, out + r * C);
+}
+
+template <typename T>
+void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
+  std::vector<double> acc(static_cast<size_t>(C));
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = row_of_slot[n * k + j];
+      if (r < 0) continue;
+      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(dout[r * C + c]);
+    }
+    for (int64_t c = 0; c < C; ++c) dx[n * C + c] = static_cast<T>(acc[c]);
+  }
+}
+
+template <typename T>
+void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
+                               int64_t k) {
+  std::vector<double> acc(static_cast<size_t>(C));
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = row_of_slot[n * k + j];
+      if (r < 0) continue;
+      const double w = static_cast<double>(weights[n * k + j]);
+      for (int64_t c = 0; c < C; ++c) acc[c] += w * static_cast<double>(yp[r * C + c]);
+    }
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = static_cast<T>(acc[c]);
+  }
+}
+
+template <typename T>
+void moe_unpermute_backward_cpu(T* dyp, T* dweights, const T* dy, const T* yp, const T* weights,
+                                const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t s = n * k + j;
+      const int32_t r = row_of_slot[s];
+      if (r < 0) {
+        dweights[s] = T(0);
+        continue;
+      }
+      const double w = static_cast<double>(weights[s]);
+      double d = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        d += static_cast<double>(dy[n * C + c]) * static_cast<double>(yp[r * C + c]);
+        dyp[r * C + c] = static_cast<T>(w * static_cast<double>(dy[n * C + c]));
+      }
+      dweights[s] = static_cast<T>(d);
+    }
+}
+
+#define MT_INSTANTIATE(T)                                                                                       \
+  template void moe_apply_capacity_cpu<T>(int32_t*, const T*, int64_t, int64_t, int64_t);                      \
+  template void moe_permute_forward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
+  template void moe_permute_backward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
+  template void moe_unpermute_forward_cpu<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t); \
+  template void moe_unpermute_backward_cpu<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t,    \
+                                              int64_t, int64_t);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(double)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::ops::cpu

@@ -1,0 +1,446 @@
+// The MoE ops (tensor/moe_ops.h): shape/dtype checks, then dispatch on device and dtype. The CPU references
+// live in tensor/cpu/moe_*.cpp; a device without an implementation is a user-visible error naming the op.
+#include "tensor/moe_ops.h"
+
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/cpu/moe_cpu.h"
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/moe_cuda.h"
+#endif
+
+namespace mt::ops {
+
+namespace {
+
+#define MOE_ASSERT(cond, ...) MT_INTERNAL_ASSERT(cond, "op ", op, ": ", __VA_ARGS__)
+
+[[noreturn]] void unsupported(const char* op, const Tensor& t) {
+  MT_CHECK(false, "op ", op, " is not supported on device ", device_name(t.device()), " for ", dtype_name(t.dtype()));
+  __builtin_unreachable();
+}
+
+// Calls f(float{}) or f(double{}) for a CPU tensor of that dtype; anything else is unsupported.
+template <typename F>
+void cpu_float(const char* op, const Tensor& t, F&& f) {
+  if (t.device() != Device::CPU) unsupported(op, t);
+  switch (t.dtype()) {
+    case DType::F32: f(float{}); return;
+    case DType::F64: f(double{}); return;
+    default: unsupported(op, t);
+  }
+}
+
+void check(const char* op, const Tensor& t, const char* name, const Tensor& ref, DType dt, const Shape& s) {
+  MOE_ASSERT(t.defined(), name, " is undefined");
+  MOE_ASSERT(t.device() == ref.device(), name, " ", t.str(), " is on ", device_name(t.device()));
+  MOE_ASSERT(t.dtype() == dt, name, " ", t.str(), " should be ", dtype_name(dt));
+  MOE_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
+}
+[[maybe_unused]] bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
+// A CUDA op of router tensors: fp32 only.
+[[maybe_unused]] void cuda_f32(const char* op, const Tensor& t) {
+  if (t.dtype() != DType::F32) unsupported(op, t);
+}
+// Host copy of a tensor (for the few ops that run on the host on every device) and back.
+Tensor host_copy(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  h.copy_from(t);
+  return h;
+}
+
+// Calls f(T{}) for an activation dtype: CPU float/double through cpu_float, CUDA float/bf16/f16.
+template <typename F>
+void any_float(const char* op, const Tensor& t, F&& f) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(t)) {
+    switch (t.dtype()) {
+      case DType::F32: f(float{}); return;
+      case DType::BF16: f(bf16{}); return;
+      case DType::F16: f(f16{}); return;
+      default: unsupported(op, t);
+    }
+  }
+#endif
+  cpu_float(op, t, f);
+}
+
+// The router dtype of activations of dtype t: fp64 for fp64, else fp32.
+DType router_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+void check_2d(const char* op, const Tensor& t, const char* name) {
+  MOE_ASSERT(t.defined() && t.dim() == 2, name, " ", t.defined() ? t.str() : "undefined", " should be 2-d");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- router
+
+void moe_router_forward(Tensor& indices, Tensor& weights, Tensor& scores, const Tensor& logits, const Tensor* bias,
+                        const RouterSpec& spec) {
+  const char* op = "moe_router_forward";
+  check_2d(op, logits, "logits");
+  const int64_t N = logits.size(0), E = logits.size(1), k = spec.topk;
+  MOE_ASSERT(k >= 1 && k <= E, "topk ", k, " for ", E, " experts");
+  check(op, indices, "indices", logits, DType::I32, {N, k});
+  check(op, weights, "weights", logits, logits.dtype(), {N, k});
+  check(op, scores, "scores", logits, logits.dtype(), {N, E});
+  if (bias) check(op, *bias, "bias", logits, logits.dtype(), {E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(logits)) {
+    cuda_f32(op, logits);
+    cuda::moe_router_forward_cuda(indices.data<int32_t>(), weights.data<float>(), scores.data<float>(),
+                                  logits.data<float>(), bias ? bias->data<float>() : nullptr, N, E, spec);
+    return;
+  }
+#endif
+  cpu_float(op, logits, [&](auto z) {
+    using T = decltype(z);
+    cpu::moe_router_forward_cpu<T>(indices.data<int32_t>(), weights.data<T>(), scores.data<T>(), logits.data<T>(),
+                                   bias ? bias->data<T>() : nullptr, N, E, spec);
+  });
+}
+
+void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& scores, const Tensor& indices,
+                         const RouterSpec& spec) {
+  const char* op = "moe_router_backward";
+  check_2d(op, scores, "scores");
+  const int64_t N = scores.size(0), E = scores.size(1), k = spec.topk;
+  check(op, indices, "indices", scores, DType::I32, {N, k});
+  check(op, dweights, "dweights", scores, scores.dtype(), {N, k});
+  check(op, dlogits, "dlogits", scores, scores.dtype(), {N, E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(scores)) {
+    cuda_f32(op, scores);
+    cuda::moe_router_backward_cuda(dlogits.data<float>(), dweights.data<float>(), scores.data<float>(),
+                                   indices.data<int32_t>(), N, E, spec);
+    return;
+  }
+#endif
+  cpu_float(op, scores, [&](auto z) {
+    using T = decltype(z);
+    cpu::moe_router_backward_cpu<T>(dlogits.data<T>(), dweights.data<T>(), scores.data<T>(),
+                                    indices.data<int32_t>(), N, E, spec);
+  });
+}
+
+// ---------------------------------------------------------------- losses
+
+namespace {
+void aux_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& scores, const Tensor& indices,
+              int64_t groups, double coeff, bool sigmoid, double dloss) {
+  check_2d(op, scores, "scores");
+  check_2d(op, indices, "indices");
+  const int64_t N = scores.size(0), E = scores.size(1), k = indices.size(1);
+  check(op, indices, "indices", scores, DType::I32, {N, k});
+  MOE_ASSERT(groups >= 1 && N % groups == 0, N, " rows do not split into ", groups, " groups");
+  if (loss) check(op, *loss, "loss", scores, scores.dtype(), {1});
+  if (dlogits) check(op, *dlogits, "dlogits", scores, scores.dtype(), {N, E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(scores)) {
+    cuda_f32(op, scores);
+    cuda::moe_aux_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
+                            scores.data<float>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss);
+    return;
+  }
+#endif
+  cpu_float(op, scores, [&](auto z) {
+    using T = decltype(z);
+    cpu::moe_aux_loss_cpu<T>(loss ? loss->data<T>() : nullptr, dlogits ? dlogits->data<T>() : nullptr,
+                             scores.data<T>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss);
+  });
+}
+void z_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& logits, double coeff, double dloss) {
+  check_2d(op, logits, "logits");
+  const int64_t N = logits.size(0), E = logits.size(1);
+  if (loss) check(op, *loss, "loss", logits, logits.dtype(), {1});
+  if (dlogits) check(op, *dlogits, "dlogits", logits, logits.dtype(), {N, E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(logits)) {
+    cuda_f32(op, logits);
+    cuda::moe_z_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
+                          logits.data<float>(), N, E, coeff, dloss);
+    return;
+  }
+#endif
+  cpu_float(op, logits, [&](auto z) {
+    using T = decltype(z);
+    cpu::moe_z_loss_cpu<T>(loss ? loss->data<T>() : nullptr, dlogits ? dlogits->data<T>() : nullptr,
+                           logits.data<T>(), N, E, coeff, dloss);
+  });
+}
+}  // namespace
+
+void moe_aux_loss_forward(Tensor& loss, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
+                          bool sigmoid) {
+  aux_loss("moe_aux_loss_forward", &loss, nullptr, scores, indices, groups, coeff, sigmoid, 0.0);
+}
+void moe_aux_loss_backward(Tensor& dlogits, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
+                           bool sigmoid, double dloss) {
+  aux_loss("moe_aux_loss_backward", nullptr, &dlogits, scores, indices, groups, coeff, sigmoid, dloss);
+}
+void moe_z_loss_forward(Tensor& loss, const Tensor& logits, double coeff) {
+  z_loss("moe_z_loss_forward", &loss, nullptr, logits, coeff, 0.0);
+}
+void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss) {
+  z_loss("moe_z_loss_backward", nullptr, &dlogits, logits, coeff, dloss);
+}
+
+void moe_expert_counts(Tensor& counts, const Tensor& indices, int64_t E) {
+  const char* op = "moe_expert_counts";
+  check(op, counts, "counts", indices, DType::I32, {E});
+  MOE_ASSERT(indices.dtype() == DType::I32, "indices ", indices.str(), " should be int32");
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(indices)) {
+    cuda::moe_expert_counts_cuda(counts.data<int32_t>(), indices.data<int32_t>(), indices.numel(), E);
+    return;
+  }
+#endif
+  if (indices.device() != Device::CPU) unsupported(op, indices);
+  cpu::moe_expert_counts_cpu(counts.data<int32_t>(), indices.data<int32_t>(), indices.numel(), E);
+}
+
+void moe_expert_bias_update(Tensor& bias, const Tensor& load, double rate) {
+  const char* op = "moe_expert_bias_update";
+  MOE_ASSERT(bias.defined() && bias.dim() == 1, "bias should be (E)");
+  const int64_t E = bias.numel();
+  MOE_ASSERT(load.defined() && load.numel() == E && load.device() == bias.device(), "load should be (E)");
+  if (bias.device() != Device::CPU) {  // E values: on the host, then back
+    Tensor b = host_copy(bias);
+    moe_expert_bias_update(b, host_copy(load), rate);
+    bias.copy_from(b);
+    return;
+  }
+  if (load.device() != Device::CPU) unsupported(op, load);
+  std::vector<double> load64(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    switch (load.dtype()) {
+      case DType::I32: load64[e] = load.data<int32_t>()[e]; break;
+      case DType::I64: load64[e] = static_cast<double>(load.data<int64_t>()[e]); break;
+      case DType::F32: load64[e] = load.data<float>()[e]; break;
+      case DType::F64: load64[e] = load.data<double>()[e]; break;
+      default: unsupported(op, load);
+    }
+  }
+  cpu_float(op, bias, [&](auto z) {
+    using T = decltype(z);
+    cpu::moe_expert_bias_update_cpu<T>(bias.data<T>(), load64.data(), E, rate);
+  });
+}
+
+// ---------------------------------------------------------------- capacity
+
+int64_t moe_capacity(int64_t N, int64_t k, int64_t E, double factor) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(N * k) / static_cast<double>(E) * factor));
+}
+
+void moe_apply_capacity(Tensor& indices, const Tensor& weights, int64_t E, int64_t capacity) {
+  const char* op = "moe_apply_capacity";
+  check_2d(op, weights, "weights");
+  check(op, indices, "indices", weights, DType::I32, weights.shape());
+  MOE_ASSERT(capacity >= 0, "capacity ", capacity);
+  if (weights.device() != Device::CPU) {  // a per-expert sort: on the host (N * k values), then back
+    Tensor idx = host_copy(indices), w = host_copy(weights);
+    if (w.dtype() != DType::F32 && w.dtype() != DType::F64) unsupported(op, w);
+    moe_apply_capacity(idx, w, E, capacity);
+    indices.copy_from(idx);
+    return;
+  }
+  cpu_float(op, weights, [&](auto z) {
+    using T = decltype(z);
+    cpu::moe_apply_capacity_cpu<T>(indices.data<int32_t>(), weights.data<T>(), indices.numel(), E, capacity);
+  });
+}
+
+// ---------------------------------------------------------------- permute / unpermute
+
+void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, const Tensor& indices, int64_t E) {
+  const char* op = "moe_routing_map";
+  check_2d(op, indices, "indices");
+  MOE_ASSERT(indices.dtype() == DType::I32, "indices ", indices.str(), " should be int32");
+  const int64_t S = indices.numel();
+  check(op, slot_of_row, "slot_of_row", indices, DType::I32, {S});
+  check(op, row_of_slot, "row_of_slot", indices, DType::I32, {S});
+  check(op, counts, "counts", indices, DType::I32, {E});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(indices)) {
+    cuda::moe_routing_map_cuda(slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>(), counts.data<int32_t>(),
+                               indices.data<int32_t>(), S, E);
+    return;
+  }
+#endif
+  if (indices.device() != Device::CPU) unsupported(op, indices);
+  cpu::moe_routing_map_cpu(slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>(), counts.data<int32_t>(),
+                           indices.data<int32_t>(), S, E);
+}
+
+void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row, int64_t k) {
+  const char* op = "moe_permute_forward";
+  check_2d(op, x, "x");
+  check_2d(op, out, "out");
+  const int64_t N = x.size(0), C = x.size(1), M = out.size(0);
+  check(op, out, "out", x, x.dtype(), {M, C});
+  check(op, slot_of_row, "slot_of_row", x, DType::I32, {N * k});
+  MOE_ASSERT(M <= N * k, "out ", out.str(), " has more rows than the ", N * k, " slots");
+  any_float(op, x, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(x)) return cuda::moe_permute_forward_cuda<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+  });
+}
+
+void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k) {
+  const char* op = "moe_permute_backward";
+  check_2d(op, dx, "dx");
+  check_2d(op, dout, "dout");
+  const int64_t N = dx.size(0), C = dx.size(1);
+  check(op, dout, "dout", dx, dx.dtype(), {dout.size(0), C});
+  check(op, row_of_slot, "row_of_slot", dx, DType::I32, {N * k});
+  any_float(op, dx, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(dx)) return cuda::moe_permute_backward_cuda<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_permute_backward_cpu<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+  });
+}
+
+void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, const Tensor& row_of_slot) {
+  const char* op = "moe_unpermute_forward";
+  check_2d(op, y, "y");
+  check_2d(op, yp, "yp");
+  check_2d(op, weights, "weights");
+  const int64_t N = y.size(0), C = y.size(1), k = weights.size(1);
+  check(op, yp, "yp", y, y.dtype(), {yp.size(0), C});
+  check(op, weights, "weights", y, router_dtype(y.dtype()), {N, k});
+  check(op, row_of_slot, "row_of_slot", y, DType::I32, {N * k});
+  any_float(op, y, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(y))
+      return cuda::moe_unpermute_forward_cuda<T>(y.data<T>(), yp.data<T>(), weights.data<float>(),
+                                                 row_of_slot.data<int32_t>(), N, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_unpermute_forward_cpu<T>(y.data<T>(), yp.data<T>(), weights.data<T>(), row_of_slot.data<int32_t>(), N,
+                                        C, k);
+  });
+}
+
+void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, const Tensor& yp, const Tensor& weights,
+                            const Tensor& row_of_slot) {
+  const char* op = "moe_unpermute_backward";
+  check_2d(op, dy, "dy");
+  check_2d(op, yp, "yp");
+  check_2d(op, weights, "weights");
+  const int64_t N = dy.size(0), C = dy.size(1), k = weights.size(1);
+  check(op, yp, "yp", dy, dy.dtype(), {yp.size(0), C});
+  check(op, dyp, "dyp", dy, dy.dtype(), yp.shape());
+  check(op, weights, "weights", dy, router_dtype(dy.dtype()), {N, k});
+  check(op, dweights, "dweights", dy, router_dtype(dy.dtype()), {N, k});
+  check(op, row_of_slot, "row_of_slot", dy, DType::I32, {N * k});
+  any_float(op, dy, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(dy))
+      return cuda::moe_unpermute_backward_cuda<T>(dyp.data<T>(), dweights.data<float>(), dy.data<T>(), yp.data<T>(),
+                                                  weights.data<float>(), row_of_slot.data<int32_t>(), N, C, k);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_unpermute_backward_cpu<T>(dyp.data<T>(), dweights.data<T>(), dy.data<T>(), yp.data<T>(),
+                                         weights.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+  });
+}
+
+// ---------------------------------------------------------------- grouped expert GEMMs
+
+namespace {
+void grouped_shapes(const char* op, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts) {
+  check_2d(op, x, "x");
+  MOE_ASSERT(weight.defined() && weight.dim() == 3, "weight should be (El, OC, IC)");
+  MOE_ASSERT(static_cast<int64_t>(counts.size()) == weight.size(0), counts.size(), " counts for weight ",
+             weight.str());
+  MOE_ASSERT(x.size(1) == weight.size(2), "x ", x.str(), " does not match weight ", weight.str());
+  const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  MOE_ASSERT(M == x.size(0), "counts sum to ", M, ", x is ", x.str());
+  MOE_ASSERT(weight.device() == x.device() && weight.dtype() == x.dtype(), "weight ", weight.str(), " vs x ",
+             x.str());
+}
+// Expert e's (OC, IC) matrix of a stacked (El, OC, IC) tensor.
+Tensor expert_matrix(const Tensor& w, int64_t e) { return w.slice(e, 1).view({w.size(1), w.size(2)}); }
+}  // namespace
+
+void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
+                                const std::vector<int64_t>& counts) {
+  const char* op = "moe_grouped_linear_forward";
+  grouped_shapes(op, x, weight, counts);
+  check(op, out, "out", x, x.dtype(), {x.size(0), weight.size(1)});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(x)) {
+    any_float(op, x, [&](auto z) {
+      using T = decltype(z);
+      if constexpr (!std::is_same_v<T, double>)
+        cuda::moe_grouped_linear_forward_cuda<T>(out.data<T>(), x.data<T>(), weight.data<T>(), counts.data(),
+                                                 weight.size(0), weight.size(2), weight.size(1));
+    });
+    return;
+  }
+#endif
+  if (x.device() != Device::CPU) unsupported(op, x);
+  int64_t r0 = 0;  // CPU: one GEMM per group
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t m = counts[e];
+    if (m > 0) {
+      Tensor o = out.slice(r0, m);
+      linear_forward(o, x.slice(r0, m), expert_matrix(weight, static_cast<int64_t>(e)), nullptr);
+    }
+    r0 += m;
+  }
+}
+
+void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                 const Tensor& weight, const std::vector<int64_t>& counts, GradMode dweight_mode) {
+  const char* op = "moe_grouped_linear_backward";
+  grouped_shapes(op, x, weight, counts);
+  check(op, dout, "dout", x, x.dtype(), {x.size(0), weight.size(1)});
+  if (dx) check(op, *dx, "dx", x, x.dtype(), x.shape());
+  // parameter gradients: the op's dtype on CPU, fp32 main grads on CUDA
+  if (dweight) check(op, *dweight, "dweight", x, on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(x)) {
+    any_float(op, x, [&](auto z) {
+      using T = decltype(z);
+      if constexpr (!std::is_same_v<T, double>)
+        cuda::moe_grouped_linear_backward_cuda<T>(dx ? dx->data<T>() : nullptr,
+                                                  dweight ? dweight->data<float>() : nullptr, dout.data<T>(),
+                                                  x.data<T>(), weight.data<T>(), counts.data(), weight.size(0),
+                                                  weight.size(2), weight.size(1),
+                                                  dweight_mode == GradMode::Accumulate);
+    });
+    return;
+  }
+#endif
+  if (x.device() != Device::CPU) unsupported(op, x);
+  int64_t r0 = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t m = counts[e];
+    const auto ei = static_cast<int64_t>(e);
+    Tensor dxe = dx && m > 0 ? dx->slice(r0, m) : Tensor();
+    Tensor dwe = dweight ? expert_matrix(*dweight, ei) : Tensor();
+    if (m == 0) {  // no rows: dweight unchanged, or 0 when overwritten
+      if (dweight && dweight_mode == GradMode::Overwrite) dwe.zero_();
+    } else {
+      linear_backward(dx ? &dxe : nullptr, dweight ? &dwe : nullptr, nullptr, dout.slice(r0, m), x.slice(r0, m),
+                      expert_matrix(weight, ei), GradMode::Overwrite, dweight_mode);
+    }
+    r0 += m;
+  }
+}
+
+}  // namespace mt::ops

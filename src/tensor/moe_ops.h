@@ -1,0 +1,97 @@
+// The ops of a mixture-of-experts layer (issue #16): router, balancing losses, capacity, permute /
+// unpermute, grouped expert GEMMs. Conventions as tensor/ops.h (checks, dispatch on device and dtype,
+// gradient convention). CPU references in src/tensor/cpu/moe_*.cpp (fp32 and fp64).
+//
+// Legend: N tokens (rows), C hidden, E experts (all of them), El this rank's experts, k = top-k,
+// M routed rows (token slots kept after capacity), OC/IC out/in features of one expert's projection.
+// A "slot" is one (token n, choice j) pair, numbered s = n * k + j.
+// Router tensors (logits, scores, weights, losses) have the router dtype: fp32, or fp64 for fp64
+// activations ("the router runs in fp32"). indices, slot maps and counts are int32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace mt::ops {
+
+// How the router turns logits into expert choices and weights (Megatron-Core moe/router.py).
+struct RouterSpec {
+  int64_t topk = 1;
+  bool sigmoid = false;       // score function: sigmoid (DeepSeek-V3) instead of softmax
+  bool pre_softmax = false;   // softmax only: weights are the softmax over all E (not renormalized over the k)
+  double scaling = 1.0;       // moe_router_topk_scaling_factor (1: none)
+  // Weights are the chosen scores divided by their sum: softmax without pre_softmax (= softmax over the
+  // k chosen logits), sigmoid when k > 1 (DeepSeek-V3).
+  bool normalize() const { return sigmoid ? topk > 1 : !pre_softmax; }
+};
+
+// ---------------------------------------------------------------- router
+// scores (N, E) = softmax(logits) or sigmoid(logits). The choice is the top k of scores + bias (bias (E) or
+// null: the expert bias enters the choice only), ties toward the lower expert index; indices (N, k) int32 in
+// the order chosen (descending choice value). weights (N, k) = scores[indices] (/ their sum when normalize())
+// * scaling.
+void moe_router_forward(Tensor& indices, Tensor& weights, Tensor& scores, const Tensor& logits, const Tensor* bias,
+                        const RouterSpec& spec);
+// dlogits (N, E) (=) = (d weights / d logits)^T dweights (the choice is piecewise constant).
+void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& scores, const Tensor& indices,
+                         const RouterSpec& spec);
+
+// ---------------------------------------------------------------- balancing losses
+// Load-balancing loss over `groups` equal consecutive blocks of rows (1: aux_loss over all N rows; B: seq_aux_loss,
+// one block per sequence of a batch laid out (B, T)), averaged over the blocks:
+//   L = coeff / groups * sum_g E * sum_e f_ge * P_ge,  f_ge = (slots of block g routed to e) / (rows_g * k) (no
+//   gradient), P_ge = mean over the block's rows of p_ne, p = the scores (softmax) or the sigmoid scores divided
+//   by their row sum (sigmoid). Counted from indices before any capacity drop. loss: (1) router dtype (=).
+void moe_aux_loss_forward(Tensor& loss, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
+                          bool sigmoid);
+// dlogits (N, E) += dloss * dL/dlogits.
+void moe_aux_loss_backward(Tensor& dlogits, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
+                           bool sigmoid, double dloss = 1.0);
+// z-loss: L = coeff * mean_n logsumexp(logits_n)^2; loss (1) (=); dlogits += dloss * dL/dlogits.
+void moe_z_loss_forward(Tensor& loss, const Tensor& logits, double coeff);
+void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss = 1.0);
+
+// Slots routed to each expert: counts (E) int32 (=); dropped slots (index -1) are not counted.
+void moe_expert_counts(Tensor& counts, const Tensor& indices, int64_t E);
+// DeepSeek-V3's auxiliary-loss-free balancing, after a step: bias_e += rate * sign(mean(load) - load_e).
+// bias (E) fp32 (or fp64), load (E) int32/int64/fp32/fp64 (tokens routed to each expert over the step).
+void moe_expert_bias_update(Tensor& bias, const Tensor& load, double rate);
+
+// ---------------------------------------------------------------- capacity (moe_expert_capacity_factor)
+// capacity = ceil(N * k / E * factor). Per expert, the `capacity` slots of highest weight are kept (ties: the
+// lower slot), the others dropped: their index becomes -1 (in place on indices (N, k)).
+int64_t moe_capacity(int64_t N, int64_t k, int64_t E, double factor);
+void moe_apply_capacity(Tensor& indices, const Tensor& weights, int64_t E, int64_t capacity);
+
+// ---------------------------------------------------------------- permute / unpermute
+// The routing map: rows grouped by expert (expert-major, tokens ascending inside an expert). slot_of_row (N*k)
+// int32: the slot of permuted row r for r < M = sum(counts), -1 after; row_of_slot (N*k) int32: the permuted row of
+// each slot, -1 for dropped slots. counts (E) int32 as moe_expert_counts.
+void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, const Tensor& indices, int64_t E);
+// out (M, C) (=): out[r] = x[slot_of_row[r] / k].
+void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row, int64_t k);
+// dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
+void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k);
+// y (N, C) (=): y[n] = sum_j weights[n, j] * yp[row_of_slot[n*k+j]] over the kept slots (the combine).
+// weights (N, k) in the router dtype; yp, y in the activation dtype.
+void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, const Tensor& row_of_slot);
+// dyp (M, C) (=): dyp[r] = weights[s] * dy[s / k] for s = slot_of_row... (from row_of_slot); dweights (N, k) (=):
+// dot(dy[n], yp[row]) for kept slots, 0 for dropped ones.
+void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, const Tensor& yp, const Tensor& weights,
+                            const Tensor& row_of_slot);
+
+// ---------------------------------------------------------------- grouped expert GEMMs
+// x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum = M); weight (El, OC, IC) stacks
+// one (OC, IC) matrix per group. out (M, OC) (=): out[rows of e] = x[rows of e] @ weight[e]^T. One grouped GEMM
+// on the GPU (every group in one call).
+void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
+// dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
+// for groups without rows: 0) dout^T x per group.
+void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
+                                 const Tensor& weight, const std::vector<int64_t>& counts,
+                                 GradMode dweight_mode = GradMode::Accumulate);
+
+}  // namespace mt::ops

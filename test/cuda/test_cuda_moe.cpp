@@ -1,0 +1,157 @@
+// CUDA MoE ops against the CPU reference (fp64 on the same rounded inputs): router (softmax / sigmoid, bias,
+// scaling), aux / seq-aux / z losses, routing map and permute / unpermute (fp32, bf16), grouped expert GEMMs
+// (fp32, bf16; experts without rows; first-write and accumulating weight gradients). Tolerances: test_cuda_util.h.
+#include "catch.h"
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include <vector>
+
+#include "tensor/moe_ops.h"
+#include "test_cuda_util.h"
+
+using namespace mt;
+using namespace mt::gpu_test;
+
+namespace {
+Tensor ints_to_device(const Tensor& h) {
+  Tensor d = Tensor::empty(h.shape(), h.dtype(), Device::CUDA);
+  d.copy_from(h);
+  return d;
+}
+bool same_ints(const Tensor& device, const Tensor& host) {
+  const Tensor h = to_host(device);
+  return h.nbytes() == host.nbytes() && std::memcmp(h.raw(), host.raw(), h.nbytes()) == 0;
+}
+}  // namespace
+
+TEST_CASE("cuda moe router and losses match the CPU", "[cuda][moe]") {
+  init();
+  const int64_t N = 257, E = 16;
+  uint64_t seed = 700;
+  for (bool sigmoid : {false, true})
+    for (bool pre : {false, true})
+      for (int64_t k : {int64_t(1), int64_t(4)}) {
+        if (sigmoid && pre) continue;
+        ops::RouterSpec spec;
+        spec.topk = k;
+        spec.sigmoid = sigmoid;
+        spec.pre_softmax = pre;
+        spec.scaling = 1.5;
+        INFO("sigmoid " << sigmoid << " pre " << pre << " k " << k);
+        const Tensor l64 = rounded(randn64({N, E}, ++seed, 3.0), DType::F32);
+        const Tensor b64 = rounded(randn64({E}, ++seed, 0.05), DType::F32);
+        // CPU reference
+        Tensor idx_ref = Tensor::empty({N, k}, DType::I32), w_ref = Tensor::empty({N, k}, DType::F64),
+               s_ref = Tensor::empty({N, E}, DType::F64);
+        ops::moe_router_forward(idx_ref, w_ref, s_ref, l64, &b64, spec);
+        // GPU
+        const Tensor l = to_device(l64, DType::F32), b = to_device(b64, DType::F32);
+        Tensor idx = Tensor::empty({N, k}, DType::I32, Device::CUDA), w = poisoned({N, k}, DType::F32),
+               s = poisoned({N, E}, DType::F32);
+        ops::moe_router_forward(idx, w, s, l, &b, spec);
+        CHECK(same_ints(idx, idx_ref));
+        check_close("moe_router_forward scores", s, s_ref, DType::F32);
+        check_close("moe_router_forward weights", w, w_ref, DType::F32);
+        const Tensor dw64 = rounded(randn64({N, k}, ++seed), DType::F32);
+        Tensor dl_ref = Tensor::empty({N, E}, DType::F64);
+        ops::moe_router_backward(dl_ref, dw64, s_ref, idx_ref, spec);
+        Tensor dl = poisoned({N, E}, DType::F32);
+        ops::moe_router_backward(dl, to_device(dw64, DType::F32), s, idx, spec);
+        if (!(k == 1 && !sigmoid && !pre)) check_close("moe_router_backward", dl, dl_ref, DType::F32);
+        // losses (gradients accumulate onto dl)
+        for (int64_t groups : {int64_t(1), int64_t(257)}) {
+          Tensor loss = poisoned({1}, DType::F32), loss_ref = Tensor::empty({1}, DType::F64);
+          ops::moe_aux_loss_forward(loss, s, idx, groups, 0.01, sigmoid);
+          ops::moe_aux_loss_forward(loss_ref, s_ref, idx_ref, groups, 0.01, sigmoid);
+          check_close("moe_aux_loss_forward", loss, loss_ref, DType::F32);
+          Tensor g = to_device(dl_ref, DType::F32);
+          Tensor g_ref = rounded(dl_ref, DType::F32);
+          ops::moe_aux_loss_backward(g, s, idx, groups, 0.01, sigmoid, 2.0);
+          ops::moe_aux_loss_backward(g_ref, s_ref, idx_ref, groups, 0.01, sigmoid, 2.0);
+          check_close("moe_aux_loss_backward", g, g_ref, DType::F32);
+        }
+        Tensor z = poisoned({1}, DType::F32), z_ref = Tensor::empty({1}, DType::F64);
+        ops::moe_z_loss_forward(z, l, 1e-3);
+        ops::moe_z_loss_forward(z_ref, l64, 1e-3);
+        check_close("moe_z_loss_forward", z, z_ref, DType::F32);
+        Tensor gz = to_device(dl_ref, DType::F32), gz_ref = rounded(dl_ref, DType::F32);
+        ops::moe_z_loss_backward(gz, l, 1e-3, 0.5);
+        ops::moe_z_loss_backward(gz_ref, l64, 1e-3, 0.5);
+        check_close("moe_z_loss_backward", gz, gz_ref, DType::F32);
+      }
+}
+
+TEST_CASE("cuda moe routing map, permute and unpermute match the CPU", "[cuda][moe]") {
+  init();
+  const int64_t N = 301, C = 77, E = 8, k = 2;
+  Tensor idx = randint32({N, k}, 5, -1, int32_t(E - 2));  // -1: dropped slots; experts E-1 never chosen
+  for (int64_t n = 0; n < N; ++n)  // a token's two choices differ
+    if (idx.data<int32_t>()[n * k] == idx.data<int32_t>()[n * k + 1] && idx.data<int32_t>()[n * k] >= 0)
+      idx.data<int32_t>()[n * k + 1] = -1;
+  Tensor s2r_ref = Tensor::empty({N * k}, DType::I32), r2s_ref = Tensor::empty({N * k}, DType::I32),
+         cnt_ref = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(s2r_ref, r2s_ref, cnt_ref, idx, E);
+  const Tensor di = ints_to_device(idx);
+  Tensor s2r = Tensor::empty({N * k}, DType::I32, Device::CUDA), r2s = Tensor::empty({N * k}, DType::I32, Device::CUDA),
+         cnt = Tensor::empty({E}, DType::I32, Device::CUDA);
+  ops::moe_routing_map(s2r, r2s, cnt, di, E);
+  CHECK(same_ints(s2r, s2r_ref));
+  CHECK(same_ints(r2s, r2s_ref));
+  CHECK(same_ints(cnt, cnt_ref));
+  int64_t M = 0;
+  for (int64_t e = 0; e < E; ++e) M += cnt_ref.data<int32_t>()[e];
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor x64 = rounded(randn64({N, C}, 11), dt), yp64 = rounded(randn64({M, C}, 12), dt),
+                 dy64 = rounded(randn64({N, C}, 13), dt), w64 = rounded(randn64({N, k}, 14), DType::F32);
+    Tensor xp_ref = Tensor::empty({M, C}, DType::F64);
+    ops::moe_permute_forward(xp_ref, x64, s2r_ref, k);
+    Tensor xp = poisoned({M, C}, dt);
+    ops::moe_permute_forward(xp, to_device(x64, dt), s2r, k);
+    CHECK(rel_err(to_host64(xp), xp_ref) == 0.0);  // copies
+    Tensor dx_ref = Tensor::empty({N, C}, DType::F64);
+    ops::moe_permute_backward(dx_ref, yp64, r2s_ref, k);
+    Tensor dx = poisoned({N, C}, dt);
+    ops::moe_permute_backward(dx, to_device(yp64, dt), r2s, k);
+    check_close("moe_permute_backward", dx, dx_ref, dt);
+    Tensor y_ref = Tensor::empty({N, C}, DType::F64);
+    ops::moe_unpermute_forward(y_ref, yp64, w64, r2s_ref);
+    Tensor y = poisoned({N, C}, dt);
+    const Tensor w = to_device(w64, DType::F32), yp = to_device(yp64, dt);
+    ops::moe_unpermute_forward(y, yp, w, r2s);
+    check_close("moe_unpermute_forward", y, y_ref, dt);
+    Tensor dyp_ref = Tensor::empty({M, C}, DType::F64), dw_ref = Tensor::empty({N, k}, DType::F64);
+    ops::moe_unpermute_backward(dyp_ref, dw_ref, dy64, yp64, w64, r2s_ref);
+    Tensor dyp = poisoned({M, C}, dt), dw = poisoned({N, k}, DType::F32);
+    ops::moe_unpermute_backward(dyp, dw, to_device(dy64, dt), yp, w, r2s);
+    check_close("moe_unpermute_backward dyp", dyp, dyp_ref, dt);
+    check_close("moe_unpermute_backward dweights", dw, dw_ref, dt);
+  }
+}
+
+TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included", "[cuda][moe]") {
+  init();
+  const int64_t IC = 96, OC = 80;
+  const std::vector<int64_t> counts = {37, 0, 130, 1, 0, 64};
+  const int64_t El = 6, M = 232;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor x64 = rounded(randn64({M, IC}, 21), dt), w64 = rounded(randn64({El, OC, IC}, 22, 0.1), dt),
+                 dout64 = rounded(randn64({M, OC}, 23), dt);
+    Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
+    ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
+    const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
+    Tensor out = poisoned({M, OC}, dt);
+    ops::moe_grouped_linear_forward(out, x, w, counts);
+    check_close("moe_grouped_linear_forward", out, out_ref, dt);
+    Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
+    ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
+    Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
+    ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+    check_close("moe_grouped_linear_backward dx", dx, dx_ref, dt);
+    check_close("moe_grouped_linear_backward dweight (first write)", dw, dw_ref, dt);
+    ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
+    ops::scale_(dw_ref, 2.0);
+    check_close("moe_grouped_linear_backward dweight (accumulate)", dw, dw_ref, dt);
+  }
+}
+
+#endif

@@ -1,0 +1,75 @@
+// Expert parallelism: the MoE layer with its experts spread over the world as one expert-parallel group (EP =
+// world size: 1 plain, 2 and 4 under mpirun, see test/CMakeLists.txt) gives each rank the outputs and input
+// gradients of a single-rank layer holding every expert (EP 1) on the same tokens, and each expert's weight
+// gradient equals the sum over ranks of the EP-1 gradients. Routings: free, and one where the expert bias keeps
+// every token away from expert 0 and from all of rank 1's experts (an empty expert and a rank receiving nothing).
+#include <memory>
+
+#include "catch.h"
+#include "moe/moe_fixture.h"
+#include "ops/gradcheck.h"
+#include "runtime/mpi_communicator.h"
+
+using namespace mt;
+using namespace mt::test;
+
+TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  const int P = world->size(), rank = world->rank();
+  MoEOptions opt;
+  opt.num_experts = 8;
+  opt.topk = 2;
+  opt.ffn_hidden_size = 3;
+  opt.shared_ffn_hidden_size = 2;
+  opt.aux_loss_coeff = 0.1;
+  opt.z_loss_coeff = 0.01;
+  opt.expert_bias = true;
+  opt.seq_length = 1;
+  const int64_t C = 4, N = 12 + 3 * rank;  // a different number of tokens on each rank
+  ParallelState ps;
+  ps.world_size = P;
+  ps.world_rank = rank;
+  ps.ep_size = P;
+  ps.ep_rank = rank;
+  ps.ep = world.get();
+  for (bool blocked : {false, true}) {
+    INFO((blocked ? "blocked routing" : "free routing") << " on " << P << " rank(s), rank " << rank);
+    MoEFixture ep(opt, C, &ps), one(opt, C);
+    const int64_t El = opt.num_experts / P;
+    for (MoEFixture* fx : {&ep, &one}) {
+      Tensor& b = fx->layer->router().expert_bias();
+      for (int64_t e = 0; e < opt.num_experts; ++e)
+        b.data<double>()[e] = blocked && (e == 0 || (P > 1 && e / El == 1)) ? -100.0 : 0.0;
+    }
+    const Tensor x = randn({N, C}, 100 + static_cast<uint64_t>(rank)), dy = randn({N, C}, 200 + static_cast<uint64_t>(rank));
+    MoELayer::Saved se, so;
+    const Tensor ye = ep.layer->forward(se, x), yo = one.layer->forward(so, x);
+    CHECK(max_abs_diff(ye, yo) < 1e-12);
+    CHECK(ep.layer->last_aux_loss(se) == Approx(one.layer->last_aux_loss(so)).epsilon(1e-14));
+    int64_t received = 0;
+    for (int64_t c : se.plan.local_counts) received += c;
+    if (blocked && P > 1 && rank == 1) CHECK(received == 0);
+    if (blocked) CHECK(se.counts[0] == 0);
+    ep.store->zero_grads();
+    one.store->zero_grads();
+    const Tensor dxe = ep.layer->backward(dy, se, x), dxo = one.layer->backward(dy, so, x);
+    CHECK(max_abs_diff(dxe, dxo) < 1e-12);
+    // expert gradients: the EP-1 layers' gradients summed over the ranks
+    Tensor sum = one.store->flat_grads().clone();
+    world->all_reduce(sum, ReduceOp::Sum);
+    double expert_norm = 0;
+    for (Param* p : ep.store->params()) {
+      INFO(p->spec.name);
+      Param* q = one.store->find(p->spec.name);
+      REQUIRE(q != nullptr);
+      const bool expert = p->spec.name.find(".experts.") != std::string::npos;
+      const Tensor ref = expert ? sum.slice(static_cast<int64_t>(q->flat_offset), q->value.numel()) : q->grad;
+      CHECK(max_abs_diff(p->grad, ref) < 1e-12);
+      if (expert) expert_norm += norm(p->grad);
+    }
+    CHECK(world->all_reduce_scalar(expert_norm, ReduceOp::Sum) > 0);
+    // the EP layer holds only its own experts
+    CHECK(ep.store->find("layers.0.mlp.experts." + std::to_string(rank * El) + ".linear_fc1.weight") != nullptr);
+    if (P > 1) CHECK(ep.store->find("layers.0.mlp.experts." + std::to_string(((rank + 1) % P) * El) + ".linear_fc1.weight") == nullptr);
+  }
+}

@@ -1,0 +1,256 @@
+// The MoE ops against fp64 finite differences and direct computations: router (softmax / sigmoid, pre-softmax,
+// scaling, expert bias, ties), aux / seq-aux / z losses, expert-bias update, capacity, routing map, permute /
+// unpermute, grouped GEMMs (with empty groups).
+#include <numeric>
+
+#include "catch.h"
+#include "ops/gradcheck.h"
+#include "tensor/moe_ops.h"
+
+using namespace mt;
+using namespace mt::test;
+
+namespace {
+constexpr DType D = DType::F64;
+
+struct Routed {
+  Tensor indices, weights, scores;
+};
+Routed route(const Tensor& logits, const ops::RouterSpec& spec, const Tensor* bias = nullptr) {
+  const int64_t N = logits.size(0), E = logits.size(1);
+  Routed r{Tensor::empty({N, spec.topk}, DType::I32), Tensor::empty({N, spec.topk}, D), Tensor::empty({N, E}, D)};
+  ops::moe_router_forward(r.indices, r.weights, r.scores, logits, bias, spec);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("moe router: top-k ties go to the lower expert, the bias moves the choice only", "[moe][router]") {
+  Tensor logits = Tensor::zeros({2, 4}, D);
+  logits.data<double>()[4 + 3] = 1.0;  // row 1: expert 3 largest, the rest tied
+  ops::RouterSpec spec;
+  spec.topk = 2;
+  Routed r = route(logits, spec);
+  CHECK(r.indices.data<int32_t>()[0] == 0);
+  CHECK(r.indices.data<int32_t>()[1] == 1);
+  CHECK(r.indices.data<int32_t>()[2] == 3);
+  CHECK(r.indices.data<int32_t>()[3] == 0);
+  CHECK(r.weights.data<double>()[0] == Approx(0.5));  // renormalized over the two chosen
+  // a bias on expert 2 makes it chosen in row 0, but the weights are still the (renormalized) scores
+  Tensor bias = Tensor::zeros({4}, D);
+  bias.data<double>()[2] = 0.1;
+  Routed rb = route(logits, spec, &bias);
+  CHECK(rb.indices.data<int32_t>()[0] == 2);
+  CHECK(rb.indices.data<int32_t>()[1] == 0);
+  CHECK(rb.weights.data<double>()[0] == Approx(0.5));
+  // sigmoid, k = 1: the weight is the raw sigmoid score times the scaling factor
+  spec.topk = 1;
+  spec.sigmoid = true;
+  spec.scaling = 2.5;
+  Routed rs = route(logits, spec);
+  CHECK(rs.indices.data<int32_t>()[1] == 3);
+  CHECK(rs.weights.data<double>()[1] == Approx(2.5 / (1.0 + std::exp(-1.0))));
+}
+
+TEST_CASE("moe router backward matches finite differences", "[moe][router]") {
+  const int64_t N = 6, E = 5;
+  uint64_t seed = 10;
+  for (bool sigmoid : {false, true})
+    for (bool pre : {false, true})
+      for (int64_t k : {int64_t(1), int64_t(2), int64_t(3)})
+        for (double scaling : {1.0, 2.5})
+          for (bool use_bias : {false, true}) {
+            if (sigmoid && pre) continue;
+            if (!sigmoid && !pre && k == 1) continue;  // softmax over one chosen logit: weight 1, no gradient
+            ops::RouterSpec spec;
+            spec.topk = k;
+            spec.sigmoid = sigmoid;
+            spec.pre_softmax = pre;
+            spec.scaling = scaling;
+            INFO("sigmoid " << sigmoid << " pre_softmax " << pre << " k " << k << " scaling " << scaling << " bias "
+                            << use_bias);
+            Tensor logits = randn({N, E}, ++seed);
+            Tensor bias = randn({E}, ++seed, D, 0.3);
+            const Tensor* b = use_bias ? &bias : nullptr;
+            const Tensor dw = randn({N, k}, ++seed);
+            Routed r = route(logits, spec, b);
+            Tensor dlogits = Tensor::empty({N, E}, D);
+            ops::moe_router_backward(dlogits, dw, r.scores, r.indices, spec);
+            check_grad("dlogits", dlogits, logits, [&] { return dot(dw, route(logits, spec, b).weights); });
+          }
+}
+
+TEST_CASE("moe aux, seq-aux and z losses match a direct computation and finite differences", "[moe][router]") {
+  const int64_t B = 3, T = 4, N = B * T, E = 6, k = 2;
+  uint64_t seed = 50;
+  for (bool sigmoid : {false, true})
+    for (int64_t groups : {int64_t(1), B}) {
+      INFO("sigmoid " << sigmoid << " groups " << groups);
+      ops::RouterSpec spec;
+      spec.topk = k;
+      spec.sigmoid = sigmoid;
+      Tensor logits = randn({N, E}, ++seed);
+      const double coeff = 0.37;
+      auto loss_of = [&] {
+        Routed r = route(logits, spec);
+        Tensor l = Tensor::empty({1}, D);
+        ops::moe_aux_loss_forward(l, r.scores, r.indices, groups, coeff, sigmoid);
+        return l.data<double>()[0];
+      };
+      // direct: coeff * mean over groups of E * sum_e f_e P_e
+      Routed r = route(logits, spec);
+      double expect = 0;
+      const int64_t rows = N / groups;
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t e = 0; e < E; ++e) {
+          double f = 0, P = 0;
+          for (int64_t n = g * rows; n < (g + 1) * rows; ++n) {
+            for (int64_t j = 0; j < k; ++j) f += r.indices.data<int32_t>()[n * k + j] == e ? 1.0 : 0.0;
+            double S = 0;
+            for (int64_t x = 0; x < E; ++x) S += r.scores.data<double>()[n * E + x];
+            P += r.scores.data<double>()[n * E + e] / (sigmoid ? S : 1.0);
+          }
+          expect += coeff / static_cast<double>(groups) * static_cast<double>(E) * (f / (rows * k)) * (P / rows);
+        }
+      }
+      CHECK(loss_of() == Approx(expect).epsilon(1e-12));
+      Tensor dlogits = Tensor::zeros({N, E}, D);
+      ops::moe_aux_loss_backward(dlogits, r.scores, r.indices, groups, coeff, sigmoid);
+      check_grad("aux dlogits", dlogits, logits, loss_of);
+    }
+  // z-loss: coeff * mean(lse^2), gradient accumulated (+=) onto what is there
+  Tensor logits = randn({N, E}, 99, D, 2.0);
+  const double coeff = 1e-2;
+  auto z_of = [&] {
+    Tensor l = Tensor::empty({1}, D);
+    ops::moe_z_loss_forward(l, logits, coeff);
+    return l.data<double>()[0];
+  };
+  double expect = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += std::exp(logits.data<double>()[n * E + e]);
+    expect += std::log(s) * std::log(s);
+  }
+  CHECK(z_of() == Approx(coeff * expect / N).epsilon(1e-12));
+  const Tensor base = randn({N, E}, 98);
+  Tensor dlogits = base.clone();
+  ops::moe_z_loss_backward(dlogits, logits, coeff, 3.0);
+  Tensor added = dlogits.clone();
+  ops::scale_(added, 1.0);
+  for (int64_t i = 0; i < N * E; ++i) added.data<double>()[i] -= base.data<double>()[i];
+  check_grad("z dlogits", added, logits, [&] { return 3.0 * z_of(); });
+}
+
+TEST_CASE("moe expert bias update: rate * sign(mean load - load)", "[moe][router]") {
+  Tensor bias = Tensor::zeros({4}, DType::F32);
+  bias.data<float>()[1] = 0.5f;
+  Tensor load = Tensor::empty({4}, DType::I32);
+  const int32_t l[4] = {1, 7, 4, 4};  // mean 4
+  std::copy_n(l, 4, load.data<int32_t>());
+  ops::moe_expert_bias_update(bias, load, 0.25);
+  CHECK(bias.data<float>()[0] == 0.25f);
+  CHECK(bias.data<float>()[1] == 0.25f);
+  CHECK(bias.data<float>()[2] == 0.0f);
+  CHECK(bias.data<float>()[3] == 0.0f);
+}
+
+TEST_CASE("moe capacity keeps each expert's highest-weight slots", "[moe][capacity]") {
+  CHECK(ops::moe_capacity(10, 2, 4, 1.0) == 5);
+  CHECK(ops::moe_capacity(10, 2, 4, 1.1) == 6);
+  // 4 tokens, k 1, all to expert 1 with weights .2 .9 .5 .9; capacity 2 keeps slots 1 and 3 (ties: lower slot)
+  Tensor idx = Tensor::empty({4, 1}, DType::I32);
+  Tensor w = Tensor::empty({4, 1}, D);
+  const double wv[4] = {0.2, 0.9, 0.5, 0.9};
+  for (int i = 0; i < 4; ++i) {
+    idx.data<int32_t>()[i] = 1;
+    w.data<double>()[i] = wv[i];
+  }
+  ops::moe_apply_capacity(idx, w, 3, 2);
+  CHECK(idx.data<int32_t>()[0] == -1);
+  CHECK(idx.data<int32_t>()[1] == 1);
+  CHECK(idx.data<int32_t>()[2] == -1);
+  CHECK(idx.data<int32_t>()[3] == 1);
+  ops::moe_apply_capacity(idx, w, 3, 1);  // ties: the lower slot stays
+  CHECK(idx.data<int32_t>()[1] == 1);
+  CHECK(idx.data<int32_t>()[3] == -1);
+}
+
+TEST_CASE("moe permute / unpermute: routing map order, adjointness, gradients", "[moe][permute]") {
+  const int64_t N = 7, C = 3, k = 2, E = 4;
+  Tensor idx = Tensor::empty({N, k}, DType::I32);
+  // expert 2 gets nothing; slot 5 (token 2) dropped
+  const int32_t iv[N * k] = {0, 1, 1, 3, 3, -1, 0, 3, 1, 0, 3, 1, 0, 1};
+  std::copy_n(iv, N * k, idx.data<int32_t>());
+  Tensor s2r = Tensor::empty({N * k}, DType::I32), r2s = Tensor::empty({N * k}, DType::I32),
+         counts = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(s2r, r2s, counts, idx, E);
+  const int32_t expect_counts[E] = {4, 5, 0, 4};
+  for (int e = 0; e < E; ++e) CHECK(counts.data<int32_t>()[e] == expect_counts[e]);
+  const int64_t M = 13;
+  // rows are expert-major, tokens ascending inside an expert
+  for (int64_t r = 1; r < M; ++r) {
+    const int32_t a = s2r.data<int32_t>()[r - 1], b = s2r.data<int32_t>()[r];
+    CHECK((iv[a] < iv[b] || (iv[a] == iv[b] && a < b)));
+  }
+  CHECK(s2r.data<int32_t>()[M] == -1);
+  CHECK(r2s.data<int32_t>()[5] == -1);
+  for (int64_t s = 0; s < N * k; ++s)
+    if (iv[s] >= 0) CHECK(s2r.data<int32_t>()[r2s.data<int32_t>()[s]] == s);
+
+  Tensor x = randn({N, C}, 1), xp = Tensor::empty({M, C}, D);
+  ops::moe_permute_forward(xp, x, s2r, k);
+  // permute_backward is the adjoint: <P x, g> = <x, P^T g>
+  const Tensor g = randn({M, C}, 2);
+  Tensor dx = Tensor::empty({N, C}, D);
+  ops::moe_permute_backward(dx, g, r2s, k);
+  CHECK(dot(xp, g) == Approx(dot(x, dx)).epsilon(1e-13));
+  // unpermute: gradients wrt yp and weights
+  Tensor yp = randn({M, C}, 3), w = randn({N, k}, 4);
+  const Tensor dy = randn({N, C}, 5);
+  auto L = [&] {
+    Tensor y = Tensor::empty({N, C}, D);
+    ops::moe_unpermute_forward(y, yp, w, r2s);
+    return dot(y, dy);
+  };
+  Tensor dyp = Tensor::empty({M, C}, D), dw = Tensor::empty({N, k}, D);
+  ops::moe_unpermute_backward(dyp, dw, dy, yp, w, r2s);
+  check_grad("dyp", dyp, yp, L);
+  check_grad("dweights", dw, w, L);
+  CHECK(dw.data<double>()[5] == 0.0);  // the dropped slot
+}
+
+TEST_CASE("moe grouped linear equals one GEMM per expert, empty groups included", "[moe][experts]") {
+  const int64_t IC = 5, OC = 4;
+  const std::vector<int64_t> counts = {3, 0, 4, 0, 1};
+  const int64_t El = 5, M = 8;
+  Tensor x = randn({M, IC}, 7), w = randn({El, OC, IC}, 8);
+  Tensor out = Tensor::empty({M, OC}, D);
+  ops::moe_grouped_linear_forward(out, x, w, counts);
+  int64_t r0 = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    for (int64_t r = r0; r < r0 + counts[e]; ++r)
+      for (int64_t o = 0; o < OC; ++o) {
+        double s = 0;
+        for (int64_t i = 0; i < IC; ++i) s += x.data<double>()[r * IC + i] * w.data<double>()[(e * OC + o) * IC + i];
+        CHECK(out.data<double>()[r * OC + o] == Approx(s).epsilon(1e-13));
+      }
+    r0 += counts[e];
+  }
+  const Tensor dout = randn({M, OC}, 9);
+  auto L = [&] {
+    Tensor o = Tensor::empty({M, OC}, D);
+    ops::moe_grouped_linear_forward(o, x, w, counts);
+    return dot(o, dout);
+  };
+  Tensor dx = Tensor::empty({M, IC}, D);
+  Tensor dw = Tensor::empty({El, OC, IC}, D);
+  ops::fill_(dw, std::nan(""));  // Overwrite must write every group, the empty ones as 0
+  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+  check_grad("dx", dx, x, L);
+  check_grad("dweight", dw, w, L);
+  // Accumulate adds onto what is there
+  Tensor dw2 = dw.clone();
+  ops::moe_grouped_linear_backward(nullptr, &dw2, dout, x, w, counts, ops::GradMode::Accumulate);
+  ops::scale_(dw, 2.0);
+  CHECK(rel_err(dw2, dw) < 1e-15);
+}

@@ -1,0 +1,92 @@
+// Helpers for tests that signal or kill a running megatrain: start it in the background (optionally
+// under mpirun, optionally with a signal already pending), wait for a line in its output, collect
+// its exit status, list mpirun's ranks.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.h"
+#include "common/run_binary.h"
+
+namespace mt::test {
+
+struct Proc {
+  pid_t pid = -1;
+  fs::path out, err;
+};
+
+// Starts "[mpirun -np NP] megatrain ARGS" (ARGS split at spaces) with stdout/stderr in files. With
+// pending_sig, that signal is blocked and raised before exec: it is pending when megatrain starts.
+inline Proc spawn(const std::string& args, const std::string& tag, int np = 0, int pending_sig = 0) {
+  Proc p{-1, temp_dir() / (tag + ".stdout"), temp_dir() / (tag + ".stderr")};
+  std::vector<std::string> words;
+  if (np > 0) words = {"mpirun", "-np", std::to_string(np)};
+  words.push_back(megatrain_bin());
+  std::istringstream ss(args);
+  for (std::string w; ss >> w;) words.push_back(w);
+  p.pid = ::fork();
+  REQUIRE(p.pid >= 0);
+  if (p.pid == 0) {
+    const int o = ::open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    if (pending_sig) {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, pending_sig);
+      ::sigprocmask(SIG_BLOCK, &set, nullptr);
+      ::kill(::getpid(), pending_sig);
+    }
+    std::vector<char*> argv;
+    for (std::string& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return p;
+}
+
+// Waits until `file` contains `text` (true) or the process ended / 120 s passed (false).
+inline bool wait_for(const Proc& p, const fs::path& file, const std::string& text) {
+  for (int i = 0; i < 12000; ++i) {
+    if (read_file(file).find(text) != std::string::npos) return true;
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(p.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == p.pid)
+      return read_file(file).find(text) != std::string::npos;  // ended (not reaped: wait_exit reads its status)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// The exit status (128 + signal when killed); -1 after 180 s (then the process is killed).
+inline int wait_exit(const Proc& p) {
+  int status = 0;
+  for (int i = 0; i < 18000; ++i) {
+    if (::waitpid(p.pid, &status, WNOHANG) == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(p.pid, SIGKILL);
+  ::waitpid(p.pid, &status, 0);
+  return -1;
+}
+
+// The child processes of `pid` (mpirun's ranks), from /proc.
+inline std::vector<pid_t> children(pid_t pid) {
+  std::vector<pid_t> out;
+  std::istringstream ss(read_file("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children"));
+  for (pid_t c; ss >> c;) out.push_back(c);
+  return out;
+}
+
+
+}  // namespace mt::test

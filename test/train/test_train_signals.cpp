@@ -1,0 +1,127 @@
+// Issue #20: stop signals on a real megatrain process (alone and under mpirun with 2 ranks).
+// SIGTERM / SIGUSR1 / a first SIGINT stop after the current iteration, saving a checkpoint when
+// checkpoint.dir is set and saying that none is saved when it is not, exit 0; a second SIGINT exits
+// at once (130) with a message; a signal already pending when the process starts (during start-up)
+// ends it cleanly before iteration 1.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "catch.h"
+#include "common/run_binary.h"
+#include "train/process.h"
+
+using namespace mt::test;
+
+namespace {
+
+const std::string kTiny = source_path("configs/ci/tiny-llama.yaml");
+
+// Many iterations (the run is always stopped by a signal), global batch 32 for iterations long
+// enough to signal twice within one.
+std::string args(const std::string& dir_value) {
+  return "train --config " + kTiny + " --set training.train_iters=100000 --set training.eval_interval=0" +
+         " --set training.global_batch_size=32 --set logging.log_interval=1 --set logging.metrics_file= " +
+         "--set checkpoint.save_interval=0 --set checkpoint.dir=" + dir_value;
+}
+
+std::vector<std::string> iter_dirs(const fs::path& dir) {
+  std::vector<std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("iter_", 0) == 0) out.push_back(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM with checkpoint.dir empty says no checkpoint is saved and exits 0", "[e2e][signals]") {
+  Proc p = spawn(args(""), "sig_nodir");
+  REQUIRE(wait_for(p, p.out, "iter 2/"));
+  ::kill(p.pid, SIGTERM);
+  CHECK(wait_exit(p) == 0);
+  const std::string out = read_file(p.out);
+  CHECK(out.find("SIGTERM received at iteration") != std::string::npos);
+  CHECK(out.find("no checkpoint saved (checkpoint.dir is empty)") != std::string::npos);
+  CHECK(out.find("checkpoint saved") == out.find("no checkpoint saved") + 3);  // never claims a save
+  CHECK(read_file(p.err).find("SIGTERM: stopping after the current iteration") != std::string::npos);
+}
+
+TEST_CASE("the first SIGINT saves and exits 0, a second exits at once", "[e2e][signals]") {
+  const fs::path ck1 = temp_dir() / "sigint1";
+  Proc p = spawn(args(ck1.string()), "sigint1");
+  REQUIRE(wait_for(p, p.out, "iter 2/"));
+  ::kill(p.pid, SIGINT);
+  CHECK(wait_exit(p) == 0);
+  CHECK(read_file(p.err).find("press Ctrl-C again") != std::string::npos);
+  const std::string out = read_file(p.out);
+  CHECK(out.find("SIGINT received at iteration") != std::string::npos);
+  REQUIRE(iter_dirs(ck1).size() == 1);
+  CHECK(fs::exists(ck1 / iter_dirs(ck1)[0] / "DONE"));
+
+  const fs::path ck2 = temp_dir() / "sigint2";
+  Proc q = spawn(args(ck2.string()), "sigint2");
+  REQUIRE(wait_for(q, q.out, "iter 2/"));
+  ::kill(q.pid, SIGINT);
+  REQUIRE(wait_for(q, q.err, "press Ctrl-C again"));  // the first one was handled
+  ::kill(q.pid, SIGINT);
+  CHECK(wait_exit(q) == 130);
+  CHECK(read_file(q.err).find("second SIGINT: exiting now without saving a checkpoint") != std::string::npos);
+}
+
+TEST_CASE("a stop signal during start-up ends the run cleanly before iteration 1", "[e2e][signals]") {
+  const fs::path ck = temp_dir() / "sig_startup";
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) {
+    INFO("signal " << sig);
+    Proc p = spawn(args(ck.string()), "sig_startup", 0, sig);
+    CHECK(wait_exit(p) == 0);
+    const std::string out = read_file(p.out);
+    CHECK(out.find("received during start-up: exiting before iteration 1") != std::string::npos);
+    CHECK(out.find("iter 1/") == std::string::npos);
+    CHECK(read_file(p.err).find("internal error") == std::string::npos);
+    CHECK(iter_dirs(ck).empty());
+  }
+}
+
+TEST_CASE("under mpirun with 2 ranks a stop signal saves one complete checkpoint; without a dir none",
+          "[e2e][signals][mpi]") {
+  // SIGTERM to every rank (as SLURM's scancel sends it): both stop after the same iteration, exit 0.
+  const fs::path ck = temp_dir() / "sig_mpi";
+  Proc p = spawn(args(ck.string()), "sig_mpi", 2);
+  REQUIRE(wait_for(p, p.out, "iter 2/"));
+  const std::vector<pid_t> ranks = children(p.pid);
+  REQUIRE(ranks.size() == 2);
+  for (pid_t r : ranks) ::kill(r, SIGTERM);
+  CHECK(wait_exit(p) == 0);
+  REQUIRE(iter_dirs(ck).size() == 1);
+  const fs::path saved = ck / iter_dirs(ck)[0];
+  CHECK(fs::exists(saved / "DONE"));
+  CHECK(fs::exists(saved / "shard_r00000.json"));
+  CHECK(fs::exists(saved / "shard_r00001.json"));
+  CHECK(read_file(p.out).find("SIGTERM received at iteration") != std::string::npos);
+
+  // SIGTERM to mpirun: Open MPI forwards it to the ranks, which save and exit 0 (mpirun itself then
+  // exits 1 by its own rule, so only the checkpoint is checked).
+  const fs::path ck2 = temp_dir() / "sig_mpirun";
+  Proc m = spawn(args(ck2.string()), "sig_mpirun", 2);
+  REQUIRE(wait_for(m, m.out, "iter 2/"));
+  ::kill(m.pid, SIGTERM);
+  wait_exit(m);
+  REQUIRE(iter_dirs(ck2).size() == 1);
+  CHECK(fs::exists(ck2 / iter_dirs(ck2)[0] / "DONE"));
+
+  // SIGUSR1 to mpirun (forwarded), no checkpoint.dir.
+  Proc q = spawn(args(""), "sig_mpi_nodir", 2);
+  REQUIRE(wait_for(q, q.out, "iter 2/"));
+  ::kill(q.pid, SIGUSR1);
+  const int code = wait_exit(q);
+  INFO(read_file(q.err));
+  CHECK(code == 0);
+  CHECK(read_file(q.out).find("no checkpoint saved (checkpoint.dir is empty)") != std::string::npos);
+}
