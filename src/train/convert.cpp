@@ -184,6 +184,7 @@ std::vector<std::string> convert_import(const ImportOptions& opt, Communicator& 
   cfg.training.train_iters = 1000;
   cfg.training.micro_batch_size = 1;
   cfg.checkpoint.load = out_abs;
+  cfg.checkpoint.finetune = true;  // the imported weights, a fresh run
   cfg.checkpoint.dir = out_abs + "-finetuned";
   // Precision: the dtype the weights were stored in.
   DType hf_dtype = DType::F32;

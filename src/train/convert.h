@@ -5,7 +5,8 @@
 //
 // An import writes OUT/ as a checkpoint.dir (OUT/latest -> iter_0000000: the weights, zero Adam
 // moments, iteration 0) that `checkpoint.load: OUT` reads under any parallel layout, plus
-//   OUT/model.yaml   a complete config whose model section reproduces the HF model
+//   OUT/model.yaml   a complete config whose model section reproduces the HF model (checkpoint.load:
+//                    OUT with checkpoint.finetune: true)
 //   OUT/hf/          the HF side files: config.json, generation_config.json, tokenizer files
 //                    (tokenizer.json is named by model.yaml's data.tokenizer_file)
 #pragma once

@@ -114,6 +114,7 @@ TEST_CASE("convert: megatrain -> HF -> megatrain -> HF returns every tensor bit 
       Config yaml_cfg = load_config(d.path + "/imp/model.yaml");  // a config that validates
       CHECK(yaml_cfg.model.vocab_size == 120);
       CHECK(yaml_cfg.checkpoint.load == fs::absolute(d.path + "/imp").string());
+      CHECK(yaml_cfg.checkpoint.finetune);
       auto back = load_model(d.path + "/imp");
       check_same_params(*orig, *back);
       const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9, 2, 6, 5, 119, 0};
