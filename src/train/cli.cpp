@@ -12,6 +12,7 @@
 #include "config/model_features.h"
 #include "core/log.h"
 #include "runtime/mpi_communicator.h"
+#include "train/convert.h"
 #include "train/plan.h"
 #include "train/preflight.h"
 #include "train/generate.h"
@@ -101,6 +102,29 @@ int run_cli(int argc, char** argv) {
   gen->add_option("--merge-file", g.merge_file, "gpt2-bpe: vocab.bpe");
   gen->add_option("--tokenizer-file", g.tokenizer_file, "hf-json: tokenizer.json");
 
+  CLI::App* convert = app.add_subcommand("convert", "Convert models between Hugging Face and megatrain checkpoints");
+  convert->require_subcommand(1);
+  CLI::App* cimport = convert->add_subcommand("import", "Hugging Face model folder (config.json + safetensors) -> "
+                                                        "a checkpoint folder with model.yaml");
+  ImportOptions imp;
+  cimport->add_option("--hf", imp.hf_dir, "Folder save_pretrained wrote (config.json, model.safetensors[.index.json])")
+      ->required();
+  cimport->add_option("--output,-o", imp.output, "Folder to create: checkpoint + model.yaml + hf/ side files")->required();
+  CLI::App* cexport = convert->add_subcommand("export", "Checkpoint (any layout) -> Hugging Face model folder");
+  ExportOptions exp;
+  cexport->add_option("--checkpoint", exp.checkpoint, "Checkpoint directory, or a checkpoint.dir holding 'latest'")
+      ->required();
+  cexport->add_option("--output,-o", exp.output, "Folder to create")->required();
+  cexport->add_option("--dtype", exp.dtype, "bf16 | fp16 | fp32 (default: the checkpoint's training.precision)");
+  cexport->add_option("--max-shard-size", exp.max_shard_size, "Shard the weights above this size (default 5GB)");
+  cexport->add_option("--hf-config", exp.hf_config, "config.json to start from (default: the one the import left)");
+
+  CLI::App* ckpt_cmd = app.add_subcommand("checkpoint", "Checkpoint tools");
+  ckpt_cmd->require_subcommand(1);
+  CLI::App* inspect = ckpt_cmd->add_subcommand("inspect", "Print a checkpoint's tensors, layout, iteration and config");
+  std::string inspect_path;
+  inspect->add_option("CHECKPOINT", inspect_path, "Checkpoint directory, or a checkpoint.dir holding 'latest'")->required();
+
   check_subcommand_word(app, argc, argv);
   try {
     app.parse(argc, argv);
@@ -132,6 +156,24 @@ int run_cli(int argc, char** argv) {
   if (*gen) {
     log::init(mpi_world_rank(), mpi_world_size(), "warn");
     run_generate(g);
+    return 0;
+  }
+  if (*cimport) {
+    log::init(mpi_world_rank(), mpi_world_size(), "warn");
+    std::unique_ptr<Communicator> world = make_world_communicator();
+    for (const std::string& note : convert_import(imp, *world)) std::cerr << "note: " << note << "\n";
+    std::cout << "imported " << imp.hf_dir << " into " << imp.output << " (config: " << imp.output << "/model.yaml)\n";
+    return 0;
+  }
+  if (*cexport) {
+    log::init(mpi_world_rank(), mpi_world_size(), "warn");
+    convert_export(exp);
+    std::cout << "exported " << exp.checkpoint << " to " << exp.output << "\n";
+    return 0;
+  }
+  if (*inspect) {
+    log::init(mpi_world_rank(), mpi_world_size(), "warn");
+    checkpoint_inspect(inspect_path, std::cout);
     return 0;
   }
   if (*config) {

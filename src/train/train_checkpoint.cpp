@@ -1,5 +1,6 @@
 #include "train/train_checkpoint.h"
 
+#include <algorithm>
 #include <set>
 
 #include <yaml-cpp/yaml.h>
@@ -18,6 +19,34 @@ Tensor box_view(const Tensor& t, const ParamBox& b, bool to_host) {
 }  // namespace
 
 namespace {
+// Loads box b of parameter p's tensor `name` into dst (a host tensor of the box's shape). The padded
+// vocabulary rows are padding: a checkpoint saved with another padding (another parallel.tensor or
+// make_vocab_size_divisible_by) gives its first valid_rows rows, the padding rows here are zero.
+void load_param_box(const ckpt::LoadedCheckpoint& ck, const std::string& name, const Param& p, const ParamBox& b,
+                    Tensor& dst) {
+  const Shape& want = p.spec.global_shape;
+  const auto& tensors = ck.manifest.at("tensors");
+  Shape saved = want;
+  if (tensors.contains(name)) saved = tensors.at(name).at("global_shape").get<Shape>();
+  const int64_t valid = p.spec.valid_rows;
+  bool rows_only = saved != want && valid >= 0 && saved.size() == want.size() && saved[0] >= valid;
+  for (size_t d = 1; rows_only && d < want.size(); ++d) rows_only = saved[d] == want[d];
+  if (!rows_only) {
+    ckpt::load_tensor(ck, name, want, b.global_offset, dst);
+    return;
+  }
+  const int64_t row0 = b.global_offset[0];
+  const int64_t n = std::clamp<int64_t>(valid - row0, 0, b.shape[0]);
+  if (n > 0) {
+    Tensor head = dst.slice(0, n);
+    ckpt::load_tensor(ck, name, saved, b.global_offset, head);
+  }
+  if (n < b.shape[0]) {
+    Tensor tail = dst.slice(n, b.shape[0] - n);
+    tail.zero_();
+  }
+}
+
 // Views of one parameter inside full-size flat buffers (the optimizer moments).
 Tensor param_view(const Tensor& flat, const Param& p) {
   return flat.slice(static_cast<int64_t>(p.flat_offset), p.value.numel()).view(p.local_shape);
@@ -122,7 +151,7 @@ void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store) {
     for (const ParamBox& b : p->boxes) {
       Tensor dst = store.master(*p).slice(b.local_row_begin, b.shape[0]).view(b.shape);
       Tensor h = dst.device() == Device::CPU ? dst : Tensor::empty(b.shape, dst.dtype());
-      ckpt::load_tensor(ck, p->spec.name, p->spec.global_shape, b.global_offset, h);
+      load_param_box(ck, p->spec.name, *p, b, h);
       if (dst.device() != Device::CPU) dst.copy_from(h);
     }
   store.sync_values_from_master(0, store.padded_numel());
@@ -138,10 +167,10 @@ void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& stor
       for (const ParamBox& b : p->boxes) {
         Tensor dst = targets[k].slice(b.local_row_begin, b.shape[0]).view(b.shape);
         if (dst.device() == Device::CPU) {
-          ckpt::load_tensor(ck, p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, dst);
+          load_param_box(ck, p->spec.name + kSuffix[k], *p, b, dst);
         } else {
           Tensor h = Tensor::empty(b.shape, dst.dtype());
-          ckpt::load_tensor(ck, p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, h);
+          load_param_box(ck, p->spec.name + kSuffix[k], *p, b, h);
           dst.copy_from(h);
         }
       }

@@ -1,0 +1,75 @@
+// (Its own folder: these tests start mpirun, which a process that initialized MPI, as test/hf does, cannot.)
+// The binary as a user runs it: `megatrain convert import` of a transformers fixture, then training
+// from it under TP2 x PP2 (mpirun, 4 ranks, another vocabulary padding) gives the single-rank
+// losses; a checkpoint saved under TP1 with one padding resumes under TP2 with another and
+// continues the loss curve of an uninterrupted run.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "catch.h"
+#include "common/run_binary.h"
+
+using namespace mt::test;
+
+namespace {
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+}  // namespace
+
+TEST_CASE("imported Qwen3 fixture: TP2 x PP2 losses equal one rank's", "[hf_layouts]") {
+  const std::string fixture = source_path("test/fixtures/hf/Qwen3ForCausalLM");
+  if (!fs::exists(fixture + "/config.json")) {
+    std::printf("SKIPPED: no fixture in %s\n", fixture.c_str());
+    return;
+  }
+  const fs::path out = temp_dir() / "q3";
+  RunResult imp = run_megatrain("convert import --hf " + fixture + " --output " + out.string(), "q3-import");
+  INFO(imp.err);
+  REQUIRE(imp.code == 0);
+  auto train = [&](const std::string& name, int np, const std::string& extra) {
+    return run_megatrain("train --config " + (out / "model.yaml").string() +
+                             " --set training.train_iters=4 --set training.global_batch_size=4"
+                             " --set model.seq_length=16 --set training.eval_iters=0 --set logging.log_interval=1"
+                             " --set training.device=cpu --set checkpoint.dir= --set logging.metrics_file=" +
+                             (temp_dir() / (name + ".jsonl")).string() + " " + extra,
+                         name, np);
+  };
+  RunResult one = train("q3-single", 0, "");
+  INFO(one.err.substr(0, 2000));
+  REQUIRE(one.code == 0);
+  RunResult four = train("q3-tp2pp2", 4, "--set parallel.tensor=2 --set parallel.pipeline=2");
+  INFO(four.err.substr(0, 2000));
+  REQUIRE(four.code == 0);
+  auto a = read_metrics(temp_dir() / "q3-single.jsonl"), b = read_metrics(temp_dir() / "q3-tp2pp2.jsonl");
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 4);
+  for (auto& [it, s] : a) {
+    INFO("iteration " << it << ": " << b[it].loss << " vs " << s.loss);
+    CHECK(rel(b[it].loss, s.loss) < 1e-5);
+  }
+}
+
+TEST_CASE("a TP1 checkpoint resumes under TP2 with another vocabulary padding", "[hf_layouts]") {
+  // vocab 120, divisible by 48: padded 144 on one rank, 192 under tensor 2.
+  auto run = [&](const std::string& name, const std::string& dir, int np, const std::string& extra) {
+    return run_megatrain("train --config " + source_path("configs/ci/tiny-llama.yaml") +
+                             " --set model.vocab_size=120 --set model.make_vocab_size_divisible_by=48"
+                             " --set training.train_iters=12 --set training.eval_iters=0 --set logging.log_interval=1"
+                             " --set checkpoint.save_interval=6 --set checkpoint.dir=" + (temp_dir() / dir).string() +
+                             " --set logging.metrics_file=" + (temp_dir() / (name + ".jsonl")).string() + " " + extra,
+                         name, np);
+  };
+  REQUIRE(run("pad-straight", "pad-straight", 0, "").code == 0);
+  REQUIRE(run("pad-first", "pad-resumed", 0, "--set training.exit_interval=6").code == 0);
+  REQUIRE(fs::exists(temp_dir() / "pad-resumed" / "iter_0000006" / "DONE"));
+  RunResult second = run("pad-second", "pad-resumed", 2, "--set parallel.tensor=2");
+  INFO(second.err.substr(0, 2000));
+  REQUIRE(second.code == 0);
+  auto a = read_metrics(temp_dir() / "pad-straight.jsonl"), b = read_metrics(temp_dir() / "pad-second.jsonl");
+  REQUIRE(a.size() == 12);
+  REQUIRE(b.size() == 6);  // iterations 7..12
+  for (auto& [it, s] : b) {
+    INFO("iteration " << it << ": " << s.loss << " vs " << a[it].loss);
+    CHECK(rel(s.loss, a[it].loss) < 1e-5);
+  }
+}
