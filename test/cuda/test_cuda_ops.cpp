@@ -533,11 +533,14 @@ TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match
   Tensor se_d = to_device(se, DType::F32);
   ops::cross_entropy_rescale(se_d, to_device(mx, DType::F32), to_device(gmax, DType::F32));
   check_close("cross_entropy_rescale", se_d, cast_host(se_ref, DType::F64), DType::F32, kTolF32);
+  // The sum over slices: a second slice holding the row's max (sumexp 1 at gmax), so that every row has a valid column.
+  Tensor S = se_ref.clone();
+  for (int64_t n = 0; n < N; ++n) S.data<float>()[n] += 1.0f;
   Tensor lse_ref = Tensor::empty({N}, DType::F32), loss_ref = Tensor::empty({N}, DType::F64);
-  ops::cross_entropy_finish(lse_ref, loss_ref, gmax, se_ref, tl);
+  ops::cross_entropy_finish(lse_ref, loss_ref, gmax, S, tl);
   Tensor lse_d = poisoned({N}, DType::F32), loss_d = Tensor::empty({N}, DType::F64, Device::CUDA);
   loss_d.copy_from(randn64({N}, 804));
-  ops::cross_entropy_finish(lse_d, loss_d, to_device(gmax, DType::F32), to_device(se_ref, DType::F32),
+  ops::cross_entropy_finish(lse_d, loss_d, to_device(gmax, DType::F32), to_device(S, DType::F32),
                             to_device(tl, DType::F32));
   check_close("cross_entropy_finish lse", lse_d, cast_host(lse_ref, DType::F64), DType::F32, kTolF32);
   CHECK(rel_err(to_host64(loss_d), loss_ref) < 1e-6);
