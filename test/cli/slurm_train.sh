@@ -157,8 +157,8 @@ run_until_signal() {
 job1=$(run_until_signal runs/job1.jsonl 3)
 log1=runs/megatrain-$job1/train.log
 n=$(last_iter runs/job1.jsonl)
-grep -q "stop signal received at iteration $n: checkpoint saved, exiting" "$log1" ||
-  fail "job $job1: no 'stop signal received at iteration $n' in $log1"
+grep -q "SIGUSR1 received at iteration $n: checkpoint saved, exiting" "$log1" ||
+  fail "job $job1: no 'SIGUSR1 received at iteration $n' in $log1"
 [[ $(cat runs/ci-tiny-llama/latest) == iter_$(printf %07d "$n") && -f runs/ci-tiny-llama/iter_$(printf %07d "$n")/DONE ]] ||
   fail "job $job1: runs/ci-tiny-llama/latest is not the complete checkpoint of iteration $n"
 grep -q 'parallel mesh: 2 ranks' "$log1" || fail "job $job1 did not run on 2 ranks"
