@@ -77,6 +77,10 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        # Debian's python3-matplotlib belongs to /usr/bin/python3; a PATH may put another Python first (pyenv).
+        system = "/usr/bin/python3"
+        if os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system):
+            os.execv(system, [system, os.path.abspath(__file__)] + sys.argv[1:])
         die("matplotlib is missing; install it (Debian: scripts/apt_install_missing.sh python3-matplotlib)")
 
     runs = [read_metrics(p) for p in args.metrics]

@@ -15,6 +15,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/ckpt_util.h"
+#include "core/edit_distance.h"
 #include "core/log.h"
 #include "core/sha256.h"
 
@@ -84,21 +85,6 @@ std::string follow_latest(const fs::path& dir) {
            " does not exist (deleted?); set checkpoint.load to another checkpoint, or to none to start fresh");
   require_complete(target);
   return target.string();
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 std::string similar_names(const detail::LoadIndex& idx, const std::string& name) {

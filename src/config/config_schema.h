@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/edit_distance.h"
 
 namespace mt {
 
@@ -92,8 +93,6 @@ std::string yaml_quote(const std::string& s);
 // mt::Error "config <origin>: <key> = <value>: must be ...". Used after loading and by derive_config.
 void check_field_value(const ConfigField& f, const Config& cfg, const std::string& origin, int line = -1);
 
-// Levenshtein edit distance (suggestions for unknown keys).
-std::size_t edit_distance(const std::string& a, const std::string& b);
 
 // Checks that do not depend on the world size (cross-field rules and every field's range); throws
 // mt::Error naming the file (cfg.source_file), the keys and the fix. Called by the loader and by

@@ -10,6 +10,7 @@
 
 #include "config/config_loader.h"
 #include "config/model_features.h"
+#include "core/edit_distance.h"
 #include "core/log.h"
 #include "runtime/mpi_communicator.h"
 #include "train/convert.h"
@@ -22,21 +23,6 @@ namespace mt {
 
 namespace {
 
-// Levenshtein distance (insert, delete, substitute: 1 each).
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 
 // The first word, when it is not an option, must be a subcommand: `megatrain trian` names the word
 // and the closest subcommand instead of CLI11's generic message.

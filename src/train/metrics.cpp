@@ -11,8 +11,9 @@
 
 namespace mt {
 
-int64_t model_flops_per_token(int64_t n, const ModelConfig& m) {
-  return 6 * n + 12 * static_cast<int64_t>(m.num_layers) * m.hidden_size * m.seq_length;
+int64_t model_flops_per_token(int64_t n, const ModelConfig& m, const DerivedConfig& d) {
+  const int64_t attention_width = static_cast<int64_t>(m.num_attention_heads) * d.head_dim;  // hidden unless kv_channels
+  return 6 * n + 12 * static_cast<int64_t>(m.num_layers) * attention_width * m.seq_length;
 }
 
 MetricsWriter::MetricsWriter(const Config& cfg, const DerivedConfig& d, int64_t fpt, bool gpu, bool write)

@@ -17,7 +17,7 @@ namespace mt {
 
 inline constexpr double kPeakFlopsPerGpu = 989.4e12;
 
-int64_t model_flops_per_token(int64_t params_without_positions, const ModelConfig& m);
+int64_t model_flops_per_token(int64_t params_without_positions, const ModelConfig& m, const DerivedConfig& d);
 
 struct IterationRecord {
   int64_t iteration = 0;

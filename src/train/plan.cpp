@@ -263,7 +263,7 @@ PlanReport make_plan(const Config& cfg, int world_size) {
     r.layer_act[i] = layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i],
                                             !cfg.training.recompute_norm_act);
   r.logits_per_microbatch = logits_bytes(d, r.tp, B, T, r.activation_dtype);
-  r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model);
+  r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model, d);
   r.flops_per_iteration = static_cast<double>(r.flops_per_token) * static_cast<double>(r.tokens_per_iteration);
   r.flops_per_rank = r.flops_per_iteration / world_size;
   if (r.pp > 1) {

@@ -312,7 +312,7 @@ TrainResult run_training(const Config& cfg) {
   sync.num_microbatches = static_cast<int>(d.num_microbatches);
   run.grad_sync = std::make_unique<GradSync>(*run.store, ps, sync);
   run.ctx.hooks = run.grad_sync.get();
-  run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model);
+  run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model, d);
   log::info("model: {} layers, {} parameters on rank 0 ({:.2f} M), padded vocab {}, {} micro-batches of {} per iteration "
             "and data-parallel rank",
             cfg.model.num_layers, run.store->local_numel(), run.store->local_numel() / 1e6, d.padded_vocab_size,

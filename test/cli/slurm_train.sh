@@ -169,7 +169,7 @@ log2=runs/megatrain-$job2/train.log
 m=$(last_iter runs/job2.jsonl)
 grep -q "resumed from runs/ci-tiny-llama/iter_$(printf %07d "$n") at iteration $n" "$log2" ||
   fail "job $job2 did not resume from iteration $n ($log2)"
-first2=$(grep -o '"iteration": [0-9]*, "consumed' runs/job2.jsonl | head -n 1 | grep -o '[0-9]*')
+first2=$(grep -m 1 -o '"iteration": [0-9]*, "consumed' runs/job2.jsonl | grep -o '[0-9]*')  # -m 1, not | head: no SIGPIPE under pipefail
 ((first2 == n + 1)) || fail "job $job2's first iteration is $first2, want $((n + 1))"
 echo "slurm_train: job $job2 resumed at iteration $((n + 1)), stopped by SIGUSR1 at $m, exit 0"
 

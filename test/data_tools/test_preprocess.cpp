@@ -281,7 +281,7 @@ TEST_CASE("preprocess: a UTF-8 BOM is accepted; an input without documents is re
   CHECK_THAT(error_of([&] { preprocess(fx.options({bom}, "c")); }), dt_test::has_text(bom + ":2: malformed JSON"));
 
   Fixture ef("pp_empty");
-  for (const std::string text : {std::string(), std::string("\n\n  \n"), std::string("\xEF\xBB\xBF")}) {
+  for (const std::string& text : {std::string(), std::string("\n\n  \n"), std::string("\xEF\xBB\xBF")}) {
     const std::string in = ef.dir / "empty.jsonl";
     dt_test::write_file(in, text);
     CHECK_THAT(error_of([&] { preprocess(ef.options({in}, "out")); }),
