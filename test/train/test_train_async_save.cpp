@@ -3,22 +3,14 @@
 // bit-exactly.
 #include "catch.h"
 #include "common/run_binary.h"
+#include "train/ckpt_run.h"
 
 using namespace mt::test;
 
 namespace {
-
-const std::string kTiny = source_path("configs/ci/tiny-llama.yaml");
-
-std::string args(const std::string& name, const std::string& extra = "") {
-  const fs::path d = temp_dir() / name;
-  return "train --config " + kTiny + " --set training.train_iters=6 --set training.eval_interval=0" +
-         " --set logging.log_interval=1 --set checkpoint.save_interval=2 --set checkpoint.dir=" +
-         (d / "ckpt").string() + " --set logging.metrics_file=" + (d / "metrics.jsonl").string() + " " + extra;
-}
-
-std::map<int64_t, StepMetrics> losses(const std::string& name) { return read_metrics(temp_dir() / name / "metrics.jsonl"); }
-
+// The shared checkpointing run (ckpt_run.h).
+std::string args(const std::string& name, const std::string& extra = "") { return ckpt_run_args(name, extra); }
+std::map<int64_t, StepMetrics> losses(const std::string& name) { return ckpt_run_losses(name); }
 }  // namespace
 
 TEST_CASE("async_save writes the same checkpoints as a synchronous save, and resume from one is bit-exact",
