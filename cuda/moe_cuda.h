@@ -19,7 +19,7 @@ void moe_router_backward_cuda(float* dlogits, const float* dweights, const float
                               int64_t N, int64_t E, const RouterSpec& spec);
 // loss (1) (=) when not null; dlogits (+= dloss * gradient) when not null. Deterministic (fixed-order sums).
 void moe_aux_loss_cuda(float* loss, float* dlogits, const float* scores, const int32_t* indices, int64_t N, int64_t E,
-                       int64_t k, int64_t groups, double coeff, bool sigmoid, double dloss);
+                       int64_t k, int64_t groups, double coeff, bool sigmoid, double dloss, const double* a_host = nullptr);
 void moe_z_loss_cuda(float* loss, float* dlogits, const float* logits, int64_t N, int64_t E, double coeff,
                      double dloss);
 

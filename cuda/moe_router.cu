@@ -159,13 +159,18 @@ void moe_router_backward_cuda(float* dlogits, const float* dweights, const float
 }
 
 void moe_aux_loss_cuda(float* loss, float* dlogits, const float* scores, const int32_t* indices, int64_t N, int64_t E,
-                       int64_t k, int64_t groups, double coeff, bool sigmoid, double dloss) {
+                       int64_t k, int64_t groups, double coeff, bool sigmoid, double dloss, const double* a_host) {
   const int64_t rows = N / groups;
   double* a = scratch(groups * E);
   double* partial = scratch(N);
   cudaStream_t st = current_stream();
-  aux_coeff_kernel<<<unsigned(ceil_div(groups * E, kThreads)), kThreads, 0, st>>>(a, indices, E, k, groups, rows, coeff);
-  MT_CUDA_CHECK_LAUNCH("moe_aux_loss (coefficients)");
+  if (a_host) {  // a group split over ranks: its coefficients (groups 1), from pageable memory (staged at once)
+    MT_CUDA_CHECK(cudaMemcpyAsync(a, a_host, size_t(E) * sizeof(double), cudaMemcpyHostToDevice, st));
+  } else {
+    aux_coeff_kernel<<<unsigned(ceil_div(groups * E, kThreads)), kThreads, 0, st>>>(a, indices, E, k, groups, rows,
+                                                                                    coeff);
+    MT_CUDA_CHECK_LAUNCH("moe_aux_loss (coefficients)");
+  }
   if (N > 0) {
     aux_rows_kernel<<<unsigned(ceil_div(N, kThreads)), kThreads, 0, st>>>(partial, dlogits, scores, a, N, E, rows,
                                                                            sigmoid, dloss);

@@ -13,4 +13,14 @@ void sum_over_routing_ranks(std::vector<int64_t>& values, const ParallelState& p
   std::copy(t.data<int64_t>(), t.data<int64_t>() + t.numel(), values.begin());
 }
 
+int sequence_split_ranks(const ParallelState& ps) { return ps.sequence_parallel && ps.tp_size > 1 ? ps.tp_size : 1; }
+
+void sum_over_sequence_split(std::vector<int64_t>& values, const ParallelState& ps) {
+  if (values.empty() || sequence_split_ranks(ps) == 1) return;
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I64);
+  std::copy(values.begin(), values.end(), t.data<int64_t>());
+  ps.tp->all_reduce(t, ReduceOp::Sum);
+  std::copy(t.data<int64_t>(), t.data<int64_t>() + t.numel(), values.begin());
+}
+
 }  // namespace mt

@@ -13,5 +13,10 @@ namespace mt {
 
 // In place; collective over this rank's data, context and (with sequence parallelism) tensor groups.
 void sum_over_routing_ranks(std::vector<int64_t>& values, const ParallelState& ps);
+// The ranks that split one micro-batch's rows of a layer: the tensor-parallel group under sequence parallelism
+// (1 otherwise), and the sum over them, in place (the router's aux loss counts a micro-batch's tokens per expert
+// over all its rows, as Megatron-Core).
+int sequence_split_ranks(const ParallelState& ps);
+void sum_over_sequence_split(std::vector<int64_t>& values, const ParallelState& ps);
 
 }  // namespace mt

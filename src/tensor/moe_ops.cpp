@@ -130,7 +130,7 @@ void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& 
 
 namespace {
 void aux_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& scores, const Tensor& indices,
-              int64_t groups, double coeff, bool sigmoid, double dloss) {
+              int64_t groups, double coeff, bool sigmoid, double dloss, const AuxLossGroup* group) {
   check_2d(op, scores, "scores");
   check_2d(op, indices, "indices");
   const int64_t N = scores.size(0), E = scores.size(1), k = indices.size(1);
@@ -138,18 +138,30 @@ void aux_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& score
   MOE_ASSERT(groups >= 1 && N % groups == 0, N, " rows do not split into ", groups, " groups");
   if (loss) check(op, *loss, "loss", scores, scores.dtype(), {1});
   if (dlogits) check(op, *dlogits, "dlogits", scores, scores.dtype(), {N, E});
+  // The group's coefficients a_e = dL/dp_ne = coeff * E * f_e / rows (f_e = count / (rows * k)), on the host.
+  std::vector<double> a;
+  if (group) {
+    MOE_ASSERT(groups == 1 && static_cast<int64_t>(group->counts.size()) == E && group->rows >= N,
+               "a group's aux loss needs groups 1, E counts and at least this rank's rows");
+    const double rows = static_cast<double>(group->rows);
+    for (int64_t e = 0; e < E; ++e)
+      a.push_back(coeff * static_cast<double>(E) * static_cast<double>(group->counts[static_cast<size_t>(e)]) /
+                  (rows * static_cast<double>(k) * rows));
+  }
+  const double* a_host = group ? a.data() : nullptr;
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(scores)) {
     cuda_f32(op, scores);
     cuda::moe_aux_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
-                            scores.data<float>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss);
+                            scores.data<float>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss,
+                            a_host);
     return;
   }
 #endif
   cpu_float(op, scores, [&](auto z) {
     using T = decltype(z);
     cpu::moe_aux_loss_cpu<T>(loss ? loss->data<T>() : nullptr, dlogits ? dlogits->data<T>() : nullptr,
-                             scores.data<T>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss);
+                             scores.data<T>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss, a_host);
   });
 }
 void z_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& logits, double coeff, double dloss) {
@@ -174,12 +186,12 @@ void z_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& logits,
 }  // namespace
 
 void moe_aux_loss_forward(Tensor& loss, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
-                          bool sigmoid) {
-  aux_loss("moe_aux_loss_forward", &loss, nullptr, scores, indices, groups, coeff, sigmoid, 0.0);
+                          bool sigmoid, const AuxLossGroup* group) {
+  aux_loss("moe_aux_loss_forward", &loss, nullptr, scores, indices, groups, coeff, sigmoid, 0.0, group);
 }
 void moe_aux_loss_backward(Tensor& dlogits, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
-                           bool sigmoid, double dloss) {
-  aux_loss("moe_aux_loss_backward", nullptr, &dlogits, scores, indices, groups, coeff, sigmoid, dloss);
+                           bool sigmoid, double dloss, const AuxLossGroup* group) {
+  aux_loss("moe_aux_loss_backward", nullptr, &dlogits, scores, indices, groups, coeff, sigmoid, dloss, group);
 }
 void moe_z_loss_forward(Tensor& loss, const Tensor& logits, double coeff) {
   z_loss("moe_z_loss_forward", &loss, nullptr, logits, coeff, 0.0);

@@ -35,11 +35,18 @@ void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& 
 //   L = coeff / groups * sum_g E * sum_e f_ge * P_ge,  f_ge = (slots of block g routed to e) / (rows_g * k) (no
 //   gradient), P_ge = mean over the block's rows of p_ne, p = the scores (softmax) or the sigmoid scores divided
 //   by their row sum (sigmoid). Counted from indices before any capacity drop. loss: (1) router dtype (=).
+// With `group` (groups 1 only): the rows are this rank's share of a larger set split over ranks (sequence
+// parallelism): f_e from group->counts (E) (slots of the whole set per expert) and P_e = sum over this rank's rows
+// / group->rows (rows of the whole set), so that the ranks' losses (and gradients) sum to the whole set's.
+struct AuxLossGroup {
+  std::vector<int64_t> counts;
+  int64_t rows = 0;
+};
 void moe_aux_loss_forward(Tensor& loss, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
-                          bool sigmoid);
+                          bool sigmoid, const AuxLossGroup* group = nullptr);
 // dlogits (N, E) += dloss * dL/dlogits.
 void moe_aux_loss_backward(Tensor& dlogits, const Tensor& scores, const Tensor& indices, int64_t groups, double coeff,
-                           bool sigmoid, double dloss = 1.0);
+                           bool sigmoid, double dloss = 1.0, const AuxLossGroup* group = nullptr);
 // z-loss: L = coeff * mean_n logsumexp(logits_n)^2; loss (1) (=); dlogits += dloss * dL/dlogits.
 void moe_z_loss_forward(Tensor& loss, const Tensor& logits, double coeff);
 void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss = 1.0);

@@ -15,8 +15,8 @@ MoEStepDriver::MoEStepDriver(const std::vector<const GPTModel*>& chunks, const M
 }
 
 void MoEStepDriver::before_iteration(double loss_scale) {
-  const int tp_rows = ps_->sequence_parallel ? ps_->tp_size : 1;
-  const double micro = static_cast<double>(microbatches_) * ps_->dp_size * ps_->cp_size * tp_rows;
+  // (tensor ranks under sequence parallelism hold shares of one micro-batch's losses: model/moe/router.h)
+  const double micro = static_cast<double>(microbatches_) * ps_->dp_size * ps_->cp_size;
   for (MoEMLP* l : layers_) l->router().set_loss_grad_scale(loss_scale / micro);
 }
 
@@ -69,7 +69,8 @@ std::vector<MoELayerMetrics> MoEStepDriver::take_interval() {
     m.tokens_mean = sum / static_cast<double>(num_experts_);
     m.dropped = static_cast<int64_t>(x[0]);
     m.slots = static_cast<int64_t>(x[1]);
-    m.aux_loss = x[4] > 0 ? x[2] / x[4] : 0.0;
+    // each split rank's aux value is its share of the micro-batch's loss; its z value is its rows' mean
+    m.aux_loss = x[4] > 0 ? x[2] * sequence_split_ranks(*ps_) / x[4] : 0.0;
     m.z_loss = x[4] > 0 ? x[3] / x[4] : 0.0;
     out.push_back(m);
   }

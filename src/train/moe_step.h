@@ -2,7 +2,7 @@
 //   - the routers' loss-gradient scale: the balancing losses are per micro-batch means, so that their
 //     gradients average over the global batch's micro-batches as the language-model loss does (Megatron's
 //     MoEAuxLossAutoScaler: loss scale / micro-batches, then the mean over data parallel): each is scaled by
-//     loss_scale / (micro-batches x data x context x tensor-with-sequence-parallelism ranks);
+//     loss_scale / (micro-batches x data x context ranks) (the TP ranks of sequence parallelism hold shares);
 //   - the expert-bias update after each step (DeepSeek-V3): tokens per expert summed over every rank that
 //     routed tokens this step (parallel/moe_sync.h), then bias += rate * sign(mean - load);
 //   - the routing metrics of the log interval (MoELayerMetrics), summed over all ranks when a line is logged.

@@ -254,3 +254,38 @@ TEST_CASE("moe grouped linear equals one GEMM per expert, empty groups included"
   ops::scale_(dw, 2.0);
   CHECK(rel_err(dw2, dw) < 1e-15);
 }
+
+TEST_CASE("moe aux loss of rows split over ranks: the shares sum to the whole set's loss and gradient",
+          "[moe][router]") {
+  // Sequence parallelism: each TP rank routes a slice of a micro-batch's rows; with the whole set's tokens per
+  // expert (AuxLossGroup) each slice's loss is its share, the shares sum to the unsplit loss, and each slice's
+  // gradient equals the unsplit gradient's rows.
+  const int64_t N = 12, E = 5, k = 2, parts = 3, rows = N / parts;
+  for (bool sigmoid : {false, true}) {
+    INFO("sigmoid " << sigmoid);
+    ops::RouterSpec spec;
+    spec.topk = k;
+    spec.sigmoid = sigmoid;
+    const double coeff = 0.2;
+    Routed whole = route(randn({N, E}, 7), spec);
+    Tensor l = Tensor::empty({1}, D);
+    ops::moe_aux_loss_forward(l, whole.scores, whole.indices, 1, coeff, sigmoid);
+    Tensor dwhole = Tensor::zeros({N, E}, D);
+    ops::moe_aux_loss_backward(dwhole, whole.scores, whole.indices, 1, coeff, sigmoid, 0.5);
+    ops::AuxLossGroup group;
+    group.rows = N;
+    group.counts.assign(E, 0);
+    for (int64_t i = 0; i < N * k; ++i) ++group.counts[static_cast<size_t>(whole.indices.data<int32_t>()[i])];
+    double sum = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      Tensor sc = whole.scores.slice(p * rows, rows).clone(), ix = whole.indices.slice(p * rows, rows).clone();
+      Tensor lp = Tensor::empty({1}, D), dp = Tensor::zeros({rows, E}, D);
+      ops::moe_aux_loss_forward(lp, sc, ix, 1, coeff, sigmoid, &group);
+      ops::moe_aux_loss_backward(dp, sc, ix, 1, coeff, sigmoid, 0.5, &group);
+      sum += lp.data<double>()[0];
+      for (int64_t i = 0; i < rows * E; ++i)
+        CHECK(dp.data<double>()[i] == Approx(dwhole.data<double>()[p * rows * E + i]).epsilon(1e-12).margin(1e-15));
+    }
+    CHECK(sum == Approx(l.data<double>()[0]).epsilon(1e-12));
+  }
+}

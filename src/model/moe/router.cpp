@@ -1,6 +1,7 @@
 #include "model/moe/router.h"
 
 #include "core/check.h"
+#include "parallel/moe_sync.h"
 
 namespace mt {
 
@@ -23,6 +24,7 @@ Router::Router(const std::string& prefix, const MoEOptions& opt, const ModelCont
   weight_ = store.add(ps);
   if (opt.expert_bias) bias_ = Tensor::zeros({opt.num_experts}, rdt_, ctx.device);
   bias_name_ = prefix + ".expert_bias";
+  split_ranks_ = sequence_split_ranks(*ctx.ps);
   load_.assign(static_cast<size_t>(opt.num_experts), 0);
 }
 
@@ -47,7 +49,16 @@ void Router::forward(Saved& s, const Tensor& x) const {
   // the losses count the choice before any capacity drop (as Megatron)
   if (opt_.load_balancing != "none" && opt_.aux_loss_coeff != 0.0) {
     s.aux_loss = Tensor::empty({1}, rdt_, dev);
-    ops::moe_aux_loss_forward(s.aux_loss, s.scores, s.choice, aux_groups(N), opt_.aux_loss_coeff, opt_.sigmoid);
+    if (split_ranks_ > 1) {  // the micro-batch's tokens per expert over all its rows (a collective over TP)
+      Tensor counts = Tensor::empty({E}, DType::I32, dev), host = Tensor::empty({E}, DType::I32);
+      ops::moe_expert_counts(counts, s.choice, E);
+      host.copy_from(counts);
+      s.aux_group.counts.assign(host.data<int32_t>(), host.data<int32_t>() + E);
+      sum_over_sequence_split(s.aux_group.counts, *ctx_->ps);
+      s.aux_group.rows = N * split_ranks_;
+    }
+    ops::moe_aux_loss_forward(s.aux_loss, s.scores, s.choice, aux_groups(N), opt_.aux_loss_coeff, opt_.sigmoid,
+                              split_ranks_ > 1 ? &s.aux_group : nullptr);
   }
   if (opt_.z_loss_coeff != 0.0) {
     s.z_loss = Tensor::empty({1}, rdt_, dev);
@@ -74,8 +85,10 @@ Tensor Router::backward(Saved& s, const Tensor& dweights, const Tensor& x) const
   ops::moe_router_backward(dlogits, dweights, s.scores, s.choice, spec_);
   if (s.aux_loss.defined())
     ops::moe_aux_loss_backward(dlogits, s.scores, s.choice, aux_groups(N), opt_.aux_loss_coeff, opt_.sigmoid,
-                               loss_grad_scale_);
-  if (s.z_loss.defined()) ops::moe_z_loss_backward(dlogits, s.logits, opt_.z_loss_coeff, loss_grad_scale_);
+                               loss_grad_scale_, split_ranks_ > 1 ? &s.aux_group : nullptr);
+  // the micro-batch's z-loss is the mean of the split ranks' means
+  if (s.z_loss.defined())
+    ops::moe_z_loss_backward(dlogits, s.logits, opt_.z_loss_coeff, loss_grad_scale_ / split_ranks_);
   const Tensor xr = to_router(x), wr = to_router(weight_->value);
   Tensor dxr = Tensor::empty(xr.shape(), rdt_, x.device());
   const ops::GradMode wmode = grad_write_mode(*weight_);

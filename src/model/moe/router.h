@@ -4,7 +4,9 @@
 //
 // The losses' gradients are injected by backward (times loss_grad_scale, which the trainer sets to what the
 // language-model loss's gradient is scaled by: the loss scale over the micro-batches); their values are kept in
-// Saved for metrics. The expert bias (E, router dtype) is not a parameter: the optimizer never sees it; it moves
+// Saved for metrics. Under sequence parallelism the micro-batch's rows are split over the TP ranks: the losses are
+// the whole micro-batch's (the aux loss from its tokens per expert summed over TP, parallel/moe_sync.h; the
+// z-loss as the mean of the ranks' means), each rank holding its rows' share, so every layout equals one rank. The expert bias (E, router dtype) is not a parameter: the optimizer never sees it; it moves
 // after each step by update_expert_bias from the load the forwards counted.
 // Parameter: `<prefix>.weight` (E, C), replicated over TP (a partial gradient per TP rank under SP).
 #pragma once
@@ -28,6 +30,7 @@ class Router {
     Tensor indices;          // (N, k) int32: the choice after the capacity drop (-1: dropped); = choice when dropless
     Tensor weights;          // (N, k) router dtype: the routing weights (a dropped slot's is never read)
     Tensor aux_loss, z_loss; // (1) router dtype, undefined when off
+    ops::AuxLossGroup aux_group;  // sequence parallelism: the micro-batch's tokens per expert over all its rows
   };
   // x (N, C) -> s.indices, s.weights.
   void forward(Saved& s, const Tensor& x) const;
@@ -62,6 +65,7 @@ class Router {
   Tensor bias_;
   std::string bias_name_;
   double loss_grad_scale_ = 1.0;
+  int split_ranks_ = 1;  // ranks that split a micro-batch's rows (TP under sequence parallelism)
   mutable std::vector<int64_t> load_;  // counted by forward (const, like every module's forward)
 };
 

@@ -17,8 +17,9 @@ template <typename T>
 void moe_router_backward_cpu(T* dlogits, const T* dweights, const T* scores, const int32_t* indices, int64_t N,
                              int64_t E, const RouterSpec& spec);
 template <typename T>
+// a_given (E): the coefficients a_e = dL/dp_ne of a group split over ranks (groups 1), else counted from indices.
 void moe_aux_loss_cpu(T* loss, T* dlogits, const T* scores, const int32_t* indices, int64_t N, int64_t E, int64_t k,
-                      int64_t groups, double coeff, bool sigmoid, double dloss);
+                      int64_t groups, double coeff, bool sigmoid, double dloss, const double* a_given = nullptr);
 template <typename T>
 void moe_z_loss_cpu(T* loss, T* dlogits, const T* logits, int64_t N, int64_t E, double coeff, double dloss);
 template <typename T>

@@ -90,7 +90,7 @@ void moe_router_backward_cpu(T* dlogits, const T* dweights, const T* scores, con
 
 template <typename T>
 void moe_aux_loss_cpu(T* loss, T* dlogits, const T* scores, const int32_t* indices, int64_t N, int64_t E, int64_t k,
-                      int64_t groups, double coeff, bool sigmoid, double dloss) {
+                      int64_t groups, double coeff, bool sigmoid, double dloss, const double* a_given) {
   const int64_t rows = N / groups;
   std::vector<double> a(static_cast<size_t>(E)), p(static_cast<size_t>(E));
   double total = 0;
@@ -102,6 +102,7 @@ void moe_aux_loss_cpu(T* loss, T* dlogits, const T* scores, const int32_t* indic
       if (indices[i] >= 0) a[indices[i]] += 1.0;
     for (int64_t e = 0; e < E; ++e)
       a[e] *= coeff / static_cast<double>(groups) * static_cast<double>(E) / static_cast<double>(rows * k * rows);
+    if (a_given) std::copy(a_given, a_given + E, a.begin());
     for (int64_t n = n0; n < n0 + rows; ++n) {
       const double S = aux_probs(p.data(), scores + n * E, E, sigmoid);
       double ap = 0;
@@ -158,7 +159,7 @@ void moe_expert_bias_update_cpu(T* bias, const double* load, int64_t E, double r
   template void moe_router_backward_cpu<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t,          \
                                            const RouterSpec&);                                                 \
   template void moe_aux_loss_cpu<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double, \
-                                    bool, double);                                                             \
+                                    bool, double, const double*);                                              \
   template void moe_z_loss_cpu<T>(T*, T*, const T*, int64_t, int64_t, double, double);                        \
   template void moe_expert_bias_update_cpu<T>(T*, const double*, int64_t, double);
 MT_INSTANTIATE(float)
