@@ -195,6 +195,8 @@ struct ModelFeatures {
   bool untie_embeddings_and_output_weights = true;
   double rope_theta = 10000.0;
   RopeScalingConfig rope_scaling;
+  // Per global layer: its MLP slot is a mixture of experts (model.num_experts > 0 and model.moe_layer_freq).
+  std::vector<bool> moe_layers;
 };
 
 // Values that follow from the config and the world size. Computed and checked by derive_config.

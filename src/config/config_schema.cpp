@@ -181,7 +181,7 @@ std::vector<ConfigField> build_schema() {
           .megatron({"virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"}),
       MT_CONFIG_KEY(parallel, context).min(1).doc("context-parallel size: each sequence split over this many ranks (not supported yet: must be 1)")
           .megatron({"context_parallel_size"}),
-      MT_CONFIG_KEY(parallel, expert).min(1).doc("expert-parallel size (mixture-of-experts models, not supported yet: must be 1)")
+      MT_CONFIG_KEY(parallel, expert).min(1).doc("expert-parallel size: the experts of each MoE layer split over this many of the data x context ranks")
           .megatron({"expert_model_parallel_size"}),
       MT_CONFIG_KEY(parallel, sequence_parallel)
           .doc("split norm and dropout activations along the sequence over the tensor-parallel ranks (needs tensor > 1)"),

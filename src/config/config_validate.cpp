@@ -104,8 +104,6 @@ void validate_config(const Config& cfg) {
              "(model.kv_channels, or hidden_size / num_attention_heads: ", head_dim, ") is not 64 or 128", fix);
   }
 
-  MT_CHECK(p.expert == 1, pre, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet "
-           "(parallel.expert is ", p.expert, "); set parallel.expert: 1");
   validate_moe_config(cfg, pre);
   MT_CHECK(p.virtual_pipeline == 1 || p.pipeline > 1, pre, "parallel.virtual_pipeline (", p.virtual_pipeline,
            ") > 1 needs parallel.pipeline > 1 (it interleaves chunks of the pipeline stages); set virtual_pipeline: 1 "
@@ -160,6 +158,10 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
   }
   const int64_t dp = world_size / mp;
   d.data_parallel_size = static_cast<int>(dp);
+  // expert layers regroup the data x context ranks into expert x expert-data ranks
+  MT_CHECK((dp * cp) % p.expert == 0, pre, "parallel.expert (", p.expert, ") must divide data-parallel (", dp,
+           ", = world size ", world_size, " / (tensor x pipeline x context)) x parallel.context (", cp, ") = ", dp * cp,
+           "; choose parallel.expert among ", divisors_of(dp * cp), " or start more ranks");
 
   // ---- attention heads
   const int64_t heads = m.num_attention_heads;

@@ -69,9 +69,6 @@ void validate_moe_config(const Config& cfg, const std::string& pre) {
   MT_CHECK(m.moe_router_load_balancing_type != "seq_aux_loss" || p.tensor == 1, pre,
            "model.moe_router_load_balancing_type seq_aux_loss with parallel.tensor > 1 is not supported (the sequences "
            "are split over the tensor-parallel ranks); use aux_loss or parallel.tensor: 1");
-  // TODO(wiring): removed when the decoder layer builds MoELayer for is_moe_layer() layers.
-  MT_CHECK(false, pre, "model.num_experts > 0: mixture-of-experts layers are not wired into the model yet; set "
-           "model.num_experts: 0");
 }
 
 }  // namespace mt

@@ -1,6 +1,7 @@
 #include "config/model_features.h"
 
 #include "config/config_schema.h"
+#include "config/config_validate_moe.h"
 #include "core/check.h"
 
 namespace mt {
@@ -59,6 +60,10 @@ ModelFeatures resolve_model_features(const Config& cfg) {
   f.rope_theta = m.rope_theta;
   f.rope_scaling = {m.rope_scaling, m.rope_scaling_factor, m.rope_scaling_low_freq_factor,
                     m.rope_scaling_high_freq_factor, static_cast<double>(m.rope_scaling_original_max_position_embeddings)};
+  // MoE layers (a moe_layer_freq list of the wrong length is refused by validate_moe_config)
+  if (m.num_experts > 0 && m.num_layers > 0 &&
+      ((m.moe_layer_freq.size() == 1 && m.moe_layer_freq[0] >= 1) || static_cast<int>(m.moe_layer_freq.size()) == m.num_layers))
+    for (int l = 0; l < m.num_layers; ++l) f.moe_layers.push_back(is_moe_layer(m, l));
 
   // ---- head dim
   if (m.kv_channels > 0) {

@@ -48,6 +48,13 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
   post_range_ = range_from(begin_post);
 }
 
+std::vector<MoEMLP*> GPTModel::moe_layers() const {
+  std::vector<MoEMLP*> out;
+  for (const auto& l : layers_)
+    if (auto* m = dynamic_cast<MoEMLP*>(&l->mlp())) out.push_back(m);
+  return out;
+}
+
 namespace {
 Tensor to_device_ids(const int32_t* ids, int64_t n, Device dev) {
   Tensor host = Tensor::empty({n}, DType::I32);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/embedding.h"
+#include "model/moe/moe_mlp.h"
 #include "model/transformer_layer.h"
 
 namespace mt {
@@ -50,6 +51,9 @@ class GPTModel {
   Tensor logits(const int32_t* tokens, int64_t B, int64_t T) const;
 
   const ModelChunkSpec& spec() const { return spec_; }
+  // This chunk's mixture-of-experts MLPs, in layer order (the trainer reads their routing statistics and drives
+  // their routers' loss-gradient scale and expert bias).
+  std::vector<MoEMLP*> moe_layers() const;
 
  private:
   // Element range of the store's flat buffers holding one module's parameters (ParamSyncHooks).

@@ -18,13 +18,20 @@ struct KeptTensor {
 
 // Sizes on one rank: rows = B*T, or B*T/tp under sequence parallelism (the residual stream); heads, groups and
 // ffn are this rank's shares.
+// MoE layers: experts, topk, moe_ffn (per expert), shared_ffn (this rank's share of the shared expert, 0: none),
+// capacity (a capacity factor is set: the choice is copied before the drop).
 struct LayerDims {
   int64_t B = 0, T = 0, rows = 0, hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
+  int64_t experts = 0, topk = 0, moe_ffn = 0, shared_ffn = 0;
+  bool capacity = false;
 };
 
 std::vector<KeptTensor> norm_kept(const std::string& name, Normalization kind, int64_t rows);
 std::vector<KeptTensor> self_attention_kept(const SelfAttentionSpec& spec, const LayerDims& d,
                                             RecomputePolicy::Mode mode);
+// MoE: the rows an EP rank's experts receive depend on the routing; described for a balanced load (each rank's
+// experts get rows x topk rows, i.e. as many as it routes) and no drop. The router's tensors are fp32 / int32
+// (4 bytes: counted as statistics; fp64 in fp64 runs, where the int32 ones are over-counted).
 std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const LayerDims& d, bool keep_norm_act);
 // The whole layer: under full recompute only its input.
 std::vector<KeptTensor> layer_kept(const TransformerLayerSpec& spec, Activation activation, const LayerDims& d,

@@ -10,9 +10,9 @@
 
 namespace mt {
 
-// The MLP slot's module. Only Dense today; a mixture-of-experts module goes here (with model.moe_layer_freq /
-// DeepSeek's "first k layers dense" decided in mlp_kind_for_layer).
-enum class MLPKind { Dense };
+// The MLP slot's module: the dense MLP, or a mixture of experts (model/moe/moe_mlp.h) in the layers
+// model.num_experts / model.moe_layer_freq make MoE layers (ModelFeatures::moe_layers).
+enum class MLPKind { Dense, MoE };
 
 struct TransformerLayerSpec {
   Normalization norm = Normalization::RMSNorm;  // input_layernorm and pre_mlp_layernorm
@@ -23,8 +23,8 @@ struct TransformerLayerSpec {
 // The module in layer `layer_number`'s MLP slot (global layer number, 0-based).
 MLPKind mlp_kind_for_layer(const ModelFeatures& features, int layer_number);
 TransformerLayerSpec layer_spec(const ModelFeatures& features, int layer_number);
-// Builds the module of `kind` with parameters under `prefix` (decoder.layers.N.mlp).
-std::unique_ptr<MLPModule> build_mlp(MLPKind kind, const std::string& prefix, const ModelContext& ctx,
-                                     ParamStore& store);
+// Builds the module of `kind` for layer `layer_number` with parameters under `prefix` (decoder.layers.N.mlp).
+std::unique_ptr<MLPModule> build_mlp(MLPKind kind, int layer_number, const std::string& prefix,
+                                     const ModelContext& ctx, ParamStore& store);
 
 }  // namespace mt

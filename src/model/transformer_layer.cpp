@@ -27,7 +27,7 @@ TransformerLayer::TransformerLayer(int layer_number, const TransformerLayerSpec&
       self_attention_(layer_prefix(layer_number) + ".self_attention", spec.self_attention, ctx, store),
       pre_mlp_layernorm_(layer_prefix(layer_number) + ".pre_mlp_layernorm", ctx.model->hidden_size, spec.norm,
                          sequence_parallel_grads(ctx), ctx, store),
-      mlp_(build_mlp(spec.mlp, layer_prefix(layer_number) + ".mlp", ctx, store)) {}
+      mlp_(build_mlp(spec.mlp, layer_number, layer_prefix(layer_number) + ".mlp", ctx, store)) {}
 
 Tensor TransformerLayer::norm_output(const Norm& norm, Tensor& kept, const Tensor& x) const {
   if (kept.defined()) return std::move(kept);  // released as soon as the caller is done with it

@@ -34,6 +34,7 @@ class TransformerLayer {
   // dx: on entry dL/dx_out, on return dL/dx (updated in place). s must be complete. Frees s.
   void backward(Tensor& dx, Saved& s, int64_t B, int64_t T, const StepContext& step) const;
   int layer_number() const { return layer_; }
+  MLPModule& mlp() const { return *mlp_; }
 
  private:
   uint64_t dropout_seed(const StepContext& step, int site) const;

@@ -277,7 +277,7 @@ TEST_CASE("derive: optimizer, precision and expert rules", "[config]") {
   c = base();
   c.parallel.expert = 2;
   m = derive_error(c, 2);
-  CHECK(contains(m, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet"));
+  CHECK(contains(m, "parallel.expert (2) > 1 needs experts; set model.num_experts or parallel.expert: 1"));
   c = base();
   c.training.device = "cpu";
   c.training.precision = "bf16";

@@ -353,7 +353,7 @@ TEST_CASE("config: required keys, syntax errors and cross-field rules", "[config
   m = load_error(with("optimizer", "  warmup_iters: 11\n"));
   CHECK(contains(m, "optimizer.warmup_iters (11) must be <= optimizer.lr_decay_iters (10, i.e. training.train_iters)"));
   m = load_error(with("parallel", "  expert: 2\n"));
-  CHECK(contains(m, "parallel.expert > 1 needs a mixture-of-experts model, which is not supported yet (parallel.expert is 2)"));
+  CHECK(contains(m, "parallel.expert (2) > 1 needs experts; set model.num_experts or parallel.expert: 1"));
   m = load_error(with("parallel", "  sequence_parallel: true\n"));
   CHECK(contains(m, "set sequence_parallel: false or tensor > 1"));
   m = load_error(with("parallel", "  virtual_pipeline: 2\n"));

@@ -1,5 +1,5 @@
 // The model.moe_* keys: defaults (dense), every key parsed, MoE keys without experts refused by name, the
-// cross-field checks, and (until MoE layers are wired into the model) num_experts > 0 refused.
+// cross-field checks (parallel.expert included), which layers are MoE layers.
 #include <string>
 
 #include "catch.h"
@@ -46,7 +46,7 @@ TEST_CASE("moe config: dense by default, MoE keys need experts", "[moe][config]"
   CHECK_THAT(error_of({"parallel.expert=2"}), Catch::Contains("parallel.expert"));
 }
 
-TEST_CASE("moe config: cross-field checks, layer pattern, not wired yet", "[moe][config]") {
+TEST_CASE("moe config: cross-field checks, layer pattern", "[moe][config]") {
   const std::vector<std::string> moe = {"model.num_experts=8", "model.moe_ffn_hidden_size=32"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), moe.begin(), moe.end());
@@ -60,7 +60,23 @@ TEST_CASE("moe config: cross-field checks, layer pattern, not wired yet", "[moe]
   CHECK_THAT(with({"model.moe_router_score_function=sigmoid", "model.moe_router_pre_softmax=true"}),
              Catch::Contains("softmax only"));
   CHECK_THAT(with({"model.moe_router_load_balancing_type=seq_aux_loss"}), Catch::Contains("moe_aux_loss_coeff > 0"));
-  CHECK_THAT(with({}), Catch::Contains("not wired into the model yet"));
+  CHECK(with({}).empty());
+  CHECK_THAT(with({"parallel.expert=3"}), Catch::Contains("model.num_experts (8) must be divisible by parallel.expert (3)"));
+  CHECK_THAT(with({"parallel.tensor=2"}), Catch::Contains("need parallel.sequence_parallel: true"));
+  CHECK(with({"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.expert=2"}).empty());
+  // expert x expert-data regroup data x context: world 4 = data 4 fits expert 2 and 4, world 2 not expert 4
+  mt::Config c = mt::load_config_from_string(kBase, "x.yaml", {"model.num_experts=8", "model.moe_ffn_hidden_size=32",
+                                                               "parallel.expert=4"});
+  CHECK(mt::derive_config(c, 4).features.moe_layers == std::vector<bool>{true, true, true, true});
+  try {
+    mt::derive_config(c, 2);
+    FAIL("expert 4 over 2 ranks accepted");
+  } catch (const std::exception& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("parallel.expert (4) must divide data-parallel (2"));
+  }
+  c.model.moe_layer_freq = {2};
+  c.parallel.expert = 1;
+  CHECK(mt::derive_config(c, 1).features.moe_layers == std::vector<bool>{true, false, true, false});
   // which layers are MoE
   mt::ModelConfig m;
   m.num_layers = 4;

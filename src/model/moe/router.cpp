@@ -56,13 +56,6 @@ void Router::forward(Saved& s, const Tensor& x) const {
     s.indices = s.choice.clone();
     ops::moe_apply_capacity(s.indices, s.weights, E, ops::moe_capacity(N, k, E, opt_.capacity_factor));
   }
-  if (opt_.expert_bias) {
-    Tensor counts = Tensor::empty({E}, DType::I32, dev);
-    ops::moe_expert_counts(counts, s.indices, E);
-    Tensor host = Tensor::empty({E}, DType::I32);
-    host.copy_from(counts);
-    for (int64_t e = 0; e < E; ++e) load_[static_cast<size_t>(e)] += host.data<int32_t>()[e];
-  }
 }
 
 int64_t Router::aux_groups(int64_t N) const {

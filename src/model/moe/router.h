@@ -29,7 +29,7 @@ class Router {
     Tensor weights;          // (N, k) router dtype: the routing weights (a dropped slot's is never read)
     Tensor aux_loss, z_loss; // (1) router dtype, undefined when off
   };
-  // x (N, C) -> s.indices, s.weights; counts the load for the expert bias.
+  // x (N, C) -> s.indices, s.weights.
   void forward(Saved& s, const Tensor& x) const;
   // dweights (N, k) router dtype (its entries of dropped slots ignored) -> dL/dx (N, C) in the activation dtype;
   // the router weight's gradient accumulates; the enabled losses' gradients are added. Consumes s.
@@ -38,8 +38,9 @@ class Router {
   DType router_dtype() const { return rdt_; }
   const ops::RouterSpec& spec() const { return spec_; }
   void set_loss_grad_scale(double s) { loss_grad_scale_ = s; }
-  // Expert bias: (E) router dtype on the device (zeros at start), and the tokens routed to each expert by the
-  // forwards since the last update (host; the trainer sums it over the data-parallel ranks before updating).
+  // Expert bias: (E) router dtype on the device (zeros at start), and the tokens routed to each expert since the
+  // last update (host; added by the MoE layer's backward once per micro-batch, model/moe/moe_mlp.h; the trainer
+  // sums it over the ranks that routed tokens before updating).
   const Tensor& expert_bias() const { return bias_; }
   Tensor& expert_bias() { return bias_; }
   std::vector<int64_t>& expert_load() const { return load_; }

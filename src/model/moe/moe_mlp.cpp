@@ -1,0 +1,62 @@
+#include "model/moe/moe_mlp.h"
+
+namespace mt {
+
+namespace {
+int64_t nb(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+}  // namespace
+
+MoEMLP::MoEMLP(int layer_number, const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx,
+               ParamStore& store)
+    : layer_(layer_number), opt_(opt), layer_impl_(prefix, opt, ctx, store) {
+  stats_.tokens_per_expert.assign(static_cast<size_t>(opt.num_experts), 0);
+}
+
+int64_t MoEMLP::State::nbytes() const {
+  const Router::Saved& r = s.router;
+  int64_t n = nb(r.logits) + nb(r.scores) + nb(r.choice) + nb(r.weights) + nb(r.aux_loss) + nb(r.z_loss);
+  if (r.indices.defined() && r.indices.raw() != r.choice.raw()) n += nb(r.indices);
+  return n + nb(s.slot_of_row) + nb(s.row_of_slot) + nb(s.xl) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) +
+         nb(s.shared_h) + nb(s.shared_a);
+}
+
+Tensor MoEMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual) const {
+  auto st = std::make_shared<State>();
+  Tensor y = layer_impl_.forward(st->s, x, residual);
+  state = std::move(st);
+  return y;
+}
+
+Tensor MoEMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const {
+  auto* st = dynamic_cast<State*>(state.get());
+  MT_INTERNAL_ASSERT(st != nullptr, "MoE layer ", layer_, ": backward without its forward's state");
+  MoELayer::Saved& s = st->s;
+  // The micro-batch's routing, counted once here (the forward may have run twice under full recompute).
+  int64_t routed = 0;
+  for (size_t e = 0; e < s.counts.size(); ++e) {
+    stats_.tokens_per_expert[e] += s.counts[e];
+    routed += s.counts[e];
+  }
+  const int64_t slots = x.size(0) * opt_.topk;
+  stats_.slots += slots;
+  stats_.dropped += slots - routed;
+  stats_.aux_loss += layer_impl_.last_aux_loss(s);
+  stats_.z_loss += layer_impl_.last_z_loss(s);
+  ++stats_.microbatches;
+  if (opt_.expert_bias) {
+    std::vector<int64_t>& load = layer_impl_.router().expert_load();
+    for (size_t e = 0; e < s.counts.size(); ++e) load[e] += s.counts[e];
+  }
+  Tensor dx = layer_impl_.backward(dy, s, x);
+  state.reset();
+  return dx;
+}
+
+MoEStepStats MoEMLP::take_stats() {
+  MoEStepStats out = stats_;
+  stats_ = MoEStepStats{};
+  stats_.tokens_per_expert.assign(static_cast<size_t>(opt_.num_experts), 0);
+  return out;
+}
+
+}  // namespace mt
