@@ -547,7 +547,7 @@ std::vector<Rule> mapping(const ArchSpec& a, std::vector<std::string>* skip) {
   std::vector<Rule> r;
   auto add = [&r](std::vector<std::string> hf, std::string ours, S shape, Transform t, bool transpose = false,
                   bool vocab = false) {
-    r.push_back(Rule{std::move(hf), std::move(ours), t, transpose, vocab, std::move(shape)});
+    r.push_back(Rule{std::move(hf), std::move(ours), t, transpose, vocab, std::move(shape), -1, 0});
   };
   const int64_t H = a.hidden_size, V = a.vocab_size, F = a.ffn_hidden_size, d = a.head_dim;
   const int64_t qkv_rows = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * d, attn = a.num_heads * d;
@@ -592,7 +592,19 @@ std::vector<Rule> mapping(const ArchSpec& a, std::vector<std::string>* skip) {
     }
     add({h + "self_attn.o_proj.weight"}, o + "self_attention.linear_proj.weight", {H, attn}, T::Identity);
     add({h + "post_attention_layernorm.weight"}, o + "pre_mlp_layernorm.weight", {H}, T::Identity);
-    if (a.moe() && a.moe_layer[static_cast<size_t>(l)]) {
+    if (a.moe() && a.moe_layer[static_cast<size_t>(l)] && a.fused_experts) {
+      // transformers 5's fused layout, both architectures: mlp.gate, mlp.experts.{gate_up_proj, down_proj}.
+      const std::string m = h + "mlp.", x = o + "mlp.";
+      const int64_t Fe = a.moe_ffn_hidden_size;
+      add({m + "gate.weight"}, x + "router.weight", {a.num_experts, H}, T::Identity);
+      for (int e = 0; e < a.num_experts; ++e) {
+        const std::string oe = x + "experts." + std::to_string(e) + ".";
+        add({m + "experts.gate_up_proj"}, oe + "linear_fc1.weight", {2 * Fe, H}, T::Expert);
+        add({m + "experts.down_proj"}, oe + "linear_fc2.weight", {H, Fe}, T::Expert);
+        r[r.size() - 2].expert = r.back().expert = e;
+        r[r.size() - 2].experts = r.back().experts = a.num_experts;
+      }
+    } else if (a.moe() && a.moe_layer[static_cast<size_t>(l)]) {
       // Mixtral: block_sparse_moe.{gate, experts.e.w1 (gate) / w3 (up) / w2 (down)}; Qwen3-MoE: mlp.{gate,
       // experts.e.{gate,up,down}_proj}.
       const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp."), x = o + "mlp.";
@@ -645,6 +657,11 @@ RowLayout row_layout(const Rule& r, const ArchSpec& a, int64_t our_rows) {
         L.blocks.push_back({2, i * d, d});
       }
       break;
+    case Transform::Expert:  // rows [e * our_rows, (e + 1) * our_rows) of the [E * our_rows, W] view
+      MT_INTERNAL_ASSERT(r.expert >= 0 && r.expert < r.experts, r.ours, ": expert ", r.expert, " of ", r.experts);
+      L.src_rows = {r.experts * our_rows};
+      L.blocks = {{0, r.expert * our_rows, our_rows}};
+      break;
     case Transform::FusedQkv: {
       // GPT-2: every head is its own group (q_per_group 1); c_attn rows are [Q | K | V].
       const int64_t hd = a.num_heads * d;
@@ -669,6 +686,11 @@ int64_t width_of(const std::vector<int64_t>& our_shape) {
 std::vector<std::vector<int64_t>> hf_shapes(const Rule& r, const ArchSpec& a, const std::vector<int64_t>& our_shape) {
   const RowLayout L = row_layout(r, a, our_shape[0]);
   std::vector<std::vector<int64_t>> out;
+  if (r.transform == Transform::Expert) {  // [E, rows, W]
+    std::vector<int64_t> s = our_shape;
+    s.insert(s.begin(), r.experts);
+    return {s};
+  }
   for (int64_t rows : L.src_rows) {
     std::vector<int64_t> s = our_shape;
     s[0] = rows;

@@ -10,12 +10,16 @@
 //              [the group's nh/g q heads; its k head; its v head] (biases the same, 1-D)
 //   fused_qkv  GPT-2's c_attn (after the transpose) is [Q | K | V] rows -> the same per-head layout
 //   concat     gate [F, H], up [F, H] -> fc1 [gate; up]   (dense MLPs and each expert alike)
+//   expert     one expert's slice e of a fused [E, rows, W] tensor (transformers 5's experts.gate_up_proj
+//              [E, 2F, H] = per expert [gate; up], experts.down_proj [E, H, F]); import only
 //
 // Mixtures of experts (MixtralForCausalLM, Qwen3MoeForCausalLM), per MoE layer: the router
 // (block_sparse_moe.gate / mlp.gate, [E, H]) is <prefix>.router.weight; expert e's gate and up (w1 and w3 /
 // gate_proj and up_proj) are <prefix>.experts.<e>.linear_fc1.weight [gate; up], its down (w2 / down_proj)
 // <prefix>.experts.<e>.linear_fc2.weight. The per-expert names are what save_pretrained writes in
-// transformers 4.x and 5.x alike (5.x fuses them into experts.gate_up_proj / down_proj in memory only).
+// transformers 4.x and 5.x alike; 5.x's fused layout (its in-memory names, written by
+// save_pretrained(save_original_format=False): mlp.gate.weight, mlp.experts.gate_up_proj / down_proj) is
+// read too (fused_experts); export writes the per-expert names.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +52,7 @@ struct ArchSpec {
   std::vector<bool> moe_layer;  // per layer (empty: dense model)
   bool norm_topk_prob = true;   // routing weights renormalized over the k chosen (Mixtral always; Qwen3-MoE's key)
   double aux_loss_coef = 0.0;   // router_aux_loss_coef
+  bool fused_experts = false;   // the HF file holds transformers 5's fused expert tensors (import)
   bool moe() const { return num_experts > 0; }
 };
 
@@ -70,7 +75,7 @@ ArchSpec from_model_config(const Config& cfg, const std::string& architecture);
 // in base's style (rope_parameters vs rope_theta/rope_scaling); else a complete config.json.
 nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, const nlohmann::ordered_json& base);
 
-enum class Transform { Identity, Transpose, Qkv, FusedQkv, Concat };
+enum class Transform { Identity, Transpose, Qkv, FusedQkv, Concat, Expert };
 
 struct Rule {
   std::vector<std::string> hf;  // HF tensor names
@@ -79,6 +84,7 @@ struct Rule {
   bool transpose = false;       // each HF tensor is the transpose of its block (Conv1D)
   bool vocab_rows = false;      // ours has padded vocabulary rows beyond the HF rows
   std::vector<int64_t> shape;   // our tensor's shape (unpadded: vocab_size rows where vocab_rows)
+  int expert = -1, experts = 0; // Expert: the slice of the fused tensor, and its leading dimension
 };
 
 // The table of `a`, expanded over layers (and experts). `skip` gets the HF names that exist in some checkpoints

@@ -143,10 +143,7 @@ void check_hf_tensors(const st::Archive& ar, const hf::ArchSpec& a, const std::v
   for (const auto& [name, e] : ar.entries())
     MT_CHECK(used.count(name), e.file->path(), ": holds tensor '", name, "' that ", a.architecture,
              " with this config.json does not have (a different architecture or config?)", hint(name),
-             name.find("experts.gate_up_proj") != std::string::npos || name.find("experts.down_proj") != std::string::npos
-                 ? " - fused expert tensors are transformers 5's in-memory layout; megatrain reads the per-expert "
-                   "tensors save_pretrained writes"
-                 : "");
+             a.fused_experts ? " (the file holds fused expert tensors, experts.gate_up_proj: per-expert ones too?)" : "");
 }
 
 }  // namespace
@@ -203,8 +200,14 @@ std::vector<std::string> convert_import(const ImportOptions& opt, Communicator& 
     MT_CHECK(false, cfg_path, ": not valid JSON: ", e.what());
   }
   std::vector<std::string> notes;
-  const hf::ArchSpec a = hf::parse_config(hj, cfg_path, &notes);
+  hf::ArchSpec a = hf::parse_config(hj, cfg_path, &notes);
   st::Archive ar(opt.hf_dir);
+  // transformers 5's fused expert tensors (save_pretrained(save_original_format=False)) or the per-expert ones.
+  for (const auto& [name, e] : ar.entries()) {
+    const std::string fused = "mlp.experts.gate_up_proj";
+    if (a.moe() && name.size() >= fused.size() && name.compare(name.size() - fused.size(), fused.size(), fused) == 0)
+      a.fused_experts = true;
+  }
 
   // The tensors' names and shapes, before anything else is read or built.
   std::vector<std::string> skip;
@@ -242,6 +245,14 @@ std::vector<std::string> convert_import(const ImportOptions& opt, Communicator& 
     MT_INTERNAL_ASSERT(p != nullptr, "the mapping of ", a.architecture, " names ", r.ours, ", which the model lacks");
     MT_INTERNAL_ASSERT(unpadded_shape(r, *p, a.vocab_size) == r.shape, "the mapping of ", a.architecture, " gives ",
                        r.ours, " the shape ", shape_str(r.shape), ", the model ", shape_str(p->spec.global_shape));
+    if (r.transform == hf::Transform::Expert) {  // expert e's slice of the fused tensor, straight in
+      const st::Archive::Entry* e = ar.find(r.hf[0]);
+      const int64_t n = shape_numel(r.shape);
+      to_f32(e->file->data(*e->info) + r.expert * n * static_cast<int64_t>(dtype_size(e->info->dtype)), e->info->dtype,
+             n, store.master(*p).data<float>());
+      filled.insert(r.ours);
+      continue;
+    }
     const auto shapes = hf::hf_shapes(r, a, r.shape);
     std::vector<std::vector<float>> bufs;
     for (size_t i = 0; i < r.hf.size(); ++i) {

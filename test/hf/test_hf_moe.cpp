@@ -2,7 +2,8 @@
 // config.json -> model section -> config.json gives the original's keys and values; every tensor of the
 // fixture is named by exactly one rule, lands where transformers' layout says (router = gate, expert fc1 =
 // [gate; up] as MixtralExperts / Qwen3MoeExperts chunk it) and comes back bit for bit; the router and
-// sparse-layer keys map to our router options; bad MoE folders are refused naming the file and the key,
+// sparse-layer keys map to our router options; transformers 5's fused expert tensors import to the same weights;
+// bad MoE folders are refused naming the file and the key,
 // writing nothing. (The logits against transformers' run through convert_import in test_hf_fixtures.cpp.)
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/hf_mapping.h"
@@ -20,7 +22,9 @@
 #include "core/check.h"
 #include "test/catch.h"
 #include "test/hf/hf_test_util.h"
+#include "checkpoint/checkpoint.h"
 #include "train/convert.h"
+#include "train/train_checkpoint.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
@@ -87,6 +91,42 @@ void tensor_round_trip(const std::string& arch, const std::function<void(const h
     INFO(arch << " tensor " << name << " named by one rule");
     CHECK(named.count(name) == 1);
   }
+}
+
+// Rewrites a fixture's per-expert tensors in transformers 5's fused layout (save_pretrained(save_original_format=
+// False)): model.layers.L.mlp.gate.weight, mlp.experts.gate_up_proj [E, 2F, H] (expert e: [gate; up]) and
+// mlp.experts.down_proj [E, H, F], as Mixtral/Qwen3MoeExperts.forward index them.
+void fuse_experts(const std::string& file, bool mixtral) {
+  hf_test::rewrite_tensors(file, [&](std::vector<hf_test::OwnedTensor>& ts) {
+    auto take = [&](const std::string& name) {
+      auto it = std::find_if(ts.begin(), ts.end(), [&](const auto& t) { return t.name == name; });
+      REQUIRE(it != ts.end());
+      hf_test::OwnedTensor t = std::move(*it);
+      ts.erase(it);
+      return t;
+    };
+    for (int l = 0; l < 3; ++l) {
+      const std::string h = "model.layers." + std::to_string(l) + ".", m = h + (mixtral ? "block_sparse_moe." : "mlp.");
+      if (std::none_of(ts.begin(), ts.end(), [&](const auto& t) { return t.name == m + "gate.weight"; })) continue;
+      hf_test::OwnedTensor gate = take(m + "gate.weight");
+      gate.name = h + "mlp.gate.weight";
+      const int64_t E = gate.shape[0];
+      hf_test::OwnedTensor gate_up{h + "mlp.experts.gate_up_proj", DType::F32, {}, {}}, down{h + "mlp.experts.down_proj", DType::F32, {}, {}};
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        hf_test::OwnedTensor g = take(x + (mixtral ? "w1" : "gate_proj") + ".weight");
+        hf_test::OwnedTensor u = take(x + (mixtral ? "w3" : "up_proj") + ".weight");
+        hf_test::OwnedTensor d = take(x + (mixtral ? "w2" : "down_proj") + ".weight");
+        gate_up.shape = {E, 2 * g.shape[0], g.shape[1]};
+        down.shape = {E, d.shape[0], d.shape[1]};
+        for (const auto* t : {&g, &u}) gate_up.bytes.insert(gate_up.bytes.end(), t->bytes.begin(), t->bytes.end());
+        down.bytes.insert(down.bytes.end(), d.bytes.begin(), d.bytes.end());
+      }
+      ts.push_back(std::move(gate));
+      ts.push_back(std::move(gate_up));
+      ts.push_back(std::move(down));
+    }
+  });
 }
 
 bool equal_rows(const std::vector<float>& ours, int64_t row0, const std::vector<float>& hf) {
@@ -313,15 +353,13 @@ TEST_CASE("hf moe: bad MoE folders are refused, naming the file and the key, wri
                                     Catch::Contains("'model.layers.1.mlp.experts.0.gate_proj.weight' that Qwen3MoeForCausalLM") &&
                                     Catch::Contains("does not have"));
   }
-  SECTION("transformers 5's fused expert tensors") {
+  SECTION("fused expert tensors whose shape config.json does not give") {
     const std::string p = variant("MixtralForCausalLM", "fused");
-    hf_test::rewrite_tensors(p + st_file, [](std::vector<hf_test::OwnedTensor>& ts) {
-      hf_test::OwnedTensor x = ts[0];
-      x.name = "model.layers.0.mlp.experts.gate_up_proj";
-      ts.push_back(x);
-    });
-    CHECK_THAT(import_error(p), Catch::Contains("'model.layers.0.mlp.experts.gate_up_proj'") &&
-                                    Catch::Contains("per-expert tensors save_pretrained writes"));
+    fuse_experts(p + st_file, true);
+    edit_config(p, [](json& j) { j["intermediate_size"] = 40; });
+    CHECK_THAT(import_error(p), Catch::Contains(p + st_file) &&
+                                    Catch::Contains("'model.layers.0.mlp.experts.gate_up_proj' has shape [4, 96, 32]") &&
+                                    Catch::Contains("implies [4, 80, 32]") && Catch::Contains("'intermediate_size' = 40"));
   }
   SECTION("router jitter noise") {
     const std::string p = variant("MixtralForCausalLM", "jitter");
@@ -346,5 +384,55 @@ TEST_CASE("hf moe: bad MoE folders are refused, naming the file and the key, wri
     CHECK_THAT(import_error(p), Catch::Contains("'mlp_only_layers' holds 3"));
     edit_config(p, [](json& j) { j["mlp_only_layers"] = {1}, j["num_experts_per_tok"] = 5; });
     CHECK_THAT(import_error(p), Catch::Contains("'num_experts_per_tok' = 5"));
+  }
+}
+
+TEST_CASE("hf moe: transformers 5's fused expert tensors import to the same weights; export writes per-expert ones",
+          "[hf_moe]") {
+  for (const std::string arch : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    INFO(arch);
+    hf_test::TempDir d;
+    fs::create_directories(d.path + "/fused");
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy(fixture_dir(arch) + "/" + f, d.path + "/fused/" + f);
+    fs::permissions(d.path + "/fused/model.safetensors", fs::perms::owner_write, fs::perm_options::add);
+    fuse_experts(d.path + "/fused/model.safetensors", arch == "MixtralForCausalLM");
+    REQUIRE(st::Archive(d.path + "/fused").find("model.layers.0.mlp.experts.gate_up_proj") != nullptr);
+    for (const auto& [src, out] : {std::pair<std::string, std::string>{fixture_dir(arch), d.path + "/imp"},
+                                   {d.path + "/fused", d.path + "/imp-fused"}}) {
+      ImportOptions im;
+      im.hf_dir = src;
+      im.output = out;
+      convert_import(im, hf_test::world());
+    }
+    // the two checkpoints hold the same tensors, bit for bit
+    ckpt::LoadedCheckpoint x = ckpt::open_checkpoint(ckpt::resolve_load_path(d.path + "/imp", d.path + "/imp"));
+    ckpt::LoadedCheckpoint y = ckpt::open_checkpoint(ckpt::resolve_load_path(d.path + "/imp-fused", d.path + "/imp-fused"));
+    auto host_x = build_host_model(load_config_from_string(x.config_yaml, "x"));
+    auto host_y = build_host_model(load_config_from_string(y.config_yaml, "y"));
+    load_model_weights(x, *host_x->store);
+    load_model_weights(y, *host_y->store);
+    const auto px = host_x->store->params(), py = host_y->store->params();
+    REQUIRE(px.size() == py.size());
+    for (size_t i = 0; i < px.size(); ++i) {
+      INFO(px[i]->spec.name);
+      REQUIRE(px[i]->spec.name == py[i]->spec.name);
+      Tensor mx = host_x->store->master(*px[i]), my = host_y->store->master(*py[i]);
+      CHECK(std::memcmp(mx.data<float>(), my.data<float>(), mx.nbytes()) == 0);
+    }
+    // export: the per-expert tensors of the fixture, bit for bit
+    ExportOptions ex;
+    ex.checkpoint = d.path + "/imp-fused";
+    ex.output = d.path + "/exp";
+    convert_export(ex);
+    st::Archive want(fixture_dir(arch)), got(d.path + "/exp");
+    CHECK(got.entries().size() == want.entries().size());
+    for (const auto& [name, e] : want.entries()) {
+      INFO(name);
+      const st::Archive::Entry* f = got.find(name);
+      REQUIRE(f != nullptr);
+      REQUIRE(f->info->shape == e.info->shape);
+      CHECK(std::memcmp(f->file->data(*f->info), e.file->data(*e.info), e.info->end - e.info->begin) == 0);
+    }
   }
 }
