@@ -38,14 +38,15 @@ std::string fixture_dir(const std::string& arch) { return std::string(MT_SOURCE_
 json read_json(const std::string& path) { return json::parse(std::ifstream(path)); }
 
 // config.json -> ArchSpec -> the model section -> ArchSpec of the model -> config.json on the original.
-ojson config_round_trip(const json& j, const std::string& arch, hf::ArchSpec* parsed = nullptr, Config* cfg_out = nullptr) {
+ojson config_round_trip(const json& j, const std::string& arch, hf::ArchSpec* parsed = nullptr, Config* cfg_out = nullptr,
+                        const std::string& dtype = "float32") {
   const hf::ArchSpec a = hf::parse_config(j, "config.json", nullptr);
   Config cfg;
   cfg.model = hf::to_model_config(a, "config.json");
   const hf::ArchSpec b = hf::from_model_config(cfg, arch);
   if (parsed) *parsed = a;
   if (cfg_out) *cfg_out = cfg;
-  return hf::make_config(b, "float32", ojson::parse(j.dump()));
+  return hf::make_config(b, dtype, ojson::parse(j.dump()));
 }
 
 std::vector<float> f32_of(const st::Archive::Entry& e) {
@@ -435,4 +436,42 @@ TEST_CASE("hf moe: transformers 5's fused expert tensors import to the same weig
       CHECK(std::memcmp(f->file->data(*f->info), e.file->data(*e.info), e.info->end - e.info->begin) == 0);
     }
   }
+}
+
+TEST_CASE("hf moe: config.json of the published Mixtral-8x7B and Qwen3-30B-A3B shapes (transformers 4 style)", "[hf_moe]") {
+  // Keys as those models' own config.json files have them (rope_theta, torch_dtype, no layer_types).
+  const json mixtral = json::parse(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0",
+    "use_cache": true, "vocab_size": 32000})");
+  const json qwen = json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+  Config cm, cq;
+  CHECK(json::parse(config_round_trip(mixtral, "MixtralForCausalLM", nullptr, &cm, "bfloat16").dump()) == mixtral);
+  CHECK(json::parse(config_round_trip(qwen, "Qwen3MoeForCausalLM", nullptr, &cq, "bfloat16").dump()) == qwen);
+  CHECK(cm.model.num_experts == 8);
+  CHECK(cm.model.moe_ffn_hidden_size == 14336);
+  CHECK(cm.model.num_query_groups == 8);
+  CHECK(cq.model.num_experts == 128);
+  CHECK(cq.model.moe_router_topk == 8);
+  CHECK(cq.model.moe_ffn_hidden_size == 768);
+  CHECK(cq.model.moe_layer_freq == std::vector<double>{1});
+  CHECK(cq.model.kv_channels == 128);
+  // and the model sections validate as megatrain configs
+  cm.training.train_iters = cq.training.train_iters = 1;
+  cm.data.mock = cq.data.mock = true;
+  CHECK_NOTHROW(load_config_from_string(config_to_yaml(cm), "mixtral.yaml"));
+  CHECK_NOTHROW(load_config_from_string(config_to_yaml(cq), "qwen3moe.yaml"));
 }
