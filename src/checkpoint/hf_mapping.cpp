@@ -164,6 +164,7 @@ void parse_llama_family(Keys& k, ArchSpec& a, const std::string& path, std::vect
 // softmax router without (with) moe_router_pre_softmax.
 void parse_moe(Keys& k, ArchSpec& a, const std::string& path, std::vector<std::string>* notes) {
   const bool mixtral = a.model_type == "mixtral";
+  MT_CHECK(a.num_layers > 0, path, ": config.json key 'num_hidden_layers' must be positive");
   if (mixtral) {
     a.num_experts = k.get<int>("num_local_experts");
     a.moe_ffn_hidden_size = a.ffn_hidden_size;  // Mixtral's intermediate_size is each expert's
@@ -339,7 +340,7 @@ ArchSpec moe_from_model_config(const Config& cfg, ArchSpec a, const std::string&
   a.moe_ffn_hidden_size = m.moe_ffn_hidden_size;
   for (int l = 0; l < m.num_layers; ++l) a.moe_layer.push_back(is_moe_layer(m, l));
   a.norm_topk_prob = !m.moe_router_pre_softmax;
-  a.aux_loss_coef = m.moe_aux_loss_coeff;
+  a.aux_loss_coef = m.moe_router_load_balancing_type == "none" ? 0.0 : m.moe_aux_loss_coeff;
   const bool all_moe = std::find(a.moe_layer.begin(), a.moe_layer.end(), false) == a.moe_layer.end();
   const std::string want = a.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
   MT_CHECK(architecture.empty() || architecture == want, "the checkpoint's model has the tensors of ", want,
