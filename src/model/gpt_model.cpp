@@ -1,18 +1,21 @@
 #include "model/gpt_model.h"
 
+#include <algorithm>
+
 #include "tensor/ops.h"
 
 namespace mt {
 
 GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkSpec& spec)
     : ctx_(&ctx), store_(&store), spec_(spec) {
-  // Parameters are laid out in the flat buffers in registration order: each module is one range.
-  auto range_from = [&store](int64_t begin) { return FlatRange{begin, store.local_numel()}; };
-  int64_t begin = store.local_numel();
+  // Parameters are laid out in the flat buffers in registration order (per region): each module is one range of
+  // each region it has parameters in (ranges()).
+  auto range_from = [&store](size_t first) { return ModuleParams{first, store.num_params(), {}, false}; };
+  size_t begin = store.num_params();
   if (spec.pre_process) embedding_ = std::make_unique<Embedding>(ctx, store);
   embedding_range_ = range_from(begin);
   for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
-    begin = store.local_numel();
+    begin = store.num_params();
     layers_.push_back(std::make_unique<TransformerLayer>(l, ctx, store));
     layer_ranges_.push_back(range_from(begin));
   }
@@ -30,7 +33,7 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
       }
     }
   }
-  const int64_t begin_post = store.local_numel();
+  const size_t begin_post = store.num_params();
   if (spec.post_process) {
     final_norm_ = std::make_unique<Norm>("decoder.final_layernorm", ctx.model->hidden_size, ctx, store);
     // Tied (untie_embeddings_and_output_weights false): the output layer reuses the word embeddings, the
@@ -46,6 +49,25 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
     output_ = std::make_unique<OutputLayer>(ctx, weight);
   }
   post_range_ = range_from(begin_post);
+}
+
+const std::vector<GPTModel::FlatRange>& GPTModel::ranges(const ModuleParams& m) const {
+  if (m.resolved) return m.ranges;
+  MT_INTERNAL_ASSERT(store_->allocated(), "a model ran before its parameter store was allocated");
+  // Parameters of one module are consecutive inside each region.
+  for (bool expert : {false, true}) {
+    FlatRange r{-1, -1};
+    for (size_t i = m.first; i < m.last; ++i) {
+      const Param* p = store_->param(i);
+      if (p->spec.expert_parallel != expert) continue;
+      const auto b = static_cast<int64_t>(p->flat_offset), e = b + p->value.numel();
+      r.begin = r.begin < 0 ? b : std::min(r.begin, b);
+      r.end = std::max(r.end, e);
+    }
+    if (r.begin >= 0) m.ranges.push_back(r);
+  }
+  m.resolved = true;
+  return m.ranges;
 }
 
 std::vector<MoEMLP*> GPTModel::moe_layers() const {

@@ -56,24 +56,35 @@ class GPTModel {
   std::vector<MoEMLP*> moe_layers() const;
 
  private:
-  // Element range of the store's flat buffers holding one module's parameters (ParamSyncHooks).
+  // Element range of the store's flat buffers (ParamSyncHooks).
   struct FlatRange {
     int64_t begin = 0, end = 0;
   };
-  void params_needed(const FlatRange& r) const {
-    if (ctx_->hooks) ctx_->hooks->params_needed(r.begin, r.end);
+  // One module's parameters: registration indices [first, last) in the store, and (once the store is allocated)
+  // their flat ranges: one per region of the store they occupy (an MoE layer spans the dense and the expert one).
+  struct ModuleParams {
+    size_t first = 0, last = 0;
+    mutable std::vector<FlatRange> ranges;
+    mutable bool resolved = false;
+  };
+  const std::vector<FlatRange>& ranges(const ModuleParams& m) const;
+  void params_needed(const ModuleParams& m) const {
+    if (ctx_->hooks)
+      for (const FlatRange& r : ranges(m)) ctx_->hooks->params_needed(r.begin, r.end);
   }
   // After a module's backward: its parameters that got no gradient are zeroed (ParamStore::zero_unwritten), then
   // the hooks are told.
-  void grads_accumulated(const FlatRange& r) const {
-    store_->zero_unwritten(r.begin, r.end);
-    if (ctx_->hooks) ctx_->hooks->grads_accumulated(r.begin, r.end);
+  void grads_accumulated(const ModuleParams& m) const {
+    for (const FlatRange& r : ranges(m)) {
+      store_->zero_unwritten(r.begin, r.end);
+      if (ctx_->hooks) ctx_->hooks->grads_accumulated(r.begin, r.end);
+    }
   }
 
   const ModelContext* ctx_;
   ParamStore* store_;
-  FlatRange embedding_range_, post_range_;
-  std::vector<FlatRange> layer_ranges_;
+  ModuleParams embedding_range_, post_range_;
+  std::vector<ModuleParams> layer_ranges_;
   ModelChunkSpec spec_;
   std::unique_ptr<Embedding> embedding_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;

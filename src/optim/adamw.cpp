@@ -31,13 +31,14 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const 
 
 double global_grad_norm(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard,
                         bool sharded) {
-  double total = 0;
+  double total[2] = {0, 0};  // dense, expert parameters
   Tensor flat = const_cast<ParamStore&>(store).flat_grads();
   // Adjacent segments that all count are summed in one reduction (one device sync, not one per
   // parameter); the padding past the last parameter holds zeros.
   int64_t run_begin = -1, run_end = -1;
+  bool run_expert = false;
   auto flush = [&] {
-    if (run_begin >= 0) total += ops::sum_squares(flat.slice(run_begin, run_end - run_begin));
+    if (run_begin >= 0) total[run_expert] += ops::sum_squares(flat.slice(run_begin, run_end - run_begin));
     run_begin = run_end = -1;
   };
   for (const OptimizerSegment& s : optimizer_segments(store, shard)) {
@@ -47,19 +48,28 @@ double global_grad_norm(const ParamStore& store, const ParallelState& ps, const 
       flush();
       continue;
     }
-    if (run_begin >= 0 && run_end == s.flat_begin) {
+    if (run_begin >= 0 && run_end == s.flat_begin && run_expert == spec.expert_parallel) {
       run_end += s.length;
     } else {
       flush();
       run_begin = s.flat_begin;
       run_end = s.flat_begin + s.length;
+      run_expert = spec.expert_parallel;
     }
   }
   flush();
-  if (ps.tp_size > 1) total = ps.tp->all_reduce_scalar(total, ReduceOp::Sum);
-  if (ps.pp_size > 1) total = ps.pp->all_reduce_scalar(total, ReduceOp::Sum);
-  if (sharded && ps.dp_size > 1) total = ps.dp->all_reduce_scalar(total, ReduceOp::Sum);
-  return std::sqrt(total);
+  if (sharded && ps.dp_size > 1) total[0] = ps.dp->all_reduce_scalar(total[0], ReduceOp::Sum);
+  if (store.has_experts()) {
+    // Expert parameters: sharded over expert data parallel; each expert-parallel rank holds other experts.
+    // (Every rank of an expert group is on the same pipeline stage: the same store layout.)
+    if (sharded && ps.expert_dp_size > 1) total[1] = ps.expert_dp->all_reduce_scalar(total[1], ReduceOp::Sum);
+    if (ps.ep_size > 1) total[1] = ps.ep->all_reduce_scalar(total[1], ReduceOp::Sum);
+    total[0] += total[1];
+  }
+  double sum = total[0];
+  if (ps.tp_size > 1) sum = ps.tp->all_reduce_scalar(sum, ReduceOp::Sum);
+  if (ps.pp_size > 1) sum = ps.pp->all_reduce_scalar(sum, ReduceOp::Sum);
+  return std::sqrt(sum);
 }
 
 AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState& ps, bool distributed)
@@ -131,17 +141,30 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
 // in bucket order.
 Tensor AdamW::gather(const Tensor& buf) const {
   if (!distributed_) return buf;
-  const int dp = ps_->dp_size;
-  Tensor all = Tensor::empty({shard_numel_ * dp}, buf.dtype(), buf.device());
-  ps_->dp->all_gather(all, buf);
   Tensor full = Tensor::empty({store_->padded_numel()}, buf.dtype(), buf.device());
-  int64_t offset = 0;
-  for (const ShardRange& b : grad_buckets(*store_, dp)) {
-    for (int q = 0; q < dp; ++q) {
-      const ShardRange c = bucket_chunk(b, dp, q);
-      full.slice(c.begin, c.size()).copy_from(all.slice(q * shard_numel_ + offset, c.size()));
+  const std::vector<ShardRange> buckets = grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size);
+  int64_t offset = 0;  // into buf: the regions' state one after the other
+  // Region by region: every rank of a region's group holds the same number of state elements of it.
+  for (const FlatRegion& r : store_->regions()) {
+    const ReduceGroup g = reduce_group(*store_, *ps_, r.begin);
+    int64_t n = 0;
+    for (const ShardRange& b : buckets)
+      if (b.begin >= r.begin && b.begin < r.end) n += b.size() / g.size;
+    Tensor mine = buf.slice(offset, n), all = mine;
+    if (g.comm) {
+      all = Tensor::empty({n * g.size}, buf.dtype(), buf.device());
+      g.comm->all_gather(all, mine);
     }
-    offset += b.size() / dp;
+    int64_t o = 0;
+    for (const ShardRange& b : buckets) {
+      if (b.begin < r.begin || b.begin >= r.end) continue;
+      for (int q = 0; q < g.size; ++q) {
+        const ShardRange c = bucket_chunk(b, g.size, q);
+        full.slice(c.begin, c.size()).copy_from(all.slice(q * n + o, c.size()));
+      }
+      o += b.size() / g.size;
+    }
+    offset += n;
   }
   return full;
 }

@@ -29,7 +29,8 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const 
 
 // L2 norm of the whole model's gradient, every element counted once: TP-split parameters from
 // every TP rank, TP-replicated ones from TP rank 0, the tied embedding copy of the last stage never;
-// summed over TP and PP, and over DP when the gradients are sharded (distributed optimizer).
+// summed over TP and PP, and over DP when the gradients are sharded (distributed optimizer); expert parameters
+// (ParamSpec::expert_parallel) summed over the expert-parallel ranks, and over expert data parallel when sharded.
 double global_grad_norm(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard,
                         bool sharded);
 

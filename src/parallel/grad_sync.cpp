@@ -4,12 +4,25 @@
 
 namespace mt {
 
-std::vector<ShardRange> grad_buckets(const ParamStore& store, int dp) {
-  const int64_t n = store.padded_numel();
-  MT_INTERNAL_ASSERT(n % dp == 0, "flat buffer of ", n, " elements is not padded to a multiple of dp ", dp);
-  const int64_t size = std::max<int64_t>(store.grad_bucket_elements() / dp, 1) * dp;
+ReduceGroup reduce_group(const ParamStore& store, const ParallelState& ps, int64_t flat_begin) {
+  const std::vector<FlatRegion>& regions = store.regions();
+  const bool expert = regions.size() > 1 && flat_begin >= regions.back().begin;
+  ReduceGroup g;
+  g.size = expert ? ps.expert_dp_size : ps.dp_size;
+  g.rank = expert ? ps.expert_dp_rank : ps.dp_rank;
+  if (g.size > 1) g.comm = expert ? ps.expert_dp : ps.dp;
+  return g;
+}
+
+std::vector<ShardRange> grad_buckets(const ParamStore& store, int dp, int expert_dp) {
   std::vector<ShardRange> out;
-  for (int64_t b = 0; b < n; b += size) out.push_back({b, std::min(n, b + size)});
+  for (const FlatRegion& r : store.regions()) {
+    const int g = r.expert ? expert_dp : dp;
+    MT_INTERNAL_ASSERT((r.end - r.begin) % g == 0, "flat buffer region of ", r.end - r.begin,
+                       " elements is not padded to a multiple of its group size ", g);
+    const int64_t size = std::max<int64_t>(store.grad_bucket_elements() / g, 1) * g;
+    for (int64_t b = r.begin; b < r.end; b += size) out.push_back({b, std::min(r.end, b + size)});
+  }
   return out;
 }
 
@@ -17,16 +30,21 @@ std::vector<ShardRange> optimizer_shard(const ParamStore& store, const ParallelS
   const int64_t n = store.padded_numel();
   if (!distributed || ps.dp_size == 1) return {{0, n}};
   std::vector<ShardRange> out;
-  for (const ShardRange& b : grad_buckets(store, ps.dp_size)) out.push_back(bucket_chunk(b, ps.dp_size, ps.dp_rank));
+  for (const ShardRange& b : grad_buckets(store, ps.dp_size, ps.expert_dp_size)) {
+    const ReduceGroup g = reduce_group(store, ps, b.begin);
+    out.push_back(bucket_chunk(b, g.size, g.rank));
+  }
   return out;
 }
 
 GradSync::GradSync(ParamStore& store, const ParallelState& ps, const GradSyncOptions& opt)
     : store_(&store), ps_(&ps), opt_(opt), reduce_dp_(ps.dp_size > 1) {
   opt_.distributed_optimizer = opt.distributed_optimizer && reduce_dp_;
-  for (const ShardRange& r : grad_buckets(store, opt_.distributed_optimizer ? ps.dp_size : 1)) {
+  const bool dist = opt_.distributed_optimizer;
+  for (const ShardRange& r : grad_buckets(store, dist ? ps.dp_size : 1, dist ? ps.expert_dp_size : 1)) {
     buckets_.emplace_back();
     buckets_.back().range = r;
+    buckets_.back().group = reduce_group(store, ps, r.begin);
   }
   for (Param* p : store.params()) {
     if (p->spec.sequence_parallel_grad && ps.tp_size > 1) sequence_parallel_params_.push_back(p);
@@ -43,11 +61,13 @@ GradSync::GradSync(ParamStore& store, const ParallelState& ps, const GradSyncOpt
 void GradSync::start_iteration() {
   microbatches_seen_.clear();
   launch_order_.clear();
-  // The padding past the last parameter never receives gradients: final from the start.
-  const int64_t used = store_->local_numel();
+  // The padding past the last parameter of a region never receives gradients: final from the start.
   for (Bucket& b : buckets_) {
     b.launched = false;
     b.grad_work.reset();
+    int64_t used = 0;
+    for (const FlatRegion& r : store_->regions())
+      if (b.range.begin >= r.begin && b.range.begin < r.end) used = r.used_end;
     b.final_elements = std::max<int64_t>(0, b.range.end - std::max(b.range.begin, used));
   }
 }
@@ -55,16 +75,17 @@ void GradSync::start_iteration() {
 void GradSync::launch_grad(Bucket& b) {
   b.launched = true;
   launch_order_.push_back(&b);
+  if (!b.group.comm) return;  // a group of one (experts with expert parallel = data parallel): nothing to sum
   Tensor& flat = store_->flat_grads();
   Tensor whole = flat.slice(b.range.begin, b.range.size());
   if (!opt_.distributed_optimizer) {
-    b.grad_work = ps_->dp->all_reduce_async(whole, ReduceOp::Sum);
+    b.grad_work = b.group.comm->all_reduce_async(whole, ReduceOp::Sum);
     return;
   }
   // In place: this rank's chunk of the bucket receives the sum of everyone's chunk.
-  const ShardRange c = bucket_chunk(b.range, ps_->dp_size, ps_->dp_rank);
+  const ShardRange c = bucket_chunk(b.range, b.group.size, b.group.rank);
   Tensor mine = flat.slice(c.begin, c.size());
-  b.grad_work = ps_->dp->reduce_scatter_async(mine, whole, ReduceOp::Sum);
+  b.grad_work = b.group.comm->reduce_scatter_async(mine, whole, ReduceOp::Sum);
 }
 
 void GradSync::mark_final(int64_t begin, int64_t end) {
@@ -92,6 +113,7 @@ void GradSync::finish() {
     for (size_t i = buckets_.size(); i-- > 0;)
       if (!buckets_[i].launched) launch_grad(buckets_[i]);
     for (Bucket* b : launch_order_) {
+      if (!b->grad_work) continue;
       b->grad_work->wait();
       b->grad_work.reset();
     }
@@ -105,10 +127,11 @@ void GradSync::gather_params() {
   wait_params();
   Tensor& values = store_->flat_values();
   for (Bucket& b : buckets_) {
-    const ShardRange c = bucket_chunk(b.range, ps_->dp_size, ps_->dp_rank);
+    if (!b.group.comm) continue;
+    const ShardRange c = bucket_chunk(b.range, b.group.size, b.group.rank);
     Tensor whole = values.slice(b.range.begin, b.range.size());
     Tensor mine = values.slice(c.begin, c.size());
-    b.param_work = ps_->dp->all_gather_async(whole, mine);
+    b.param_work = b.group.comm->all_gather_async(whole, mine);
     ++pending_param_gathers_;
   }
   if (!opt_.overlap_param_gather) wait_params();

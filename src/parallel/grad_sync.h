@@ -2,7 +2,8 @@
 // and overlapped with computation (Megatron-Core's DistributedDataParallel + param_and_grad_buffer).
 //
 // The flat gradient buffer of the parameter store is cut into buckets: fixed element ranges, each a
-// multiple of the data-parallel size. The model reports, per layer, when its gradients received one
+// multiple of the data-parallel size. The expert region of the buffers (mixture-of-experts models: each
+// expert-parallel rank holds other experts) is cut separately and reduced over the expert-data-parallel group. The model reports, per layer, when its gradients received one
 // more micro-batch (ParamSyncHooks::grads_accumulated); after the last micro-batch of the
 // iteration the layer's range is final, and a bucket whose whole range is final is reduced over DP
 // at once, asynchronously (NCCL: on the DP group's stream, overlapping the rest of the backward):
@@ -37,17 +38,27 @@ struct ShardRange {
   int64_t size() const { return end - begin; }
 };
 
-// The buckets of the store's flat buffers (padded_numel elements, a multiple of dp_size): consecutive
-// ranges of grad_bucket_elements (rounded down to a multiple of dp_size), the last one shorter.
-std::vector<ShardRange> grad_buckets(const ParamStore& store, int dp_size);
-// Chunk `rank` of the dp equal chunks of `bucket`: what that DP rank owns of it in the optimizer.
-inline ShardRange bucket_chunk(const ShardRange& bucket, int dp_size, int rank) {
-  const int64_t chunk = bucket.size() / dp_size;
+// The group that reduces a range of the flat buffers (and, under the distributed optimizer, shards it): expert
+// data parallel in the store's expert region (ParamSpec::expert_parallel), data parallel elsewhere.
+struct ReduceGroup {
+  Communicator* comm = nullptr;  // null when size is 1
+  int size = 1, rank = 0;
+};
+ReduceGroup reduce_group(const ParamStore& store, const ParallelState& ps, int64_t flat_begin);
+
+// The buckets of the store's flat buffers, region by region (ParamStore::regions): consecutive ranges of
+// grad_bucket_elements rounded down to a multiple of the region's group size (dp_size for the dense region,
+// expert_dp_size for the expert one; each region is padded to a multiple of it), the last of a region shorter.
+std::vector<ShardRange> grad_buckets(const ParamStore& store, int dp_size, int expert_dp_size = 1);
+// Chunk `rank` of the `size` equal chunks of `bucket`: what that rank of the bucket's group owns of it in the
+// optimizer.
+inline ShardRange bucket_chunk(const ShardRange& bucket, int size, int rank) {
+  const int64_t chunk = bucket.size() / size;
   return {bucket.begin + rank * chunk, bucket.begin + (rank + 1) * chunk};
 }
 
-// The element ranges of the flat buffers this DP rank owns in the optimizer: chunk dp_rank of every
-// bucket under the distributed optimizer, the whole buffer otherwise.
+// The element ranges of the flat buffers this rank owns in the optimizer: its chunk of every bucket (over the
+// bucket's group) under the distributed optimizer, the whole buffer otherwise.
 std::vector<ShardRange> optimizer_shard(const ParamStore& store, const ParallelState& ps, bool distributed);
 
 struct GradSyncOptions {
@@ -76,6 +87,7 @@ class GradSync final : public ParamSyncHooks {
  private:
   struct Bucket {
     ShardRange range;
+    ReduceGroup group;
     int64_t final_elements = 0;
     bool deferred = false;  // holds a tied embedding: reduced in finish() only
     bool launched = false;
@@ -87,7 +99,7 @@ class GradSync final : public ParamSyncHooks {
   ParamStore* store_;
   const ParallelState* ps_;
   GradSyncOptions opt_;
-  bool reduce_dp_;  // dp > 1
+  bool reduce_dp_;  // dp > 1 (expert data parallel is 1 when data parallel is)
   std::vector<Bucket> buckets_;
   std::vector<Param*> sequence_parallel_params_;
   Param* tied_ = nullptr;  // the word embeddings (or their copy) when tied over >1 stage

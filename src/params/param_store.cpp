@@ -1,5 +1,6 @@
 #include "params/param_store.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/counter_rng.h"
@@ -50,14 +51,27 @@ Param* ParamStore::add(const ParamSpec& spec) {
   auto p = std::make_unique<Param>();
   p->spec = spec;
   p->boxes = param_boxes(spec, tp_rank_, tp_size_, &p->local_shape);
-  p->flat_offset = static_cast<size_t>(total_);
-  total_ += shape_numel(p->local_shape);
+  // Expert parameters: an offset inside the expert region, made absolute by allocate.
+  const int64_t n = shape_numel(p->local_shape);
+  p->flat_offset = static_cast<size_t>(spec.expert_parallel ? expert_total_ : total_ - expert_total_);
+  total_ += n;
+  if (spec.expert_parallel) expert_total_ += n;
   params_.push_back(std::move(p));
   return params_.back().get();
 }
 
-void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple) {
-  const int64_t padded = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple, int64_t expert_pad_multiple) {
+  MT_INTERNAL_ASSERT(!allocated(), "ParamStore::allocate called twice");
+  auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  const int64_t dense = total_ - expert_total_, dense_padded = round_up(dense, pad_multiple);
+  regions_.push_back({0, dense, dense_padded, false});
+  int64_t padded = dense_padded;
+  if (expert_total_ > 0) {
+    padded = dense_padded + round_up(expert_total_, expert_pad_multiple);
+    regions_.push_back({dense_padded, dense_padded + expert_total_, padded, true});
+    for (auto& p : params_)
+      if (p->spec.expert_parallel) p->flat_offset += static_cast<size_t>(dense_padded);
+  }
   const bool low_precision = dtype == DType::BF16 || dtype == DType::F16;
   flat_values_ = Tensor::zeros({padded}, dtype, device);
   flat_grads_ = Tensor::zeros({padded}, low_precision ? DType::F32 : dtype, device);
@@ -150,6 +164,8 @@ void ParamStore::zero_unwritten(int64_t begin, int64_t end) {
 std::vector<Param*> ParamStore::params() const {
   std::vector<Param*> v;
   for (auto& p : params_) v.push_back(p.get());
+  if (expert_total_ > 0)  // ascending offsets: the dense parameters (registration order), then the experts'
+    std::stable_partition(v.begin(), v.end(), [](const Param* p) { return !p->spec.expert_parallel; });
   return v;
 }
 

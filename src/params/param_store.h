@@ -42,6 +42,10 @@ struct ParamSpec {
   // the last stage): gradients are summed over the embedding group; never saved, never counted
   // twice in the gradient norm.
   bool tied_copy = false;
+  // One of this rank's experts (model/moe/experts.h): laid out in the flat buffers' expert region, reduced over
+  // the expert-data-parallel group (not data parallel), sharded over it by the distributed optimizer, counted
+  // once per expert-parallel rank in the gradient norm, saved by the expert-data rank 0 of each expert rank.
+  bool expert_parallel = false;
 };
 
 // One box of the global tensor held locally: global offset/shape and the local dim-0 row range.
@@ -71,14 +75,27 @@ ops::GradMode grad_write_mode(Param& p);
 // unwritten this step. Marks p written.
 void prepare_grad_accumulate(Param& p);
 
+// A region of the flat buffers: [begin, end) with its parameters in [begin, used_end) and zero padding after.
+// The dense region comes first; the expert region (ParamSpec::expert_parallel) follows when there are experts.
+struct FlatRegion {
+  int64_t begin = 0, used_end = 0, end = 0;
+  bool expert = false;
+};
+
 class ParamStore {
  public:
   ParamStore(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {}
   // Registers a parameter; the returned pointer stays valid. Names must be unique.
   Param* add(const ParamSpec& spec);
-  // Allocates the flat value/grad(/master) buffers and points every Param at its views. The buffers
-  // are padded with zeros to a multiple of pad_multiple (the distributed optimizer's DP shards).
-  void allocate(DType dtype, Device device, int64_t pad_multiple = 1);
+  // Allocates the flat value/grad(/master) buffers and points every Param at its views. Each region is padded
+  // with zeros: the dense one to a multiple of pad_multiple (the distributed optimizer's DP shards), the expert one
+  // to a multiple of expert_pad_multiple (its expert-data shards). Expert parameters' flat offsets are final here
+  // (the dense region's size is known only once every parameter is registered).
+  void allocate(DType dtype, Device device, int64_t pad_multiple = 1, int64_t expert_pad_multiple = 1);
+  bool allocated() const { return flat_values_.defined(); }
+  // The regions (after allocate): the dense one, then the expert one if any parameter is an expert's.
+  const std::vector<FlatRegion>& regions() const { return regions_; }
+  bool has_experts() const { return expert_total_ > 0; }
   // Seeded initialization (of the master weights, then cast to the values): element e of the
   // GLOBAL tensor gets normal01(seed, hash(name), e) * std,
   // so every parallel layout starts from identical weights. ScaledNormal uses
@@ -91,7 +108,11 @@ class ParamStore {
   // (a module's backward is done with them: they had no gradient).
   void zero_unwritten(int64_t begin, int64_t end);
 
+  // In ascending flat offsets after allocate (the dense parameters in registration order, then the experts').
   std::vector<Param*> params() const;
+  // Registration order: parameter i of the num_params() added so far (a module's parameters are consecutive).
+  size_t num_params() const { return params_.size(); }
+  Param* param(size_t i) const { return params_[i].get(); }
   Param* find(const std::string& name) const;
   int64_t local_numel() const { return total_; }
   int64_t padded_numel() const { return flat_values_.numel(); }
@@ -115,7 +136,8 @@ class ParamStore {
   int tp_rank_, tp_size_;
   int64_t grad_bucket_elements_ = kDefaultGradBucketSize;
   std::vector<std::unique_ptr<Param>> params_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, expert_total_ = 0;  // all / the expert parameters' elements
+  std::vector<FlatRegion> regions_;
   Tensor flat_values_, flat_grads_, flat_master_;
 };
 

@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +57,25 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
   if (gpu_ && d_->world_size > 1) line += fmt::format(" | comm exposed {:.1f} ms", r.comm_exposed_ms);
   if (r.skipped) line += fmt::format(" | skipped {}", r.skipped);
   if (d_->precision == Precision::FP16) line += fmt::format(" | loss scale {:g}", r.loss_scale);
+  // MoE: the worst layer's load (busiest expert / mean), the layers' mean aux and z losses, the dropped share
+  double moe_load = 0, moe_aux = 0, moe_z = 0;
+  int64_t moe_dropped = 0, moe_slots = 0;
+  for (const MoELayerMetrics& m : r.moe) {
+    moe_load = std::max(moe_load, m.load());
+    moe_aux += m.aux_loss / static_cast<double>(r.moe.size());
+    moe_z += m.z_loss / static_cast<double>(r.moe.size());
+    moe_dropped += m.dropped;
+    moe_slots += m.slots;
+  }
+  const bool capacity = cfg_->model.moe_expert_capacity_factor > 0;
+  const double dropped_share = moe_slots > 0 ? static_cast<double>(moe_dropped) / static_cast<double>(moe_slots) : 0.0;
+  if (!r.moe.empty()) {
+    line += fmt::format(" | moe: load max/mean {:.2f}", moe_load);
+    if (cfg_->model.moe_aux_loss_coeff > 0 && cfg_->model.moe_router_load_balancing_type != "none")
+      line += fmt::format(" aux {:.4g}", moe_aux);
+    if (cfg_->model.moe_z_loss_coeff > 0) line += fmt::format(" z {:.4g}", moe_z);
+    if (capacity) line += fmt::format(" dropped {:.2f}%", 100 * dropped_share);
+  }
   line += " | ETA " + hms(eta);
   log::info("{}", line);
   if (tb_) {
@@ -71,6 +91,11 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
       if (d_->world_size > 1) sc.emplace_back("comm-exposed-ms", r.comm_exposed_ms);
     }
     if (d_->precision == Precision::FP16) sc.emplace_back("loss-scale", r.loss_scale);
+    if (!r.moe.empty()) {
+      sc.insert(sc.end(), {{"moe/load-max-mean", moe_load}, {"moe/aux-loss", moe_aux}, {"moe/z-loss", moe_z}});
+      if (capacity) sc.emplace_back("moe/dropped-share", dropped_share);
+      for (const MoELayerMetrics& m : r.moe) sc.emplace_back(fmt::format("moe/layer{}/load-max-mean", m.layer), m.load());
+    }
     tb_->add_scalars(r.iteration, sc);
   }
   if (!file_ || !first_record(Kind::Train, r.iteration)) return;
@@ -83,6 +108,19 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
     json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}, \"comm_exposed_ms\": {:.6g}",
                         tflops, mfu, mem_gib, r.comm_exposed_ms);
   if (d_->precision == Precision::FP16) json += fmt::format(", \"loss_scale\": {:.17g}", r.loss_scale);
+  if (!r.moe.empty()) {
+    json += fmt::format(", \"moe_load_max_mean\": {}, \"moe_aux_loss\": {}, \"moe_z_loss\": {}, \"moe_dropped\": {}, "
+                        "\"moe_layers\": [",
+                        json_number(moe_load), json_number(moe_aux), json_number(moe_z), moe_dropped);
+    for (size_t i = 0; i < r.moe.size(); ++i) {
+      const MoELayerMetrics& m = r.moe[i];
+      json += fmt::format("{}{{\"layer\": {}, \"tokens_max\": {}, \"tokens_mean\": {}, \"load_max_mean\": {}, "
+                          "\"dropped\": {}, \"aux_loss\": {}, \"z_loss\": {}}}",
+                          i ? ", " : "", m.layer, json_number(m.tokens_max), json_number(m.tokens_mean),
+                          json_number(m.load()), m.dropped, json_number(m.aux_loss), json_number(m.z_loss));
+    }
+    json += "]";
+  }
   json += "}\n";
   std::fputs(json.c_str(), file_);
   std::fflush(file_);

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "config/config.h"
 #include "train/tensorboard_writer.h"
@@ -18,6 +19,15 @@ namespace mt {
 inline constexpr double kPeakFlopsPerGpu = 989.4e12;
 
 int64_t model_flops_per_token(int64_t params_without_positions, const ModelConfig& m, const DerivedConfig& d);
+
+// One MoE layer's routing over the log interval's global batches (every rank's tokens).
+struct MoELayerMetrics {
+  int layer = 0;                              // global layer number
+  double tokens_max = 0, tokens_mean = 0;     // routed slots per expert: the busiest expert's, the mean
+  int64_t dropped = 0, slots = 0;             // slots dropped by the capacity / all slots (tokens x topk)
+  double aux_loss = 0, z_loss = 0;            // mean over micro-batches and ranks of the losses' values (0: off)
+  double load() const { return tokens_mean > 0 ? tokens_max / tokens_mean : 0.0; }  // max / mean, 1 = balanced
+};
 
 struct IterationRecord {
   int64_t iteration = 0;
@@ -29,6 +39,7 @@ struct IterationRecord {
   int64_t skipped = 0;   // iterations skipped (NaN/Inf or fp16 overflow) in the interval
   double loss_scale = 0; // fp16 only
   double comm_exposed_ms = 0;  // per iteration: the GPU compute stream waiting on communication (this rank)
+  std::vector<MoELayerMetrics> moe;  // mixture-of-experts layers (empty for a dense model)
 };
 
 class MetricsWriter {

@@ -56,7 +56,8 @@ const char* kSuffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
 
 ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                         const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                        const std::string& config_yaml, bool snapshot) {
+                                        const std::string& config_yaml, bool snapshot,
+                                        const std::vector<StateBuffer>& buffers) {
   ckpt::SaveRequest req;
   req.dir = dir;
   req.iteration = iteration;
@@ -64,10 +65,12 @@ ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteratio
   req.state = state;
   req.config_yaml = config_yaml;
   Tensor m, v;
-  opt.full_moments(m, v);  // gathered over DP under the distributed optimizer
+  opt.full_moments(m, v);  // gathered over DP (experts': expert DP) under the distributed optimizer
   for (Param* p : store.params()) {
-    // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank.
-    const bool owner = ps.dp_rank == 0 && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
+    // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank; an expert's by the
+    // first expert-data rank of the expert-parallel rank holding it (saved by its global name: reshards over EP).
+    const bool first_replica = p->spec.expert_parallel ? ps.expert_dp_rank == 0 : ps.dp_rank == 0;
+    const bool owner = first_replica && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
     if (!owner) continue;  // the save writes owned boxes only
     const Tensor sources[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
@@ -83,14 +86,25 @@ ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteratio
       }
     }
   }
+  if (ps.dp_rank == 0 && ps.tp_rank == 0)
+    for (const StateBuffer& b : buffers) {
+      ckpt::ShardTensor st;
+      st.name = b.name;
+      st.global_shape = b.tensor->shape();
+      st.offset = Shape(1, 0);
+      st.owner = true;
+      st.data = Tensor::empty(b.tensor->shape(), b.tensor->dtype());
+      st.data.copy_from(*b.tensor);
+      req.tensors.push_back(std::move(st));
+    }
   return req;
 }
 
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                     const std::string& config_yaml) {
+                                     const std::string& config_yaml, const std::vector<StateBuffer>& buffers) {
   return ckpt::save_checkpoint(
-      training_save_request(dir, iteration, keep_last, store, opt, ps, state, config_yaml, false), *ps.world);
+      training_save_request(dir, iteration, keep_last, store, opt, ps, state, config_yaml, false, buffers), *ps.world);
 }
 
 TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck) {
@@ -116,7 +130,7 @@ TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck) {
 }
 
 void check_checkpoint_matches_model(const ckpt::LoadedCheckpoint& ck, const ParamStore& store, int64_t vocab_size,
-                                    bool finetune, Communicator& world) {
+                                    bool finetune, Communicator& world, const std::vector<StateBuffer>& buffers) {
   // The parameter names the checkpoint holds (moments are "<name>/exp_avg", "<name>/exp_avg_sq").
   std::set<std::string> saved;
   for (const auto& [name, t] : ck.manifest.at("tensors").items()) saved.insert(name.substr(0, name.find('/')));
@@ -126,7 +140,16 @@ void check_checkpoint_matches_model(const ckpt::LoadedCheckpoint& ck, const Para
   // Which saved names some rank's model holds (each rank holds its own pipeline stage's).
   const std::vector<std::string> names(saved.begin(), saved.end());
   Tensor held = Tensor::zeros({static_cast<int64_t>(names.size())}, DType::I32);
-  for (size_t i = 0; i < names.size(); ++i) held.data<int32_t>()[i] = store.find(names[i]) != nullptr;
+  auto holds = [&](const std::string& name) {
+    if (store.find(name)) return true;
+    for (const StateBuffer& b : buffers)
+      if (b.name == name) return true;
+    return false;
+  };
+  for (const StateBuffer& b : buffers)
+    MT_CHECK(saved.count(b.name), "checkpoint ", ck.path, " has no tensor '", b.name, "' that this model has: it was "
+             "saved by a different model (compare its config_yaml with this config)");
+  for (size_t i = 0; i < names.size(); ++i) held.data<int32_t>()[i] = holds(names[i]);
   if (world.size() > 1 && !names.empty()) world.all_reduce(held, ReduceOp::Max);
   for (size_t i = 0; i < names.size(); ++i)
     MT_CHECK(held.data<int32_t>()[i], "checkpoint ", ck.path, " holds tensor '", names[i],
@@ -157,7 +180,17 @@ void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store) {
   store.sync_values_from_master(0, store.padded_numel());
 }
 
-void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt) {
+void load_state_buffers(const ckpt::LoadedCheckpoint& ck, const std::vector<StateBuffer>& buffers) {
+  for (const StateBuffer& b : buffers) {
+    Tensor h = Tensor::empty(b.tensor->shape(), b.tensor->dtype());
+    ckpt::load_tensor(ck, b.name, b.tensor->shape(), Shape(1, 0), h);
+    b.tensor->copy_from(h);
+  }
+}
+
+void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt,
+                              const std::vector<StateBuffer>& buffers) {
+  load_state_buffers(ck, buffers);
   const Tensor& flat = store.flat_master();
   Tensor m = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
   Tensor v = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -13,15 +14,24 @@
 
 namespace mt {
 
+// Model state that is not a parameter (the optimizer never sees it) but a resumed run needs: the MoE routers'
+// expert bias (<layer>.mlp.router.expert_bias). 1-D, identical on every rank of its pipeline stage: saved by data
+// rank 0 / tensor rank 0, loaded by every rank that holds it.
+struct StateBuffer {
+  std::string name;
+  Tensor* tensor = nullptr;
+};
+
 // What a rank saves: every parameter box it owns (value, exp_avg, exp_avg_sq; replicas are written
 // by one rank). With snapshot they are host copies that training cannot change (async_save).
 ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                         const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                        const std::string& config_yaml, bool snapshot);
+                                        const std::string& config_yaml, bool snapshot,
+                                        const std::vector<StateBuffer>& buffers = {});
 
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                     const std::string& config_yaml);
+                                     const std::string& config_yaml, const std::vector<StateBuffer>& buffers = {});
 
 // The training state a checkpoint records (manifest.json "state"). Throws mt::Error naming the
 // manifest and the key when one is missing or of the wrong type.
@@ -34,13 +44,19 @@ TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck);
 // lacks, a tensor that no rank's model has (say num_layers 2 -> 1), or a different model.vocab_size
 // (even with the same padded size; allowed when finetuning). mt::Error names the checkpoint and the
 // tensor or key. Collective over `world` (every rank calls it).
+// (buffers: the state buffers this rank holds; the checkpoint must have them too.)
 void check_checkpoint_matches_model(const ckpt::LoadedCheckpoint& ck, const ParamStore& store, int64_t vocab_size,
-                                    bool finetune, Communicator& world);
+                                    bool finetune, Communicator& world, const std::vector<StateBuffer>& buffers = {});
 
 // Restores only the parameter values (inference, conversion).
 void load_model_weights(const ckpt::LoadedCheckpoint& ck, ParamStore& store);
 
 // Restores values and moments of every local parameter from `ck` (any layout that saved it).
-void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt);
+// The state buffers alone (finetuning: with load_model_weights).
+void load_state_buffers(const ckpt::LoadedCheckpoint& ck, const std::vector<StateBuffer>& buffers);
+
+// And the state buffers.
+void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt,
+                              const std::vector<StateBuffer>& buffers = {});
 
 }  // namespace mt

@@ -32,6 +32,7 @@
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/ops.h"
 #include "train/metrics.h"
+#include "train/moe_step.h"
 #include "train/pipeline_executor.h"
 #include "train/preflight.h"
 #include "train/train_checkpoint.h"
@@ -272,6 +273,10 @@ TrainResult run_training(const Config& cfg) {
   if (wrap)
     for (Communicator* g : {ps.tp, ps.pp, ps.dp, ps.embedding})
       if (g) cuda::init_nccl(*g);
+  // mixture of experts: the token dispatch (expert parallel) and the expert gradients (expert data parallel)
+  if (wrap && cfg.model.num_experts > 0)
+    for (Communicator* g : {ps.ep, ps.expert_dp})
+      if (g) cuda::init_nccl(*g);
 #endif
   struct StopWatchdog {
     ~StopWatchdog() { watchdog::stop(); }
@@ -299,7 +304,7 @@ TrainResult run_training(const Config& cfg) {
     chunk_ptrs.push_back(run.chunks.back().get());
   }
   const bool distributed = cfg.parallel.distributed_optimizer && ps.dp_size > 1;
-  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? ps.dp_size : 1);
+  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? ps.dp_size : 1, distributed ? ps.expert_dp_size : 1);
   run.store->set_grad_bucket_elements(cfg.parallel.grad_bucket_size);
   run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
   run.exec = std::make_unique<PipelineExecutor>(chunk_ptrs, run.ctx);
@@ -312,6 +317,7 @@ TrainResult run_training(const Config& cfg) {
   sync.num_microbatches = static_cast<int>(d.num_microbatches);
   run.grad_sync = std::make_unique<GradSync>(*run.store, ps, sync);
   run.ctx.hooks = run.grad_sync.get();
+  MoEStepDriver moe(chunk_ptrs, cfg.model, d, ps);
   run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model, d);
   log::info("model: {} layers, {} parameters on rank 0 ({:.2f} M), padded vocab {}, {} micro-batches of {} per iteration "
             "and data-parallel rank",
@@ -329,15 +335,17 @@ TrainResult run_training(const Config& cfg) {
   const std::string load = ckpt::resolve_load_path(cfg.checkpoint.load, cfg.checkpoint.dir);
   if (!load.empty()) {
     ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(load);
-    check_checkpoint_matches_model(ck, *run.store, cfg.model.vocab_size, cfg.checkpoint.finetune, *run.world);
+    check_checkpoint_matches_model(ck, *run.store, cfg.model.vocab_size, cfg.checkpoint.finetune, *run.world,
+                                   moe.state_buffers());
     if (cfg.checkpoint.finetune) {
       // Megatron's --finetune: the weights only; iteration 0, fresh optimizer and data position.
       load_model_weights(ck, *run.store);
+      load_state_buffers(ck, moe.state_buffers());
       log::info("finetuning from the weights of {} (iteration {}): starting at iteration 0 with a fresh optimizer "
                 "and data position", ck.path, ck.iteration);
     } else {
       const TrainingState st = read_training_state(ck);  // before anything is loaded
-      load_training_checkpoint(ck, *run.store, *run.opt);
+      load_training_checkpoint(ck, *run.store, *run.opt, moe.state_buffers());
       iteration = st.iteration;
       consumed = st.consumed_train_samples;
       skipped_total = st.skipped_iterations;
@@ -383,7 +391,7 @@ TrainResult run_training(const Config& cfg) {
     if (run.ctx.dtype == DType::F16) scaler.save_state(state);
     if (!cfg.checkpoint.async_save) {
       std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
-                                                  *run.opt, ps, state, run.config_yaml);
+                                                  *run.opt, ps, state, run.config_yaml, moe.state_buffers());
       log::info("saved checkpoint {}", path);
       last_checkpoint = path;
       return;
@@ -393,7 +401,7 @@ TrainResult run_training(const Config& cfg) {
     const auto t0 = Clock::now();
     async_save = std::make_unique<ckpt::AsyncSave>(
         training_save_request(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
-                              run.config_yaml, true),
+                              run.config_yaml, true, moe.state_buffers()),
         *run.world);
     log::info("checkpoint of iteration {}: snapshot taken in {:.1f} ms, writing in the background", it, ms_since(t0));
   };
@@ -441,6 +449,7 @@ TrainResult run_training(const Config& cfg) {
     // fp16: the backward runs on loss * loss_scale; the gradient norm and the update undo the scale.
     const bool fp16 = run.ctx.dtype == DType::F16;
     const double loss_scale = fp16 ? scaler.scale() : 1.0;
+    moe.before_iteration(loss_scale);
     const double loss_sum =
         run.exec->train(batches, run.dropout_seed(it), loss_scale / static_cast<double>(d.tokens_per_iteration));
     run.grad_sync->finish();
@@ -495,6 +504,7 @@ TrainResult run_training(const Config& cfg) {
       interval_loss += loss;
       ++interval_iters;
     }
+    moe.after_iteration();  // expert bias, routing metrics
     iteration = it;
     rec.comm_exposed_ms += take_exposed_comm_ms(run.ctx.device);
     interval_ms += ms_since(t0);
@@ -515,6 +525,7 @@ TrainResult run_training(const Config& cfg) {
       const int64_t n_iters = interval_steps;
       rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
       rec.comm_exposed_ms /= static_cast<double>(n_iters);
+      rec.moe = moe.take_interval();
       double mem = peak_memory_gib(run.ctx.device);
       if (ps.world_size > 1) mem = run.world->all_reduce_scalar(mem, ReduceOp::Max);
       metrics.train(rec, mem);

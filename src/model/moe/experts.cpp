@@ -16,6 +16,7 @@ Experts::Experts(const std::string& prefix, int64_t first_expert, int64_t local_
     s.global_shape = std::move(shape);
     s.init = init;
     s.sequence_parallel_grad = ctx.ps->sequence_parallel;
+    s.expert_parallel = true;
     return store.add(s);
   };
   for (int64_t e = first_expert; e < first_expert + local_experts; ++e)

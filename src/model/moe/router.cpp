@@ -22,6 +22,7 @@ Router::Router(const std::string& prefix, const MoEOptions& opt, const ModelCont
   ps.sequence_parallel_grad = ctx.ps->sequence_parallel;
   weight_ = store.add(ps);
   if (opt.expert_bias) bias_ = Tensor::zeros({opt.num_experts}, rdt_, ctx.device);
+  bias_name_ = prefix + ".expert_bias";
   load_.assign(static_cast<size_t>(opt.num_experts), 0);
 }
 

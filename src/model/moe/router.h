@@ -47,6 +47,8 @@ class Router {
   // bias += rate * sign(mean(load) - load); clears the load.
   void update_expert_bias(const std::vector<int64_t>& load);
   Param* weight() const { return weight_; }
+  // The checkpoint name of the expert bias: <prefix>.expert_bias.
+  const std::string& expert_bias_name() const { return bias_name_; }
 
  private:
   Tensor to_router(const Tensor& t) const;  // t in the router dtype (t itself when it already is)
@@ -58,6 +60,7 @@ class Router {
   DType rdt_;
   Param* weight_;
   Tensor bias_;
+  std::string bias_name_;
   double loss_grad_scale_ = 1.0;
   mutable std::vector<int64_t> load_;  // counted by forward (const, like every module's forward)
 };
