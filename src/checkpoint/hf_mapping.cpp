@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "config/config_validate_moe.h"
 #include "config/model_features.h"
 #include "core/check.h"
 
@@ -139,12 +140,12 @@ void parse_llama_family(Keys& k, ArchSpec& a, const std::string& path, std::vect
   } else {
     k.require("attention_bias", {false}, "no attention biases");
   }
-  if (a.model_type == "qwen3") a.qk_norm = true;
+  if (a.model_type == "qwen3" || a.model_type == "qwen3_moe") a.qk_norm = true;
   // Sliding-window attention: refused; the window keys are unused without it.
-  if (a.model_type == "mistral") {
+  if (a.model_type == "mistral" || a.model_type == "mixtral") {
     k.require("sliding_window", {nullptr}, "sliding-window attention is not implemented: set it to null only if the "
                                            "model was trained without it");
-  } else if (a.model_type == "qwen2" || a.model_type == "qwen3") {
+  } else if (a.model_type == "qwen2" || a.model_type == "qwen3" || a.model_type == "qwen3_moe") {
     k.require("use_sliding_window", {false}, "sliding-window attention is not implemented");
     k.ignore("sliding_window", notes);    // unused while use_sliding_window is false
     k.ignore("max_window_layers", notes);  // the same
@@ -156,6 +157,64 @@ void parse_llama_family(Keys& k, ArchSpec& a, const std::string& path, std::vect
       MT_CHECK(t == "full_attention", path, ": config.json key 'layer_types' holds ", t.dump(),
                ": megatrain supports full_attention layers only");
   }
+}
+
+// Mixtral (every layer MoE, weights renormalized over the k) and Qwen3-MoE (decoder_sparse_step,
+// mlp_only_layers, norm_topk_prob). Both route by softmax over all experts, top-k, [renormalize]: our
+// softmax router without (with) moe_router_pre_softmax.
+void parse_moe(Keys& k, ArchSpec& a, const std::string& path, std::vector<std::string>* notes) {
+  const bool mixtral = a.model_type == "mixtral";
+  MT_CHECK(a.num_layers > 0, path, ": config.json key 'num_hidden_layers' must be positive");
+  if (mixtral) {
+    a.num_experts = k.get<int>("num_local_experts");
+    a.moe_ffn_hidden_size = a.ffn_hidden_size;  // Mixtral's intermediate_size is each expert's
+    k.require("router_jitter_noise", {0, 0.0}, "router jitter noise is not implemented");
+  } else {
+    // transformers 5 writes num_local_experts, Qwen's own configs (and transformers 4) num_experts.
+    MT_CHECK(k.has("num_experts") || k.has("num_local_experts"), path,
+             ": config.json key 'num_experts' is missing (Qwen3MoeForCausalLM needs it)");
+    if (k.has("num_experts") && k.has("num_local_experts"))
+      MT_CHECK(*k.peek("num_experts") == *k.peek("num_local_experts"), path, ": config.json keys 'num_experts' (",
+               k.peek("num_experts")->dump(), ") and 'num_local_experts' (", k.peek("num_local_experts")->dump(),
+               ") disagree");
+    a.num_experts = k.has("num_experts") ? k.get<int>("num_experts") : k.get<int>("num_local_experts");
+    k.use("num_experts"), k.use("num_local_experts");
+    a.moe_ffn_hidden_size = k.get<int>("moe_intermediate_size");
+    a.norm_topk_prob = k.get_or<bool>("norm_topk_prob", false);
+  }
+  a.topk = k.get<int>("num_experts_per_tok");
+  MT_CHECK(a.num_experts >= 1, path, ": config.json key '", mixtral ? "num_local_experts" : "num_experts", "' = ",
+           a.num_experts, ": megatrain imports mixtures of experts with at least one expert");
+  MT_CHECK(a.topk >= 1 && a.topk <= a.num_experts, path, ": config.json key 'num_experts_per_tok' = ", a.topk,
+           " must be in [1, ", a.num_experts, "] (the number of experts)");
+  MT_CHECK(a.moe_ffn_hidden_size > 0, path, ": config.json key '", mixtral ? "intermediate_size" : "moe_intermediate_size",
+           "' must be positive");
+  a.aux_loss_coef = k.get_or<double>("router_aux_loss_coef", 0.001);  // transformers' default
+  k.ignore("output_router_logits", notes,
+           "transformers adds its router loss only when this is true; megatrain's model.moe_aux_loss_coeff = "
+           "router_aux_loss_coef adds Megatron's per-layer balancing loss when training (set it to 0 to train without)");
+  a.moe_layer.assign(static_cast<size_t>(a.num_layers), true);
+  if (mixtral) return;
+  // Qwen3-MoE: layer l is sparse when l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+  const int step = k.get_or<int>("decoder_sparse_step", 1);
+  MT_CHECK(step >= 1, path, ": config.json key 'decoder_sparse_step' = ", step, " must be >= 1");
+  k.use("mlp_only_layers");
+  std::set<int> dense;
+  if (const json* mo = k.peek("mlp_only_layers")) {
+    MT_CHECK(mo->is_array(), path, ": config.json key 'mlp_only_layers' must be a list of layer indices");
+    for (const json& v : *mo) {
+      MT_CHECK(v.is_number_integer() && v.get<int>() >= 0 && v.get<int>() < a.num_layers, path,
+               ": config.json key 'mlp_only_layers' holds ", v.dump(), ": not a layer index in [0, ", a.num_layers, ")");
+      dense.insert(v.get<int>());
+    }
+  }
+  bool any = false;
+  for (int l = 0; l < a.num_layers; ++l) {
+    a.moe_layer[static_cast<size_t>(l)] = !dense.count(l) && (l + 1) % step == 0;
+    any = any || a.moe_layer[static_cast<size_t>(l)];
+  }
+  MT_CHECK(any, path, ": config.json keys 'decoder_sparse_step' and 'mlp_only_layers' leave no MoE layer: import it as "
+           "Qwen3ForCausalLM");
 }
 
 void parse_gpt2(Keys& k, ArchSpec& a, const std::string& path, std::vector<std::string>* notes) {
@@ -199,12 +258,13 @@ ArchSpec parse_config(const json& j, const std::string& path, std::vector<std::s
   a.architecture = j["architectures"][0].get<std::string>();
   static const std::vector<std::pair<std::string, std::string>> kArch = {
       {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"},
-      {"Qwen3ForCausalLM", "qwen3"}, {"GPT2LMHeadModel", "gpt2"}};
+      {"Qwen3ForCausalLM", "qwen3"}, {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"GPT2LMHeadModel", "gpt2"}};
   for (const auto& [arch, type] : kArch)
     if (arch == a.architecture) a.model_type = type;
   MT_CHECK(!a.model_type.empty(), path, ": config.json key 'architectures' = ", j["architectures"].dump(),
-           ": megatrain imports LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
-           "GPT2LMHeadModel");
+           ": megatrain imports LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+           "MixtralForCausalLM, Qwen3MoeForCausalLM and GPT2LMHeadModel");
   MT_CHECK(!j.contains("model_type") || j["model_type"] == a.model_type, path, ": config.json key 'model_type' = ",
            j["model_type"].dump(), " does not match architectures ", a.architecture, " (expected \"", a.model_type, "\")");
   Keys k(j, path, a.architecture);
@@ -213,6 +273,7 @@ ArchSpec parse_config(const json& j, const std::string& path, std::vector<std::s
     parse_gpt2(k, a, path, notes);
   else
     parse_llama_family(k, a, path, notes);
+  if (a.model_type == "mixtral" || a.model_type == "qwen3_moe") parse_moe(k, a, path, notes);
   k.finish();
   MT_CHECK(a.num_layers > 0 && a.hidden_size > 0 && a.vocab_size > 0 && a.ffn_hidden_size > 0 && a.max_positions > 0 &&
                a.head_dim > 0,
@@ -247,9 +308,56 @@ ModelConfig to_model_config(const ArchSpec& a, const std::string& path) {
     m.rope_scaling_high_freq_factor = a.rope_high_freq_factor;
     m.rope_scaling_original_max_position_embeddings = a.rope_original_max_positions;
   }
+  if (a.moe()) {
+    m.num_experts = a.num_experts;
+    m.moe_router_topk = a.topk;
+    m.moe_ffn_hidden_size = a.moe_ffn_hidden_size;
+    if (std::find(a.moe_layer.begin(), a.moe_layer.end(), false) != a.moe_layer.end())
+      m.moe_layer_freq.assign(a.moe_layer.begin(), a.moe_layer.end());  // one 0/1 per layer
+    m.moe_router_pre_softmax = !a.norm_topk_prob;  // softmax over all E, not renormalized over the k
+    m.moe_aux_loss_coeff = a.aux_loss_coef;
+  }
   (void)path;
   return m;
 }
+
+namespace {
+// The MoE part of from_model_config: Mixtral (every layer MoE, renormalized top-k weights) or, with q/k norms,
+// Qwen3-MoE; what neither has (shared experts, sigmoid scores, expert bias, top-k scaling, q/k/v biases) is refused.
+ArchSpec moe_from_model_config(const Config& cfg, ArchSpec a, const std::string& architecture) {
+  const ModelConfig& m = cfg.model;
+  auto no = [](bool ok, const std::string& what) {
+    MT_CHECK(ok, "the checkpoint's mixture of experts has ", what,
+             ": neither MixtralForCausalLM nor Qwen3MoeForCausalLM (the MoE architectures megatrain exports) has it");
+  };
+  no(!a.qkv_bias, "q/k/v biases (model.add_qkv_bias)");
+  no(m.moe_shared_expert_intermediate_size == 0, "shared experts (model.moe_shared_expert_intermediate_size)");
+  no(m.moe_router_score_function == "softmax", "sigmoid router scores (model.moe_router_score_function)");
+  no(!m.moe_router_enable_expert_bias, "an expert bias (model.moe_router_enable_expert_bias)");
+  no(m.moe_router_topk_scaling_factor == 1.0, "a top-k scaling factor (model.moe_router_topk_scaling_factor)");
+  a.num_experts = m.num_experts;
+  a.topk = m.moe_router_topk;
+  a.moe_ffn_hidden_size = m.moe_ffn_hidden_size;
+  for (int l = 0; l < m.num_layers; ++l) a.moe_layer.push_back(is_moe_layer(m, l));
+  a.norm_topk_prob = !m.moe_router_pre_softmax;
+  a.aux_loss_coef = m.moe_router_load_balancing_type == "none" ? 0.0 : m.moe_aux_loss_coeff;
+  const bool all_moe = std::find(a.moe_layer.begin(), a.moe_layer.end(), false) == a.moe_layer.end();
+  const std::string want = a.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
+  MT_CHECK(architecture.empty() || architecture == want, "the checkpoint's model has the tensors of ", want,
+           ", not of ", architecture, " (the config.json it was imported from)");
+  if (want == "MixtralForCausalLM") {
+    MT_CHECK(all_moe, "the checkpoint's mixture of experts has dense layers (model.moe_layer_freq) and no q/k norms: "
+             "MixtralForCausalLM has experts in every layer (Qwen3MoeForCausalLM, which has dense layers, has q/k norms)");
+    MT_CHECK(a.norm_topk_prob, "the checkpoint's router does not renormalize the top-k weights "
+             "(model.moe_router_pre_softmax: true): MixtralForCausalLM always does (Qwen3MoeForCausalLM has "
+             "norm_topk_prob, but q/k norms)");
+    a.ffn_hidden_size = a.moe_ffn_hidden_size;
+  }
+  a.architecture = want;
+  a.model_type = want == "MixtralForCausalLM" ? "mixtral" : "qwen3_moe";
+  return a;
+}
+}  // namespace
 
 ArchSpec from_model_config(const Config& cfg, const std::string& architecture) {
   const ModelConfig& m = cfg.model;
@@ -288,6 +396,9 @@ ArchSpec from_model_config(const Config& cfg, const std::string& architecture) {
   }
   a.qkv_bias = f.qkv_bias;
   a.qk_norm = f.qk_layernorm;
+  if (m.num_experts > 0) return moe_from_model_config(cfg, a, architecture);
+  MT_CHECK(architecture != "MixtralForCausalLM" && architecture != "Qwen3MoeForCausalLM", "the checkpoint's model "
+           "has no experts (model.num_experts 0), not the tensors of ", architecture, " (the config.json it was imported from)");
   MT_CHECK(!(a.qkv_bias && a.qk_norm), "the checkpoint's model has both q/k/v biases (Qwen2) and q/k norms (Qwen3): "
                                        "no Hugging Face architecture megatrain exports has both");
   std::string want = a.qk_norm ? "Qwen3ForCausalLM" : a.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
@@ -299,6 +410,52 @@ ArchSpec from_model_config(const Config& cfg, const std::string& architecture) {
                  : want == "MistralForCausalLM" ? "mistral" : "llama";
   return a;
 }
+
+namespace {
+// The MoE keys of make_config. Qwen3-MoE's sparse layers: base's decoder_sparse_step and mlp_only_layers when
+// they give ours, else step 1 and the dense layers listed.
+void moe_config(nlohmann::ordered_json& c, const ArchSpec& a, const nlohmann::ordered_json& base) {
+  using oj = nlohmann::ordered_json;
+  c["num_experts_per_tok"] = a.topk;
+  c["router_aux_loss_coef"] = a.aux_loss_coef;
+  if (!base.is_object()) c["output_router_logits"] = false;
+  if (a.model_type == "mixtral") {
+    c["num_local_experts"] = a.num_experts;
+    c["router_jitter_noise"] = 0.0;
+    return;
+  }
+  // Qwen's configs name the count num_experts, transformers 5 num_local_experts: base's name(s), else num_experts.
+  c["num_experts"] = a.num_experts;
+  if (base.is_object() && base.contains("num_local_experts")) c["num_local_experts"] = a.num_experts;
+  c["moe_intermediate_size"] = a.moe_ffn_hidden_size;
+  c["norm_topk_prob"] = a.norm_topk_prob;
+  auto pattern = [&](int step, const std::set<int>& dense) {
+    for (int l = 0; l < a.num_layers; ++l)
+      if (a.moe_layer[static_cast<size_t>(l)] != (!dense.count(l) && (l + 1) % step == 0)) return false;
+    return true;
+  };
+  if (base.is_object()) {
+    const oj step = base.value("decoder_sparse_step", oj(1)), only = base.value("mlp_only_layers", oj::array());
+    std::set<int> dense;
+    bool ok = step.is_number_integer() && step.get<int>() >= 1 && (only.is_array() || only.is_null());
+    if (ok && only.is_array())
+      for (const oj& v : only) {
+        ok = ok && v.is_number_integer();
+        if (ok) dense.insert(v.get<int>());
+      }
+    if (ok && pattern(step.get<int>(), dense)) {
+      c["decoder_sparse_step"] = step;
+      c["mlp_only_layers"] = only;
+      return;
+    }
+  }
+  std::vector<int> dense;
+  for (int l = 0; l < a.num_layers; ++l)
+    if (!a.moe_layer[static_cast<size_t>(l)]) dense.push_back(l);
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = dense;
+}
+}  // namespace
 
 nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, const nlohmann::ordered_json& base) {
   using oj = nlohmann::ordered_json;
@@ -336,10 +493,11 @@ nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, 
     c["rms_norm_eps"] = a.norm_epsilon;
     c["tie_word_embeddings"] = a.tied;
     if (!base.is_object()) c["attention_dropout"] = 0.0;
-    if (a.model_type != "qwen2") c["attention_bias"] = false;
+    if (a.model_type != "qwen2" && a.model_type != "mixtral") c["attention_bias"] = false;
     if (a.model_type == "llama") c["mlp_bias"] = false;
-    if (a.model_type == "mistral") c["sliding_window"] = nullptr;
-    if (a.model_type == "qwen2" || a.model_type == "qwen3") c["use_sliding_window"] = false;
+    if (a.model_type == "mistral" || a.model_type == "mixtral") c["sliding_window"] = nullptr;
+    if (a.model_type == "qwen2" || a.model_type == "qwen3" || a.model_type == "qwen3_moe") c["use_sliding_window"] = false;
+    if (a.moe()) moe_config(c, a, base);
     oj scaling = nullptr;
     if (a.rope_scaling)
       scaling = {{"rope_type", "llama3"},
@@ -385,58 +543,90 @@ nlohmann::ordered_json make_config(const ArchSpec& a, const std::string& dtype, 
 }
 
 std::vector<Rule> mapping(const ArchSpec& a, std::vector<std::string>* skip) {
-  std::vector<Rule> r;
-  auto add = [&r](std::vector<std::string> hf, std::string ours, Transform t, bool transpose = false, bool vocab = false) {
-    r.push_back(Rule{std::move(hf), std::move(ours), t, transpose, vocab});
-  };
   using T = Transform;
+  using S = std::vector<int64_t>;
+  std::vector<Rule> r;
+  auto add = [&r](std::vector<std::string> hf, std::string ours, S shape, Transform t, bool transpose = false,
+                  bool vocab = false) {
+    r.push_back(Rule{std::move(hf), std::move(ours), t, transpose, vocab, std::move(shape), -1, 0});
+  };
+  const int64_t H = a.hidden_size, V = a.vocab_size, F = a.ffn_hidden_size, d = a.head_dim;
+  const int64_t qkv_rows = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * d, attn = a.num_heads * d;
   if (a.gpt2) {
     const std::string p = "transformer.";
-    add({p + "wte.weight"}, "embedding.word_embeddings.weight", T::Identity, false, true);
-    add({p + "wpe.weight"}, "embedding.position_embeddings.weight", T::Identity);
+    add({p + "wte.weight"}, "embedding.word_embeddings.weight", {V, H}, T::Identity, false, true);
+    add({p + "wpe.weight"}, "embedding.position_embeddings.weight", {a.max_positions, H}, T::Identity);
     for (int l = 0; l < a.num_layers; ++l) {
       const std::string h = p + "h." + std::to_string(l) + ".";
       const std::string o = "decoder.layers." + std::to_string(l) + ".";
-      for (const char* s : {"weight", "bias"}) add({h + "ln_1." + s}, o + "input_layernorm." + s, T::Identity);
-      add({h + "attn.c_attn.weight"}, o + "self_attention.linear_qkv.weight", T::FusedQkv, true);
-      add({h + "attn.c_attn.bias"}, o + "self_attention.linear_qkv.bias", T::FusedQkv);
-      add({h + "attn.c_proj.weight"}, o + "self_attention.linear_proj.weight", T::Transpose, true);
-      add({h + "attn.c_proj.bias"}, o + "self_attention.linear_proj.bias", T::Identity);
-      for (const char* s : {"weight", "bias"}) add({h + "ln_2." + s}, o + "pre_mlp_layernorm." + s, T::Identity);
-      add({h + "mlp.c_fc.weight"}, o + "mlp.linear_fc1.weight", T::Transpose, true);
-      add({h + "mlp.c_fc.bias"}, o + "mlp.linear_fc1.bias", T::Identity);
-      add({h + "mlp.c_proj.weight"}, o + "mlp.linear_fc2.weight", T::Transpose, true);
-      add({h + "mlp.c_proj.bias"}, o + "mlp.linear_fc2.bias", T::Identity);
+      for (const char* s : {"weight", "bias"}) add({h + "ln_1." + s}, o + "input_layernorm." + s, {H}, T::Identity);
+      add({h + "attn.c_attn.weight"}, o + "self_attention.linear_qkv.weight", {3 * H, H}, T::FusedQkv, true);
+      add({h + "attn.c_attn.bias"}, o + "self_attention.linear_qkv.bias", {3 * H}, T::FusedQkv);
+      add({h + "attn.c_proj.weight"}, o + "self_attention.linear_proj.weight", {H, H}, T::Transpose, true);
+      add({h + "attn.c_proj.bias"}, o + "self_attention.linear_proj.bias", {H}, T::Identity);
+      for (const char* s : {"weight", "bias"}) add({h + "ln_2." + s}, o + "pre_mlp_layernorm." + s, {H}, T::Identity);
+      add({h + "mlp.c_fc.weight"}, o + "mlp.linear_fc1.weight", {F, H}, T::Transpose, true);
+      add({h + "mlp.c_fc.bias"}, o + "mlp.linear_fc1.bias", {F}, T::Identity);
+      add({h + "mlp.c_proj.weight"}, o + "mlp.linear_fc2.weight", {H, F}, T::Transpose, true);
+      add({h + "mlp.c_proj.bias"}, o + "mlp.linear_fc2.bias", {H}, T::Identity);
       if (skip) skip->insert(skip->end(), {h + "attn.bias", h + "attn.masked_bias"});
     }
-    for (const char* s : {"weight", "bias"}) add({p + "ln_f." + s}, std::string("decoder.final_layernorm.") + s, T::Identity);
+    for (const char* s : {"weight", "bias"})
+      add({p + "ln_f." + s}, std::string("decoder.final_layernorm.") + s, {H}, T::Identity);
     if (skip) skip->push_back("lm_head.weight");
     return r;
   }
-  add({"model.embed_tokens.weight"}, "embedding.word_embeddings.weight", T::Identity, false, true);
+  add({"model.embed_tokens.weight"}, "embedding.word_embeddings.weight", {V, H}, T::Identity, false, true);
+  const bool mixtral = a.model_type == "mixtral";
   for (int l = 0; l < a.num_layers; ++l) {
     const std::string h = "model.layers." + std::to_string(l) + ".";
     const std::string o = "decoder.layers." + std::to_string(l) + ".";
-    add({h + "input_layernorm.weight"}, o + "input_layernorm.weight", T::Identity);
+    add({h + "input_layernorm.weight"}, o + "input_layernorm.weight", {H}, T::Identity);
     add({h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"},
-        o + "self_attention.linear_qkv.weight", T::Qkv);
+        o + "self_attention.linear_qkv.weight", {qkv_rows, H}, T::Qkv);
     if (a.qkv_bias)
       add({h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias", h + "self_attn.v_proj.bias"},
-          o + "self_attention.linear_qkv.bias", T::Qkv);
+          o + "self_attention.linear_qkv.bias", {qkv_rows}, T::Qkv);
     if (a.qk_norm) {
-      add({h + "self_attn.q_norm.weight"}, o + "self_attention.q_layernorm.weight", T::Identity);
-      add({h + "self_attn.k_norm.weight"}, o + "self_attention.k_layernorm.weight", T::Identity);
+      add({h + "self_attn.q_norm.weight"}, o + "self_attention.q_layernorm.weight", {d}, T::Identity);
+      add({h + "self_attn.k_norm.weight"}, o + "self_attention.k_layernorm.weight", {d}, T::Identity);
     }
-    add({h + "self_attn.o_proj.weight"}, o + "self_attention.linear_proj.weight", T::Identity);
-    add({h + "post_attention_layernorm.weight"}, o + "pre_mlp_layernorm.weight", T::Identity);
-    add({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}, o + "mlp.linear_fc1.weight", T::Concat);
-    add({h + "mlp.down_proj.weight"}, o + "mlp.linear_fc2.weight", T::Identity);
+    add({h + "self_attn.o_proj.weight"}, o + "self_attention.linear_proj.weight", {H, attn}, T::Identity);
+    add({h + "post_attention_layernorm.weight"}, o + "pre_mlp_layernorm.weight", {H}, T::Identity);
+    if (a.moe() && a.moe_layer[static_cast<size_t>(l)] && a.fused_experts) {
+      // transformers 5's fused layout, both architectures: mlp.gate, mlp.experts.{gate_up_proj, down_proj}.
+      const std::string m = h + "mlp.", x = o + "mlp.";
+      const int64_t Fe = a.moe_ffn_hidden_size;
+      add({m + "gate.weight"}, x + "router.weight", {a.num_experts, H}, T::Identity);
+      for (int e = 0; e < a.num_experts; ++e) {
+        const std::string oe = x + "experts." + std::to_string(e) + ".";
+        add({m + "experts.gate_up_proj"}, oe + "linear_fc1.weight", {2 * Fe, H}, T::Expert);
+        add({m + "experts.down_proj"}, oe + "linear_fc2.weight", {H, Fe}, T::Expert);
+        r[r.size() - 2].expert = r.back().expert = e;
+        r[r.size() - 2].experts = r.back().experts = a.num_experts;
+      }
+    } else if (a.moe() && a.moe_layer[static_cast<size_t>(l)]) {
+      // Mixtral: block_sparse_moe.{gate, experts.e.w1 (gate) / w3 (up) / w2 (down)}; Qwen3-MoE: mlp.{gate,
+      // experts.e.{gate,up,down}_proj}.
+      const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp."), x = o + "mlp.";
+      const int64_t Fe = a.moe_ffn_hidden_size;
+      add({m + "gate.weight"}, x + "router.weight", {a.num_experts, H}, T::Identity);
+      for (int e = 0; e < a.num_experts; ++e) {
+        const std::string he = m + "experts." + std::to_string(e) + ".", oe = x + "experts." + std::to_string(e) + ".";
+        add({he + (mixtral ? "w1" : "gate_proj") + ".weight", he + (mixtral ? "w3" : "up_proj") + ".weight"},
+            oe + "linear_fc1.weight", {2 * Fe, H}, T::Concat);
+        add({he + (mixtral ? "w2" : "down_proj") + ".weight"}, oe + "linear_fc2.weight", {H, Fe}, T::Identity);
+      }
+    } else {
+      add({h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}, o + "mlp.linear_fc1.weight", {2 * F, H}, T::Concat);
+      add({h + "mlp.down_proj.weight"}, o + "mlp.linear_fc2.weight", {H, F}, T::Identity);
+    }
   }
-  add({"model.norm.weight"}, "decoder.final_layernorm.weight", T::Identity);
+  add({"model.norm.weight"}, "decoder.final_layernorm.weight", {H}, T::Identity);
   if (a.tied) {
     if (skip) skip->push_back("lm_head.weight");
   } else {
-    add({"lm_head.weight"}, "output_layer.weight", T::Identity, false, true);
+    add({"lm_head.weight"}, "output_layer.weight", {V, H}, T::Identity, false, true);
   }
   return r;
 }
@@ -468,6 +658,11 @@ RowLayout row_layout(const Rule& r, const ArchSpec& a, int64_t our_rows) {
         L.blocks.push_back({2, i * d, d});
       }
       break;
+    case Transform::Expert:  // rows [e * our_rows, (e + 1) * our_rows) of the [E * our_rows, W] view
+      MT_INTERNAL_ASSERT(r.expert >= 0 && r.expert < r.experts, r.ours, ": expert ", r.expert, " of ", r.experts);
+      L.src_rows = {r.experts * our_rows};
+      L.blocks = {{0, r.expert * our_rows, our_rows}};
+      break;
     case Transform::FusedQkv: {
       // GPT-2: every head is its own group (q_per_group 1); c_attn rows are [Q | K | V].
       const int64_t hd = a.num_heads * d;
@@ -492,6 +687,11 @@ int64_t width_of(const std::vector<int64_t>& our_shape) {
 std::vector<std::vector<int64_t>> hf_shapes(const Rule& r, const ArchSpec& a, const std::vector<int64_t>& our_shape) {
   const RowLayout L = row_layout(r, a, our_shape[0]);
   std::vector<std::vector<int64_t>> out;
+  if (r.transform == Transform::Expert) {  // [E, rows, W]
+    std::vector<int64_t> s = our_shape;
+    s.insert(s.begin(), r.experts);
+    return {s};
+  }
   for (int64_t rows : L.src_rows) {
     std::vector<int64_t> s = our_shape;
     s[0] = rows;

@@ -114,6 +114,38 @@ const char* const kSideFiles[] = {"config.json", "generation_config.json", "toke
 
 const char* precision_of(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
 
+// Every tensor the mapping names is in the archive with the shape config.json implies, and the archive holds
+// nothing else (but the names in skip).
+void check_hf_tensors(const st::Archive& ar, const hf::ArchSpec& a, const std::vector<hf::Rule>& rules,
+                      const std::vector<std::string>& skip, const std::string& cfg_path, const json& hj) {
+  // An expert tensor missing or extra: the expert count of config.json is the likely culprit.
+  const std::string experts_key = hj.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  auto hint = [&](const std::string& name) {  // an HF name or ours
+    if (!a.moe() || (name.find(".experts.") == std::string::npos && name.find(".mlp.router.") == std::string::npos))
+      return std::string();
+    return " (" + cfg_path + " '" + experts_key + "' = " + std::to_string(a.num_experts) + ", '" +
+           std::string(a.model_type == "mixtral" ? "intermediate_size" : "moe_intermediate_size") + "' = " +
+           std::to_string(a.moe_ffn_hidden_size) + ")";
+  };
+  std::set<std::string> used(skip.begin(), skip.end());
+  for (const hf::Rule& r : rules) {
+    const auto shapes = hf::hf_shapes(r, a, r.shape);
+    for (size_t i = 0; i < r.hf.size(); ++i) {
+      const st::Archive::Entry* e = ar.find(r.hf[i]);
+      MT_CHECK(e != nullptr, ar.describe(), ": tensor '", r.hf[i], "' is missing (", a.architecture,
+               " with this config.json has it)", hint(r.ours));
+      MT_CHECK(e->info->shape == shapes[i], e->file->path(), ": tensor '", r.hf[i], "' has shape ",
+               shape_str(e->info->shape), " but ", cfg_path, " implies ", shape_str(shapes[i]),
+               " (hidden_size, heads, head_dim, intermediate_size, vocab_size)", hint(r.ours));
+      used.insert(r.hf[i]);
+    }
+  }
+  for (const auto& [name, e] : ar.entries())
+    MT_CHECK(used.count(name), e.file->path(), ": holds tensor '", name, "' that ", a.architecture,
+             " with this config.json does not have (a different architecture or config?)", hint(name),
+             a.fused_experts ? " (the file holds fused expert tensors, experts.gate_up_proj: per-expert ones too?)" : "");
+}
+
 }  // namespace
 
 std::unique_ptr<HostModel> build_host_model(const Config& cfg_in, int padded_vocab) {
@@ -168,8 +200,19 @@ std::vector<std::string> convert_import(const ImportOptions& opt, Communicator& 
     MT_CHECK(false, cfg_path, ": not valid JSON: ", e.what());
   }
   std::vector<std::string> notes;
-  const hf::ArchSpec a = hf::parse_config(hj, cfg_path, &notes);
+  hf::ArchSpec a = hf::parse_config(hj, cfg_path, &notes);
   st::Archive ar(opt.hf_dir);
+  // transformers 5's fused expert tensors (save_pretrained(save_original_format=False)) or the per-expert ones.
+  for (const auto& [name, e] : ar.entries()) {
+    const std::string fused = "mlp.experts.gate_up_proj";
+    if (a.moe() && name.size() >= fused.size() && name.compare(name.size() - fused.size(), fused.size(), fused) == 0)
+      a.fused_experts = true;
+  }
+
+  // The tensors' names and shapes, before anything else is read or built.
+  std::vector<std::string> skip;
+  const std::vector<hf::Rule> rules = hf::mapping(a, &skip);
+  check_hf_tensors(ar, a, rules, skip, cfg_path, hj);
 
   // The config: the model section from config.json, the rest defaults that validate.
   Config cfg;
@@ -188,7 +231,7 @@ std::vector<std::string> convert_import(const ImportOptions& opt, Communicator& 
   cfg.checkpoint.dir = out_abs + "-finetuned";
   // Precision: the dtype the weights were stored in.
   DType hf_dtype = DType::F32;
-  if (const auto* e = ar.find(hf::mapping(a, nullptr)[0].hf[0])) hf_dtype = e->info->dtype;
+  if (const auto* e = ar.find(rules[0].hf[0])) hf_dtype = e->info->dtype;
   cfg.training.precision = precision_of(hf_dtype);
   const std::string yaml = config_to_yaml(cfg);
   (void)load_config_from_string(yaml, opt.output + "/model.yaml");  // validates what we write
@@ -196,37 +239,33 @@ std::vector<std::string> convert_import(const ImportOptions& opt, Communicator& 
   auto host = build_host_model(cfg);
   ParamStore& store = *host->store;
   store.flat_master().zero_();
-
-  std::vector<std::string> skip;
-  const std::vector<hf::Rule> rules = hf::mapping(a, &skip);
-  std::set<std::string> used(skip.begin(), skip.end());
   std::set<std::string> filled;
   for (const hf::Rule& r : rules) {
     Param* p = store.find(r.ours);
     MT_INTERNAL_ASSERT(p != nullptr, "the mapping of ", a.architecture, " names ", r.ours, ", which the model lacks");
-    const Shape ours = unpadded_shape(r, *p, a.vocab_size);
-    const auto shapes = hf::hf_shapes(r, a, ours);
+    MT_INTERNAL_ASSERT(unpadded_shape(r, *p, a.vocab_size) == r.shape, "the mapping of ", a.architecture, " gives ",
+                       r.ours, " the shape ", shape_str(r.shape), ", the model ", shape_str(p->spec.global_shape));
+    if (r.transform == hf::Transform::Expert) {  // expert e's slice of the fused tensor, straight in
+      const st::Archive::Entry* e = ar.find(r.hf[0]);
+      const int64_t n = shape_numel(r.shape);
+      to_f32(e->file->data(*e->info) + r.expert * n * static_cast<int64_t>(dtype_size(e->info->dtype)), e->info->dtype,
+             n, store.master(*p).data<float>());
+      filled.insert(r.ours);
+      continue;
+    }
+    const auto shapes = hf::hf_shapes(r, a, r.shape);
     std::vector<std::vector<float>> bufs;
     for (size_t i = 0; i < r.hf.size(); ++i) {
       const st::Archive::Entry* e = ar.find(r.hf[i]);
-      MT_CHECK(e != nullptr, ar.describe(), ": tensor '", r.hf[i], "' is missing (", a.architecture,
-               " with this config.json has it)");
-      MT_CHECK(e->info->shape == shapes[i], e->file->path(), ": tensor '", r.hf[i], "' has shape ",
-               shape_str(e->info->shape), " but ", cfg_path, " implies ", shape_str(shapes[i]),
-               " (hidden_size, heads, head_dim, intermediate_size, vocab_size)");
       bufs.emplace_back(static_cast<size_t>(shape_numel(shapes[i])));
       to_f32(e->file->data(*e->info), e->info->dtype, shape_numel(shapes[i]), bufs.back().data());
-      used.insert(r.hf[i]);
     }
     std::vector<const float*> srcs;
     for (const auto& b : bufs) srcs.push_back(b.data());
     // TP1: the master view is the whole global tensor; the rows past vocab_size stay zero.
-    hf::merge(r, a, ours, srcs, store.master(*p).data<float>());
+    hf::merge(r, a, r.shape, srcs, store.master(*p).data<float>());
     filled.insert(r.ours);
   }
-  for (const auto& [name, e] : ar.entries())
-    MT_CHECK(used.count(name), e.file->path(), ": holds tensor '", name, "' that ", a.architecture,
-             " with this config.json does not have (a different architecture or config?)");
   for (Param* p : store.params())
     MT_INTERNAL_ASSERT(filled.count(p->spec.name), "the mapping of ", a.architecture, " leaves ", p->spec.name, " unset");
   store.sync_values_from_master(0, store.padded_numel());
@@ -315,6 +354,8 @@ void convert_export(const ExportOptions& opt) {
     Param* p = host->store->find(r.ours);
     MT_INTERNAL_ASSERT(p != nullptr, "the mapping of ", a.architecture, " names ", r.ours, ", which the model lacks");
     const Shape ours = unpadded_shape(r, *p, a.vocab_size);
+    MT_INTERNAL_ASSERT(ours == r.shape, "the mapping of ", a.architecture, " gives ", r.ours, " the shape ",
+                       shape_str(r.shape), ", the checkpoint's model ", shape_str(ours));
     const auto shapes = hf::hf_shapes(r, a, ours);
     std::vector<std::vector<float>> bufs;
     std::vector<float*> dsts;

@@ -101,3 +101,7 @@ TEST_CASE("hf fixtures: MistralForCausalLM", "[hf_fixtures]") { check_fixture("M
 TEST_CASE("hf fixtures: Qwen2ForCausalLM", "[hf_fixtures]") { check_fixture("Qwen2ForCausalLM"); }
 TEST_CASE("hf fixtures: Qwen3ForCausalLM", "[hf_fixtures]") { check_fixture("Qwen3ForCausalLM"); }
 TEST_CASE("hf fixtures: GPT2LMHeadModel", "[hf_fixtures]") { check_fixture("GPT2LMHeadModel"); }
+TEST_CASE("hf fixtures: MixtralForCausalLM (4 experts, top-2)", "[hf_fixtures]") { check_fixture("MixtralForCausalLM"); }
+TEST_CASE("hf fixtures: Qwen3MoeForCausalLM (a dense layer, q/k norms)", "[hf_fixtures]") {
+  check_fixture("Qwen3MoeForCausalLM");
+}
