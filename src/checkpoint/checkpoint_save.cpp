@@ -337,14 +337,26 @@ std::string commit_save(const SaveRequest& req, Communicator& world, const std::
 
 std::string save_checkpoint(const SaveRequest& req, Communicator& world) {
   const std::string nonce = begin_save(req, world);
-  return commit_save(req, world, nonce, write_phase(req, world.rank(), nonce));
+  Failure ready = capture([&] {
+    if (req.wait_ready) req.wait_ready();
+  });
+  return commit_save(req, world, nonce, ready.kind ? ready : write_phase(req, world.rank(), nonce));
 }
 
 AsyncSave::AsyncSave(SaveRequest req, Communicator& world) : req_(std::move(req)), world_(world) {
   nonce_ = begin_save(req_, world_);
   thread_ = std::thread([this] {
-    Failure f = write_phase(req_, world_.rank(), nonce_);
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    Failure f = capture([&] {
+      if (req_.wait_ready) req_.wait_ready();
+    });
+    const auto t1 = Clock::now();
+    if (!f.kind) f = write_phase(req_, world_.rank(), nonce_);
+    const auto t2 = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
+    copy_wait_s_ = std::chrono::duration<double>(t1 - t0).count();
+    write_s_ = std::chrono::duration<double>(t2 - t1).count();
     failure_kind_ = f.kind;
     failure_msg_ = std::move(f.msg);
     done_ = true;
