@@ -34,6 +34,8 @@ static_assert(std::endian::native == std::endian::little, "shard files are littl
 
 namespace {
 
+constexpr int kShardWriters = 4;  // threads writing one shard file (detail::write_file_durable)
+
 struct Failure {
   int kind = 0;  // 0 none, 1 mt::Error (or any std::exception), 2 mt::InternalError
   std::string msg;
@@ -130,7 +132,8 @@ void write_shard(const SaveRequest& req, int rank, const fs::path& tmp) {
     if (n) chunks.push_back({t.data.raw(), n});
     pos += n;
   }
-  detail::write_file_durable((tmp / (stem + ".bin")).string(), chunks);
+  // Four write streams: one stream of the GPU machine's disk flushed 0.9 GB/s, four 1.9 GB/s (ckpt_util.h).
+  detail::write_file_durable((tmp / (stem + ".bin")).string(), chunks, kShardWriters);
   json meta = {{"rank", rank}, {"iteration", req.iteration}, {"bin_bytes", pos}, {"tensors", std::move(entries)}};
   detail::write_file_durable((tmp / (stem + ".json")).string(), meta.dump(1));
 }
