@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,9 @@ struct SaveRequest {
   std::vector<ShardTensor> tensors;
   nlohmann::json state;      // training state (iteration, consumed samples, loss scale, ...)
   std::string config_yaml;   // resolved config, stored in the manifest
+  // async_save: blocks until the tensors' host data is complete (their device->host copies may still be in
+  // flight when the request is made); the writer calls it before reading them. Empty: the data is ready.
+  std::function<void()> wait_ready;
 };
 
 // Collective over `world`: every rank calls it. Returns the final checkpoint path.
@@ -65,6 +69,9 @@ class AsyncSave {
   bool written() const;
   std::string finish();
   int64_t iteration() const { return req_.iteration; }
+  // After finish(): seconds the background thread spent waiting for the snapshot's copies, and writing.
+  double copy_wait_seconds() const { return copy_wait_s_; }
+  double write_seconds() const { return write_s_; }
 
  private:
   SaveRequest req_;
@@ -75,6 +82,7 @@ class AsyncSave {
   bool done_ = false;
   int failure_kind_ = 0;
   std::string failure_msg_;
+  double copy_wait_s_ = 0, write_s_ = 0;
 };
 
 // Resolves checkpoint.load: "auto" -> the newest complete checkpoint in DIR (the one DIR/latest

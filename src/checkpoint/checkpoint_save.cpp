@@ -34,6 +34,8 @@ static_assert(std::endian::native == std::endian::little, "shard files are littl
 
 namespace {
 
+constexpr int kShardWriters = 4;  // threads writing one shard file (detail::write_file_durable)
+
 struct Failure {
   int kind = 0;  // 0 none, 1 mt::Error (or any std::exception), 2 mt::InternalError
   std::string msg;
@@ -130,7 +132,8 @@ void write_shard(const SaveRequest& req, int rank, const fs::path& tmp) {
     if (n) chunks.push_back({t.data.raw(), n});
     pos += n;
   }
-  detail::write_file_durable((tmp / (stem + ".bin")).string(), chunks);
+  // Four write streams: one stream of the GPU machine's disk flushed 0.9 GB/s, four 1.9 GB/s (ckpt_util.h).
+  detail::write_file_durable((tmp / (stem + ".bin")).string(), chunks, kShardWriters);
   json meta = {{"rank", rank}, {"iteration", req.iteration}, {"bin_bytes", pos}, {"tensors", std::move(entries)}};
   detail::write_file_durable((tmp / (stem + ".json")).string(), meta.dump(1));
 }
@@ -337,14 +340,26 @@ std::string commit_save(const SaveRequest& req, Communicator& world, const std::
 
 std::string save_checkpoint(const SaveRequest& req, Communicator& world) {
   const std::string nonce = begin_save(req, world);
-  return commit_save(req, world, nonce, write_phase(req, world.rank(), nonce));
+  Failure ready = capture([&] {
+    if (req.wait_ready) req.wait_ready();
+  });
+  return commit_save(req, world, nonce, ready.kind ? ready : write_phase(req, world.rank(), nonce));
 }
 
 AsyncSave::AsyncSave(SaveRequest req, Communicator& world) : req_(std::move(req)), world_(world) {
   nonce_ = begin_save(req_, world_);
   thread_ = std::thread([this] {
-    Failure f = write_phase(req_, world_.rank(), nonce_);
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    Failure f = capture([&] {
+      if (req_.wait_ready) req_.wait_ready();
+    });
+    const auto t1 = Clock::now();
+    if (!f.kind) f = write_phase(req_, world_.rank(), nonce_);
+    const auto t2 = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
+    copy_wait_s_ = std::chrono::duration<double>(t1 - t0).count();
+    write_s_ = std::chrono::duration<double>(t2 - t1).count();
     failure_kind_ = f.kind;
     failure_msg_ = std::move(f.msg);
     done_ = true;

@@ -30,12 +30,15 @@ void copy_box(const void* src, const Box& src_box, void* dst, const Box& dst_box
 // ---------------------------------------------------------------- files
 std::string errno_text(int err);
 // Writes `chunks` (pointer, length pairs) to `path` (created or truncated), fsyncs and closes it.
-// Throws mt::Error naming the path.
+// Throws mt::Error naming the path. threads > 1 splits the bytes into up to that many contiguous ranges of at
+// least 1 MiB, each written (pwrite) and flushed to the disk (sync_file_range) by its own thread, before the
+// fsync: the disk then sees that many write streams (a virtio disk of the GPU machine flushed 0.9 GB/s from one
+// stream and 1.9 GB/s from four). The file's bytes are the same either way.
 struct Chunk {
   const void* data;
   size_t len;
 };
-void write_file_durable(const std::string& path, const std::vector<Chunk>& chunks);
+void write_file_durable(const std::string& path, const std::vector<Chunk>& chunks, int threads = 1);
 inline void write_file_durable(const std::string& path, const std::string& text) {
   write_file_durable(path, {Chunk{text.data(), text.size()}});
 }

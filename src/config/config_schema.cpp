@@ -286,7 +286,7 @@ std::vector<ConfigField> build_schema() {
           .doc("with load: PATH, load the model weights only: iteration 0, fresh optimizer and data position")
           .megatron({"finetune"}),
       MT_CONFIG_KEY(checkpoint, async_save)
-          .doc("copy the tensors to host memory and write the checkpoint from a background thread while training goes on")
+          .doc("copy the tensors to host memory (page-locked and allocated once on a GPU, copied on a side stream while training goes on) and write the checkpoint from a background thread; a save due while the previous one is still writing waits for it")
           .megatron({"async_save"}),
       // ------------------------------------------------------------------ logging
       MT_CONFIG_KEY(logging, log_interval).min(1).doc("log and record training metrics every this many steps"),

@@ -149,6 +149,20 @@ int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType
   return B * T * (d.padded_vocab_size / tp) * static_cast<int64_t>(dtype_size(act));
 }
 
+int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int64_t B, int64_t T) {
+  const int64_t D = d.head_dim;
+  const bool cudnn = d.precision != Precision::FP32 && cfg.training.attention_backend != "own" && T % 128 == 0 &&
+                     (D == 64 || D == 128);
+  if (!cudnn || heads <= 0 || B <= 0) return 0;
+  auto round256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+  if (!cfg.training.deterministic) return round256(4 * B * heads * T) + round256(4 * B * heads * T * D);
+  const int64_t per_sample = 2 * heads * T * T, cap = cfg.training.attention_bwd_workspace_mib * 1048576;
+  int64_t bc = 1;
+  for (int64_t b = 2; b <= B; ++b)
+    if (B % b == 0 && b * per_sample <= cap) bc = b;
+  return round256(4 * bc * heads * T) + bc * per_sample;
+}
+
 // ---------------------------------------------------------------- the plan
 
 namespace {
@@ -205,6 +219,9 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   st.weight_bytes = st.params * (fp32 ? 4 : 2);
   st.grad_bytes = st.params * 4;
   st.optimizer_bytes = (st.params + opt_shards - 1) / opt_shards * (fp32 ? 8 : 12);
+  const bool has_layers = std::any_of(st.chunks.begin(), st.chunks.end(),
+                                      [](const PlanChunk& c) { return c.layers.end > c.layers.begin; });
+  if (has_layers) st.attention_scratch = attention_backward_scratch_bytes(cfg, d, cfg.model.num_attention_heads / r.tp, B, T);
   schedule_peaks(r, st);
   return st;
 }
@@ -263,6 +280,11 @@ PlanReport make_plan(const Config& cfg, int world_size) {
     r.layer_act[i] = layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i],
                                             !cfg.training.recompute_norm_act);
   r.logits_per_microbatch = logits_bytes(d, r.tp, B, T, r.activation_dtype);
+  r.deterministic = cfg.training.deterministic;
+  r.attention_scratch = attention_backward_scratch_bytes(cfg, d, cfg.model.num_attention_heads / r.tp, B, T);
+  Config other = cfg;
+  other.training.deterministic = !cfg.training.deterministic;
+  r.attention_scratch_other = attention_backward_scratch_bytes(other, d, cfg.model.num_attention_heads / r.tp, B, T);
   r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model, d);
   r.flops_per_iteration = static_cast<double>(r.flops_per_token) * static_cast<double>(r.tokens_per_iteration);
   r.flops_per_rank = r.flops_per_iteration / world_size;
@@ -392,9 +414,17 @@ std::string format_plan(const PlanReport& r) {
      << (fp.norm_act ? "recomputed" : "kept") << " (training.recompute_norm_act)\n"
      << "  one decoder layer, one micro-batch of " << r.micro_batch_size << " x " << r.seq_length / r.cp
      << " tokens: " << mib(r.layer_act[0]) << " (none), " << mib(r.layer_act[1]) << " (selective), "
-     << mib(r.layer_act[2]) << " (input only); logits " << mib(r.logits_per_microbatch) << "\n"
-     << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"
-     << "  not counted: transient buffers inside one forward/backward (and the layers being recomputed),\n"
+     << mib(r.layer_act[2]) << " (input only); logits " << mib(r.logits_per_microbatch) << "\n";
+  if (r.attention_scratch > 0) {
+    os << "  attention backward scratch (cuDNN, one layer, transient; the total counts the larger of it and the logits): "
+       << mib(r.attention_scratch) << " with training.deterministic " << (r.deterministic ? "true" : "false") << ", "
+       << mib(r.attention_scratch_other) << " with " << (r.deterministic ? "false" : "true") << "\n";
+    if (r.deterministic && r.attention_scratch > 2 * r.logits_per_microbatch)
+      os << "  note: the deterministic attention backward's scores (heads x seq_length^2 x 2 bytes per sample) dominate at "
+            "this sequence length; training.deterministic: false accumulates dQ in fp32 instead\n";
+  }
+  os << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"
+     << "  not counted: other transient buffers inside one forward/backward (and the layers being recomputed),\n"
      << "  communication buffers, allocator fragmentation, the CUDA context\n\n";
 
   os << "FLOPs (6 N + 12 L h s per token, N = " << count(r.flop_params) << " parameters without learned position "

@@ -16,10 +16,15 @@
 //               each group of training.recompute_num_layers layers, or with recompute_method block
 //               only the input of each of the first recompute_num_layers layers of a chunk)
 //   logits      the last stage keeps (tokens, vocab / tp) logits per micro-batch in flight
-// Not counted: transient buffers inside one forward/backward (gradients of activations, the layers
+//   attention backward scratch (bf16/fp16 on cuDNN): transient in each layer's backward, counted at the
+//               last layer's (the logits are freed by then): the peak adds the larger of the two. It
+//               decides long sequences: cuDNN's deterministic backward materializes B H T^2 scores
+//               (64 GiB for one llama-1b sample at T 32768), the non-deterministic one B H T D floats
+// Not counted: other transient buffers inside one forward/backward (gradients of activations, the layers
 // being recomputed), communication buffers, the allocator's fragmentation, the CUDA context.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,6 +78,12 @@ int64_t chunk_extra_activation_bytes(const ModelConfig& m, int tp, bool sequence
                                      DType act, bool pre_process, bool post_process);
 // Bytes of the logits (B*T, padded_vocab / tp) the output layer keeps per micro-batch.
 int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act);
+// Scratch of one cuDNN attention backward (cuda/attention_cudnn.cu) on a rank with `heads` query heads, B
+// sequences of T tokens: delta (fp32 Bc x heads x T) and, with training.deterministic, the scores gradient of Bc
+// samples (Bc x heads x T^2 x 2 bytes; Bc = the most samples dividing B that fit in
+// training.attention_bwd_workspace_mib, at least one), else dQ accumulated in fp32 (B x heads x T x head_dim x 4).
+// 0 where cuDNN does not run the shape (fp32, training.attention_backend own, T % 128 != 0, head dim not 64/128).
+int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int64_t B, int64_t T);
 
 struct PlanChunk {
   int chunk = 0;
@@ -91,7 +102,10 @@ struct PlanStage {
   int64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   int64_t activation[kNumRecomputeModes] = {};  // peak over the schedule per recompute mode, without logits
   int64_t logits_bytes = 0;                      // peak logits kept
-  int64_t total(int mode) const { return weight_bytes + grad_bytes + optimizer_bytes + activation[mode] + logits_bytes; }
+  int64_t attention_scratch = 0;                 // one layer's attention backward scratch (transient)
+  int64_t total(int mode) const {
+    return weight_bytes + grad_bytes + optimizer_bytes + activation[mode] + std::max(logits_bytes, attention_scratch);
+  }
 };
 
 struct PlanReport {
@@ -116,6 +130,10 @@ struct PlanReport {
   std::vector<PlanStage> stages;
   int64_t layer_act[kNumRecomputeModes] = {};  // one decoder layer, one micro-batch, bytes
   int64_t logits_per_microbatch = 0;
+  // one layer's attention backward scratch on one rank (0 without cuDNN): as configured, and with the other
+  // training.deterministic setting
+  int64_t attention_scratch = 0, attention_scratch_other = 0;
+  bool deterministic = true;
   // pipeline
   std::string schedule;  // format_schedule, pp > 1 only
   double bubble_fraction = 0;

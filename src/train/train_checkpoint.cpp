@@ -8,11 +8,13 @@
 namespace mt {
 
 namespace {
-// A host tensor holding box `b` of the local tensor `t` (a view on the CPU, a copy otherwise).
-Tensor box_view(const Tensor& t, const ParamBox& b, bool to_host) {
-  Tensor v = t.slice(b.local_row_begin, b.shape[0]).view(b.shape);
-  if (!to_host || v.device() == Device::CPU) return v;
-  Tensor h = Tensor::empty(b.shape, v.dtype());
+// Box `b` of the local tensor `t` (a view: boxes are runs of whole rows, so contiguous).
+Tensor box_view(const Tensor& t, const ParamBox& b) { return t.slice(b.local_row_begin, b.shape[0]).view(b.shape); }
+
+// A host tensor holding `v` (v itself on the CPU, a copy otherwise).
+Tensor on_host(const Tensor& v) {
+  if (v.device() == Device::CPU) return v;
+  Tensor h = Tensor::empty(v.shape(), v.dtype());
   h.copy_from(v);
   return h;
 }
@@ -54,16 +56,10 @@ Tensor param_view(const Tensor& flat, const Param& p) {
 const char* kSuffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
 }  // namespace
 
-ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
-                                        const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                        const std::string& config_yaml, bool snapshot,
-                                        const std::vector<StateBuffer>& buffers) {
-  ckpt::SaveRequest req;
-  req.dir = dir;
-  req.iteration = iteration;
-  req.keep_last = keep_last;
-  req.state = state;
-  req.config_yaml = config_yaml;
+std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const ParallelState& ps,
+                                  std::vector<Tensor>* keep,
+                                  const std::vector<StateBuffer>& buffers) {
+  std::vector<SavedBox> out;
   Tensor m, v;
   opt.full_moments(m, v);  // gathered over DP (experts': expert DP) under the distributed optimizer
   for (Param* p : store.params()) {
@@ -74,29 +70,35 @@ ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteratio
     if (!owner) continue;  // the save writes owned boxes only
     const Tensor sources[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
-      for (const ParamBox& b : p->boxes) {
-        ckpt::ShardTensor st;
-        st.name = p->spec.name + kSuffix[k];
-        st.global_shape = p->spec.global_shape;
-        st.offset = b.global_offset;
-        st.owner = true;
-        st.data = box_view(sources[k], b, true);
-        if (snapshot && sources[k].device() == Device::CPU) st.data = st.data.clone();
-        req.tensors.push_back(std::move(st));
-      }
+      for (const ParamBox& b : p->boxes)
+        out.push_back({p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, box_view(sources[k], b)});
     }
   }
   if (ps.dp_rank == 0 && ps.tp_rank == 0)
-    for (const StateBuffer& b : buffers) {
-      ckpt::ShardTensor st;
-      st.name = b.name;
-      st.global_shape = b.tensor->shape();
-      st.offset = Shape(1, 0);
-      st.owner = true;
-      st.data = Tensor::empty(b.tensor->shape(), b.tensor->dtype());
-      st.data.copy_from(*b.tensor);
-      req.tensors.push_back(std::move(st));
-    }
+    for (const StateBuffer& sb : buffers) out.push_back({sb.name, sb.tensor->shape(), Shape(1, 0), *sb.tensor});
+  if (keep) *keep = {m, v};
+  return out;
+}
+
+ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                        const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                        const std::string& config_yaml,
+                                        const std::vector<StateBuffer>& buffers) {
+  ckpt::SaveRequest req;
+  req.dir = dir;
+  req.iteration = iteration;
+  req.keep_last = keep_last;
+  req.state = state;
+  req.config_yaml = config_yaml;
+  for (SavedBox& b : saved_boxes(store, opt, ps, nullptr, buffers)) {
+    ckpt::ShardTensor st;
+    st.name = std::move(b.name);
+    st.global_shape = std::move(b.global_shape);
+    st.offset = std::move(b.offset);
+    st.owner = true;
+    st.data = on_host(b.source);
+    req.tensors.push_back(std::move(st));
+  }
   return req;
 }
 
@@ -104,7 +106,7 @@ std::string save_training_checkpoint(const std::string& dir, int64_t iteration, 
                                      const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                      const std::string& config_yaml, const std::vector<StateBuffer>& buffers) {
   return ckpt::save_checkpoint(
-      training_save_request(dir, iteration, keep_last, store, opt, ps, state, config_yaml, false, buffers), *ps.world);
+      training_save_request(dir, iteration, keep_last, store, opt, ps, state, config_yaml, buffers), *ps.world);
 }
 
 TrainingState read_training_state(const ckpt::LoadedCheckpoint& ck) {

@@ -22,11 +22,25 @@ struct StateBuffer {
   Tensor* tensor = nullptr;
 };
 
-// What a rank saves: every parameter box it owns (value, exp_avg, exp_avg_sq; replicas are written
-// by one rank). With snapshot they are host copies that training cannot change (async_save).
+// One tensor box a rank saves: its checkpoint name and place, and `source`, a view of the local tensor
+// holding it (on the training device; contiguous).
+struct SavedBox {
+  std::string name;
+  Shape global_shape, offset;
+  Tensor source;
+};
+// What a rank saves, in shard order: every parameter box it owns (the fp32 master value, exp_avg, exp_avg_sq;
+// replicas are written by one rank). `keep` (optional) receives the tensors the moments' views point into (under
+// the distributed optimizer fresh buffers gathered over DP): keep them alive while the views are read.
+std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const ParallelState& ps,
+                                  std::vector<Tensor>* keep,
+                                  const std::vector<StateBuffer>& buffers = {});
+
+// The synchronous save's request: saved_boxes as host tensors (views of host state on the CPU, copies from a
+// GPU). Training must not change them until the save returns (checkpoint.async_save: train/checkpoint_snapshot.h).
 ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                         const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
-                                        const std::string& config_yaml, bool snapshot,
+                                        const std::string& config_yaml,
                                         const std::vector<StateBuffer>& buffers = {});
 
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,

@@ -35,6 +35,7 @@
 #include "train/moe_step.h"
 #include "train/pipeline_executor.h"
 #include "train/preflight.h"
+#include "train/checkpoint_snapshot.h"
 #include "train/train_checkpoint.h"
 
 namespace mt {
@@ -371,17 +372,34 @@ TrainResult run_training(const Config& cfg) {
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
   metrics.start(iteration);
   // checkpoint.async_save: the save in flight, committed (collectively) once every rank wrote its
-  // shard, before the next save, and before the run ends; its errors surface there.
+  // shard, before the next save, and before the run ends; its errors surface there. Its tensors are host
+  // copies in `snapshot`'s buffers (allocated once, before the first iteration; train/checkpoint_snapshot.h),
+  // copied from the GPU on a side stream while training goes on.
+  CheckpointSnapshot snapshot;
   std::unique_ptr<ckpt::AsyncSave> async_save;
+  double save_stall_ms = 0;  // the training thread's time in save() and in finishing saves (async: waits)
+  if (cfg.checkpoint.async_save && !cfg.checkpoint.dir.empty()) {
+    const auto t0 = Clock::now();
+    const size_t bytes = snapshot.reserve(*run.store, *run.opt, ps, moe.state_buffers());
+    log::info("checkpoint.async_save: {:.2f} GiB of {}host memory for the checkpoint snapshot, allocated in {:.1f} ms",
+              bytes / 1073741824.0, snapshot.pinned() ? "page-locked " : "", ms_since(t0));
+  }
   auto finish_async_save = [&] {
     if (!async_save) return;
+    const auto t0 = Clock::now();
+    const bool busy = !async_save->written();
     const std::string path = async_save->finish();
+    const double waited = ms_since(t0);
+    save_stall_ms += waited;
+    log::info("saved checkpoint {} (written in the background: copy wait {:.1f} s, write {:.1f} s{})", path,
+              async_save->copy_wait_seconds(), async_save->write_seconds(),
+              busy ? fmt::format("; training waited {:.2f} s for it", waited / 1e3) : std::string());
     async_save.reset();
-    log::info("saved checkpoint {} (written in the background)", path);
     last_checkpoint = path;
   };
   auto save = [&](int64_t it) {
     if (cfg.checkpoint.dir.empty()) return;
+    const auto t_save = Clock::now();
     run.grad_sync->wait_params();
     nlohmann::json state = {{"iteration", it},
                             {"consumed_train_samples", loader.consumed_samples()},
@@ -394,16 +412,24 @@ TrainResult run_training(const Config& cfg) {
                                                   *run.opt, ps, state, run.config_yaml, moe.state_buffers());
       log::info("saved checkpoint {}", path);
       last_checkpoint = path;
+      save_stall_ms += ms_since(t_save);
       return;
     }
-    // async_save: at most one save in flight; a snapshot on the host, written in the background.
+    // async_save: at most one save in flight. When the previous one is still writing, training waits for it
+    // here (logged by finish_async_save).
+    if (async_save && !async_save->written())
+      log::info("checkpoint of iteration {}: the checkpoint of iteration {} is still being written; waiting for it",
+                it, async_save->iteration());
+    save_stall_ms += ms_since(t_save);
     finish_async_save();
     const auto t0 = Clock::now();
     async_save = std::make_unique<ckpt::AsyncSave>(
-        training_save_request(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
-                              run.config_yaml, true, moe.state_buffers()),
+        snapshot.take(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
+                      run.config_yaml, moe.state_buffers()),
         *run.world);
-    log::info("checkpoint of iteration {}: snapshot taken in {:.1f} ms, writing in the background", it, ms_since(t0));
+    save_stall_ms += ms_since(t0);
+    log::info("checkpoint of iteration {}: snapshot {} in {:.1f} ms, writing in the background", it,
+              snapshot.pinned() ? "copying on a side stream, enqueued" : "taken", ms_since(t0));
   };
 
   auto summary = [&](const char* how_ended, bool has_test, double test_loss) {
@@ -438,6 +464,7 @@ TrainResult run_training(const Config& cfg) {
   int64_t nan_streak = 0;           // non-finite iterations in a row (nan_policy skip)
   bool updated_since_save = false;  // periodic saves of weights no update has changed are not written
   const int64_t decay_iters = d.lr_decay_iters;
+  const auto loop_start = Clock::now();
   while (iteration < cfg.training.train_iters) {
     auto t0 = Clock::now();
     const int64_t it = iteration + 1;
@@ -497,6 +524,7 @@ TrainResult run_training(const Config& cfg) {
     if (!skip) {
       const double clip = cfg.optimizer.clip_grad;
       const double scale = (clip > 0 && gnorm > clip) ? clip / (gnorm + 1e-6) : 1.0;
+      snapshot.before_update();  // the step must not overwrite values an async save is still copying
       run.opt->step(lr, scale / loss_scale, gnorm * scale);
       run.grad_sync->gather_params();
       nan_streak = 0;
@@ -560,6 +588,9 @@ TrainResult run_training(const Config& cfg) {
       return result;
     }
   }
+  if (iteration > first_iteration)
+    log::info("training loop: iterations {}..{} in {:.3f} s, of which {:.3f} s in checkpoint saves", first_iteration + 1,
+              iteration, ms_since(loop_start) / 1e3, save_stall_ms / 1e3);
   if (iteration == first_iteration) {
     // A finished job run again: nothing to train, evaluate or save.
     log::info("training already done: resumed at iteration {} and training.train_iters is {}; nothing to do "

@@ -345,3 +345,43 @@ TEST_CASE("plan: configs/llama-3b.yaml on 8 ranks, tensor 2 x pipeline 2 x data 
                            "stage 1: F0.0 B0.0"})
     CHECK(text.find(part) != std::string::npos);
 }
+
+TEST_CASE("plan: cuDNN's attention backward scratch counts where it exceeds the logits (long sequences)", "[plan]") {
+  // llama-1b's attention shape (32 heads of 64) on a small model, at 32768 tokens of one sample.
+  Config cfg = tiny("llama", 2);
+  cfg.model.hidden_size = 2048;
+  cfg.model.num_attention_heads = 32;
+  cfg.model.num_query_groups = 8;
+  cfg.model.ffn_hidden_size = 64;
+  cfg.model.vocab_size = 32000;
+  cfg.model.seq_length = 32768;
+  cfg.training.micro_batch_size = 1;
+  cfg.training.global_batch_size = 1;
+  cfg.training.precision = "bf16";
+  const int64_t H = 32, T = 32768, D = 64;
+  const PlanReport det = make_plan(cfg, 1);
+  // Deterministic: the scores' gradient of one sample (B H T^2 bf16, above the 1024 MiB cap) + delta (fp32 H T).
+  CHECK(det.stages[0].attention_scratch == H * T * T * 2 + H * T * 4);
+  CHECK(det.stages[0].total(0) == det.stages[0].weight_bytes + det.stages[0].grad_bytes + det.stages[0].optimizer_bytes +
+                                      det.stages[0].activation[0] + det.stages[0].attention_scratch);
+  CHECK(format_plan(det).find("training.deterministic: false accumulates dQ") != std::string::npos);
+  cfg.training.deterministic = false;
+  const PlanReport fast = make_plan(cfg, 1);
+  CHECK(fast.stages[0].attention_scratch == H * T * D * 4 + H * T * 4);  // dQ in fp32 + delta
+  CHECK(fast.stages[0].attention_scratch < fast.stages[0].logits_bytes);
+  CHECK(fast.stages[0].total(0) == fast.stages[0].weight_bytes + fast.stages[0].grad_bytes +
+                                       fast.stages[0].optimizer_bytes + fast.stages[0].activation[0] +
+                                       fast.stages[0].logits_bytes);
+  // Batch chunks: 8 samples of T 2048 need 2 GiB of scores, so the backward runs 4 at a time under the 1024 MiB cap.
+  cfg.training.deterministic = true;
+  cfg.model.seq_length = 2048;
+  cfg.training.micro_batch_size = 8;
+  cfg.training.global_batch_size = 8;
+  CHECK(make_plan(cfg, 1).stages[0].attention_scratch == 4 * H * 2048 * 2048 * 2 + 4 * H * 2048 * 4);
+  // No cuDNN: fp32, or training.attention_backend own.
+  cfg.training.attention_backend = "own";
+  CHECK(make_plan(cfg, 1).stages[0].attention_scratch == 0);
+  cfg.training.attention_backend = "auto";
+  cfg.training.precision = "fp32";
+  CHECK(make_plan(cfg, 1).stages[0].attention_scratch == 0);
+}

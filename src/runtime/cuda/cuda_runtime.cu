@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_context.h"
 #include "runtime/cuda/cuda_runtime.h"
 #include "tensor/tensor.h"
 
@@ -166,6 +167,72 @@ bool device_memory(size_t* free_bytes, size_t* total_bytes) {
   if (cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess) return true;
   cudaGetLastError();
   return false;
+}
+
+// The snapshot's side stream and its two events, created on first use (on the device current then, the
+// one initialize selected). "done" blocks the waiting thread instead of spinning: the checkpoint writer waits
+// on it while the training thread needs the CPU.
+namespace {
+struct SnapshotStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t compute_mark = nullptr, done = nullptr;
+  bool recorded = false;  // "done" was recorded at least once
+  int device = 0;
+};
+SnapshotStream& snapshot_stream() {
+  static SnapshotStream* s = [] {
+    auto* p = new SnapshotStream();  // lives for the process, like the context
+    MT_CUDA_CHECK(cudaGetDevice(&p->device));
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&p->compute_mark, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming | cudaEventBlockingSync));
+    return p;
+  }();
+  return *s;
+}
+}  // namespace
+
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    MT_CHECK(false, "checkpoint.async_save: cannot allocate ", bytes / 1073741824.0, " GiB of page-locked host memory ",
+             "for the checkpoint snapshot (", cudaGetErrorString(e), "); free host memory or set checkpoint.async_save: false");
+  }
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p) MT_CUDA_CHECK(cudaFreeHost(p));
+}
+
+void snapshot_begin() {
+  SnapshotStream& s = snapshot_stream();
+  MT_CUDA_CHECK(cudaEventRecord(s.compute_mark, current_stream()));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.compute_mark, 0));
+}
+
+void snapshot_copy(void* host_dst, const void* device_src, size_t bytes) {
+  MT_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, snapshot_stream().stream));
+}
+
+void snapshot_end() {
+  SnapshotStream& s = snapshot_stream();
+  MT_CUDA_CHECK(cudaEventRecord(s.done, s.stream));
+  s.recorded = true;
+}
+
+void snapshot_wait_on_compute() {
+  SnapshotStream& s = snapshot_stream();
+  if (s.recorded) MT_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));
+}
+
+void snapshot_wait_host() {
+  SnapshotStream& s = snapshot_stream();
+  if (!s.recorded) return;
+  MT_CUDA_CHECK(cudaSetDevice(s.device));  // the writer thread's device (a new thread starts on device 0)
+  MT_CUDA_CHECK(cudaEventSynchronize(s.done));
 }
 
 }  // namespace mt::cuda

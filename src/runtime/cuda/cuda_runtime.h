@@ -31,4 +31,22 @@ void empty_cache();
 // Free and total bytes of the current device (cudaMemGetInfo); false when the query fails.
 bool device_memory(size_t* free_bytes, size_t* total_bytes);
 
+// checkpoint.async_save's device->host snapshot (train/checkpoint_snapshot.h): page-locked host memory and one
+// side stream for the copies, ordered against the compute stream by two events:
+//   snapshot_begin   the side stream waits for everything enqueued on the compute stream so far (the optimizer
+//                    step that produced the values);
+//   snapshot_copy    a device->pinned-host copy on the side stream (the compute stream runs on meanwhile);
+//   snapshot_end     records "copies done";
+//   snapshot_wait_on_compute  the compute stream waits (on the device, the host does not block) for "copies
+//                    done": called before anything overwrites a snapshot's source;
+//   snapshot_wait_host        the calling thread (the checkpoint writer) blocks until "copies done".
+// The side stream is non-blocking, so Tensor::copy_from's cudaMemcpy on the legacy stream never waits for it.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p);
+void snapshot_begin();
+void snapshot_copy(void* host_dst, const void* device_src, size_t bytes);
+void snapshot_end();
+void snapshot_wait_on_compute();
+void snapshot_wait_host();
+
 }  // namespace mt::cuda

@@ -1,0 +1,129 @@
+#include "train/checkpoint_snapshot.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
+#include "runtime/cuda/cuda_runtime.h"
+#include "train/train_checkpoint.h"
+
+namespace mt {
+
+namespace {
+constexpr size_t kAlign = 256;  // each box starts on a 256-byte boundary of the host buffer
+size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+size_t total_bytes(const std::vector<SavedBox>& boxes) {
+  size_t n = 0;
+  for (const SavedBox& b : boxes) n += aligned(b.source.nbytes());
+  return n;
+}
+
+Device device_of(const std::vector<SavedBox>& boxes) { return boxes.empty() ? Device::CPU : boxes[0].source.device(); }
+}  // namespace
+
+CheckpointSnapshot::~CheckpointSnapshot() { release(); }
+
+void CheckpointSnapshot::release() {
+  if (!host_) return;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (pinned_) {
+    try {
+      cuda::snapshot_wait_host();
+      cuda::pinned_free(host_);
+    } catch (const std::exception&) {
+      // at exit after a device error: the memory goes with the process
+    }
+    host_ = nullptr;
+    return;
+  }
+#endif
+  std::free(host_);
+  host_ = nullptr;
+}
+
+void CheckpointSnapshot::ensure(size_t bytes, Device device) {
+  if (host_ && capacity_ >= bytes) return;
+  release();
+  capacity_ = 0;
+  pinned_ = false;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (device == Device::CUDA) {
+    host_ = cuda::pinned_alloc(bytes);
+    pinned_ = true;
+  }
+#endif
+  if (!host_) {
+    (void)device;
+    host_ = std::aligned_alloc(kAlign, aligned(bytes ? bytes : 1));
+    MT_CHECK(host_, "checkpoint.async_save: cannot allocate ", bytes / 1073741824.0,
+             " GiB of host memory for the checkpoint snapshot; free host memory or set checkpoint.async_save: false");
+  }
+  capacity_ = bytes;
+}
+
+size_t CheckpointSnapshot::reserve(ParamStore& store, const AdamW& opt, const ParallelState& ps,
+                                   const std::vector<StateBuffer>& buffers) {
+  const std::vector<SavedBox> boxes = saved_boxes(store, opt, ps, nullptr, buffers);
+  ensure(total_bytes(boxes), device_of(boxes));
+  return capacity_;
+}
+
+ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
+                                           const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
+                                           const std::string& config_yaml, const std::vector<StateBuffer>& buffers) {
+  ckpt::SaveRequest req;
+  req.dir = dir;
+  req.iteration = iteration;
+  req.keep_last = keep_last;
+  req.state = state;
+  req.config_yaml = config_yaml;
+  // The previous snapshot's copies are done (its save was finished), so its kept tensors can go.
+  keep_.clear();
+  std::vector<SavedBox> boxes = saved_boxes(store, opt, ps, &keep_, buffers);
+  const Device device = device_of(boxes);
+  ensure(total_bytes(boxes), device);
+  const bool gpu = device != Device::CPU;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (gpu) cuda::snapshot_begin();
+#endif
+  size_t pos = 0;
+  for (SavedBox& b : boxes) {
+    MT_INTERNAL_ASSERT(b.source.device() == device, "checkpoint tensor '", b.name, "' on another device");
+    void* dst = static_cast<char*>(host_) + pos;
+    const size_t n = b.source.nbytes();
+    if (n) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+      if (gpu) cuda::snapshot_copy(dst, b.source.raw(), n);
+#endif
+      if (!gpu) std::memcpy(dst, b.source.raw(), n);
+    }
+    ckpt::ShardTensor st;
+    st.name = std::move(b.name);
+    st.global_shape = std::move(b.global_shape);
+    st.offset = std::move(b.offset);
+    st.owner = true;
+    st.data = Tensor::from_blob(dst, b.source.shape(), b.source.dtype());
+    req.tensors.push_back(std::move(st));
+    pos += aligned(n);
+  }
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (gpu) {
+    cuda::snapshot_end();
+    in_flight_ = true;
+    req.wait_ready = [] { cuda::snapshot_wait_host(); };
+  }
+#endif
+  if (!gpu) keep_.clear();  // copied already
+  return req;
+}
+
+void CheckpointSnapshot::before_update() {
+  if (!in_flight_) return;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  cuda::snapshot_wait_on_compute();
+#endif
+  in_flight_ = false;
+}
+
+}  // namespace mt
