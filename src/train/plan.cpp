@@ -434,7 +434,7 @@ void format_moe(std::ostream& os, const PlanReport& r) {
   const bool fp32 = r.activation_dtype == DType::F32;
   os << "Mixture of experts: " << r.num_experts << " experts, top-" << r.topk << ", in " << r.moe_layers << " of "
      << r.num_layers << " layers; expert " << r.ep << " ("
-     << El << " experts per rank) x expert-data " << r.expert_dp << "\n"
+     << El << (El == 1 ? " expert" : " experts") << " per rank) x expert-data " << r.expert_dp << "\n"
      << "  one MoE layer: router " << count(mp.router) << ", one expert " << count(mp.expert) << " (all "
      << count(r.num_experts * mp.expert) << ", top-" << r.topk << " active " << count(r.topk * mp.expert) << ")"
      << (mp.shared > 0 ? str_cat(", shared expert ", count(mp.shared)) : "") << "\n";
@@ -447,11 +447,17 @@ void format_moe(std::ostream& os, const PlanReport& r) {
                     gib((st.expert_params + shards - 1) / shards * (fp32 ? 8 : 12)), gib(st.a2a_bytes),
                     gib(st.a2a_leaving_bytes)});
   os << table(rows)
-     << "  GiB per rank (in the memory table's weights / grads / optimizer); expert optimizer state"
-     << (r.distributed_optimizer ? str_cat(" / ", r.expert_dp, " (distributed over expert-data)") : "") << "\n"
-     << "  one MoE layer, one micro-batch: all-to-all " << mib(r.moe_a2a.total) << " (" << mib(r.moe_a2a.leaving)
-     << " leaving the rank: (EP-1)/EP of dispatch + combine, forward and backward"
-     << (r.recompute_mode == RecomputePolicy::Mode::Full ? ", and the recomputed forward" : "") << ")\n"
+     << "  GiB per rank, part of the memory table's weights / grads / optimizer"
+     << (r.distributed_optimizer ? str_cat(" (expert optimizer state distributed over expert-data ", r.expert_dp, ")")
+                                 : "")
+     << "; all-to-all bytes per iteration\n";
+  if (r.ep > 1)
+    os << "  one MoE layer, one micro-batch: all-to-all " << mib(r.moe_a2a.total) << " (" << mib(r.moe_a2a.leaving)
+       << " leaving the rank: (EP-1)/EP of dispatch + combine, forward and backward"
+       << (r.recompute_mode == RecomputePolicy::Mode::Full ? ", and the recomputed forward" : "") << ")\n";
+  else
+    os << "  no all-to-all: parallel.expert 1 (every rank holds every expert)\n";
+  os
      << "  one MoE decoder layer, one micro-batch: " << mib(r.moe_layer_act[0]) << " (none), "
      << mib(r.moe_layer_act[1]) << " (selective), " << mib(r.moe_layer_act[2]) << " (input only)\n"
      << "  assumes balanced routing: each rank's experts receive the rows it routes x top-k\n\n";
