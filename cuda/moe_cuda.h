@@ -1,6 +1,7 @@
 // CUDA versions of the MoE ops of tensor/moe_ops.h, on raw contiguous device pointers (semantics there). Router
 // tensors are fp32; activations T = float, mt::bf16 or mt::f16; expert weight gradients are fp32 main grads.
-// Every launcher runs on the backend's current stream and returns without synchronizing. Plain header.
+// Every launcher runs on the backend's current stream and returns without synchronizing; scratch comes from the
+// caching allocator (kernel_utils.cuh Scratch), never cudaMalloc. Plain header.
 //
 // Not here (the ops run them on the host copies, small and rare): the capacity drop and the expert-bias update.
 #pragma once

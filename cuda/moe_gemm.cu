@@ -4,8 +4,10 @@
 //   out_e^T (OC, m_e) = W_e (stored (IC, OC), op T) x x_e^T (stored (IC, m_e))         m=OC n=m_e k=IC
 //   dx_e^T  (IC, m_e) = W_e (stored (IC, OC))       x dout_e^T (stored (OC, m_e))      m=IC n=m_e k=OC
 //   dW_e^T  (IC, OC)  = x_e^T (stored (IC, m_e))    x dout_e (stored (OC, m_e), op T)  m=IC n=OC  k=m_e  (fp32 C)
-// Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays go to the device in one copy.
+// Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays are written into scratch from the
+// caching allocator by a kernel that takes them as parameters (stream-ordered: no host staging, no cudaMalloc).
 // Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the GPU image ships libcublasLt 13.1.0.3 (seen 2026-11-23).
+#include <algorithm>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -34,6 +36,16 @@ template <> cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
 template <> cudaDataType_t cuda_type<mt::bf16>() { return CUDA_R_16BF; }
 template <> cudaDataType_t cuda_type<mt::f16>() { return CUDA_R_16F; }
 
+// Up to kMax device pointers passed by value (kernel parameters: 8 x 256 + 4 bytes, inside the 4 KiB limit).
+struct PtrBatch {
+  static constexpr int kMax = 256;
+  const void* p[kMax];
+  int n;
+};
+__global__ void fill_ptrs_kernel(void** dst, PtrBatch b) {
+  if (int(threadIdx.x) < b.n) dst[threadIdx.x] = const_cast<void*>(b.p[threadIdx.x]);
+}
+
 // One problem per group: the host-side arrays of a grouped call, and its device pointer arrays.
 struct Grouped {
   std::vector<cublasOperation_t> ta, tb;
@@ -61,20 +73,26 @@ struct Grouped {
                                      CUBLAS_GEMM_DEFAULT));
       return;
     }
-    // device copies of the three pointer arrays, in one allocation and one copy
+    // the three pointer arrays [a; b; c] written on the device by kernels taking them as parameters: no host
+    // staging copy, no allocation
     std::vector<const void*> host(size_t(3 * G));
     for (int g = 0; g < G; ++g) host[g] = a[g], host[G + g] = b[g], host[2 * G + g] = c[g];
-    void* d = nullptr;
     cudaStream_t st = current_stream();
-    MT_CUDA_CHECK(cudaMallocAsync(&d, host.size() * sizeof(void*), st));
-    MT_CUDA_CHECK(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, st));
-    auto** p = static_cast<const void**>(d);
-    auto* const* cp = static_cast<void* const*>(d) + 2 * G;
+    Scratch scratch(host.size() * sizeof(void*));
+    void** ptrs = scratch.as<void*>();
+    for (size_t i = 0; i < host.size(); i += PtrBatch::kMax) {
+      PtrBatch batch;
+      batch.n = int(std::min(host.size() - i, size_t(PtrBatch::kMax)));
+      for (int j = 0; j < batch.n; ++j) batch.p[j] = host[i + size_t(j)];
+      fill_ptrs_kernel<<<1, PtrBatch::kMax, 0, st>>>(ptrs + i, batch);
+      MT_CUDA_CHECK_LAUNCH(what);
+    }
+    auto** p = const_cast<const void**>(ptrs);
+    auto* const* cp = ptrs + 2 * G;
     MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(),
                                                alpha.data(), p, ab_type, lda.data(), p + G, ab_type, ldb.data(),
                                                beta.data(), cp,
                                                c_type, ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F));
-    MT_CUDA_CHECK_NAMED(cudaFreeAsync(d, st), what);
   }
 };
 
