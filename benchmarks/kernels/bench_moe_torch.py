@@ -37,7 +37,7 @@ def bench(name, compile_):
 
 if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_tf32 = True
-    for name in ("moe-8x-top2", "moe-64x-top8"):
-        for comp in (False, True):
+    for comp in (False, True):  # eager first (seconds), then compiled
+        for name in ("moe-8x-top2", "moe-64x-top8"):
             try: bench(name, comp)
             except Exception as e: print(json.dumps(dict(config=name, compiled=comp, error=str(e)[:300])), flush=True)

@@ -376,13 +376,18 @@ void grouped_shapes(const char* op, const Tensor& x, const Tensor& weight, const
 Tensor expert_matrix(const Tensor& w, int64_t e) { return w.slice(e, 1).view({w.size(1), w.size(2)}); }
 }  // namespace
 
+bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
+  return groups > 0 && 2.0 * static_cast<double>(M) / static_cast<double>(groups) * static_cast<double>(IC) *
+                               static_cast<double>(OC) >= kGroupGemmMaxFlops;
+}
+
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
                                 const std::vector<int64_t>& counts) {
   const char* op = "moe_grouped_linear_forward";
   grouped_shapes(op, x, weight, counts);
   check(op, out, "out", x, x.dtype(), {x.size(0), weight.size(1)});
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (on_cuda(x)) {
+  if (on_cuda(x) && !moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1))) {
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -392,8 +397,8 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
     return;
   }
 #endif
-  if (x.device() != Device::CPU) unsupported(op, x);
-  int64_t r0 = 0;  // CPU: one GEMM per group
+  if (x.device() != Device::CPU && x.device() != Device::CUDA) unsupported(op, x);
+  int64_t r0 = 0;  // CPU, and large groups on the GPU: one GEMM per group
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t m = counts[e];
     if (m > 0) {
@@ -413,7 +418,7 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
   // parameter gradients: the op's dtype on CPU, fp32 main grads on CUDA
   if (dweight) check(op, *dweight, "dweight", x, on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (on_cuda(x)) {
+  if (on_cuda(x) && !moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1))) {
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -426,8 +431,8 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     return;
   }
 #endif
-  if (x.device() != Device::CPU) unsupported(op, x);
-  int64_t r0 = 0;
+  if (x.device() != Device::CPU && x.device() != Device::CUDA) unsupported(op, x);
+  int64_t r0 = 0;  // CPU, and large groups on the GPU: one GEMM per group
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t m = counts[e];
     const auto ei = static_cast<int64_t>(e);

@@ -232,4 +232,33 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
   }
 }
 
+// Groups large enough (2^34 FLOPs per group on average) run one dense GEMM per group (tensor/moe_ops.h
+// moe_gemm_per_group): the same results as the CPU, an empty group included.
+TEST_CASE("cuda moe grouped GEMMs with large groups (one dense GEMM per group) match the CPU", "[cuda][moe]") {
+  init();
+  const int64_t IC = 1024, OC = 2048;
+  const std::vector<int64_t> counts = {4000, 0, 8300};
+  const int64_t El = 3, M = 12300;
+  REQUIRE(ops::moe_gemm_per_group(M, El, IC, OC));
+  REQUIRE(!ops::moe_gemm_per_group(M, El, IC / 2, OC));
+  const DType dt = DType::BF16;
+  const Tensor x64 = rounded(randn64({M, IC}, 51), dt), w64 = rounded(randn64({El, OC, IC}, 52, 0.03), dt),
+               dout64 = rounded(randn64({M, OC}, 53), dt);
+  Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
+  ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
+  const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
+  Tensor out = poisoned({M, OC}, dt);
+  ops::moe_grouped_linear_forward(out, x, w, counts);
+  check_close("moe_grouped_linear_forward (per group)", out, out_ref, dt);
+  Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
+  ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
+  Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
+  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+  check_close("moe_grouped_linear_backward dx (per group)", dx, dx_ref, dt);
+  check_close("moe_grouped_linear_backward dweight (per group, first write)", dw, dw_ref, dt);
+  ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
+  ops::scale_(dw_ref, 2.0);
+  check_close("moe_grouped_linear_backward dweight (per group, accumulate)", dw, dw_ref, dt);
+}
+
 #endif
