@@ -387,18 +387,19 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
   grouped_shapes(op, x, weight, counts);
   check(op, out, "out", x, x.dtype(), {x.size(0), weight.size(1)});
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (on_cuda(x) && !moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1))) {
+  if (on_cuda(x)) {
+    const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
         cuda::moe_grouped_linear_forward_cuda<T>(out.data<T>(), x.data<T>(), weight.data<T>(), counts.data(),
-                                                 weight.size(0), weight.size(2), weight.size(1));
+                                                 weight.size(0), weight.size(2), weight.size(1), per_group);
     });
     return;
   }
 #endif
-  if (x.device() != Device::CPU && x.device() != Device::CUDA) unsupported(op, x);
-  int64_t r0 = 0;  // CPU, and large groups on the GPU: one GEMM per group
+  if (x.device() != Device::CPU) unsupported(op, x);
+  int64_t r0 = 0;  // CPU: one GEMM per group
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t m = counts[e];
     if (m > 0) {
@@ -418,7 +419,8 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
   // parameter gradients: the op's dtype on CPU, fp32 main grads on CUDA
   if (dweight) check(op, *dweight, "dweight", x, on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (on_cuda(x) && !moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1))) {
+  if (on_cuda(x)) {
+    const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -426,13 +428,13 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
                                                   dweight ? dweight->data<float>() : nullptr, dout.data<T>(),
                                                   x.data<T>(), weight.data<T>(), counts.data(), weight.size(0),
                                                   weight.size(2), weight.size(1),
-                                                  dweight_mode == GradMode::Accumulate);
+                                                  dweight_mode == GradMode::Accumulate, per_group);
     });
     return;
   }
 #endif
-  if (x.device() != Device::CPU && x.device() != Device::CUDA) unsupported(op, x);
-  int64_t r0 = 0;  // CPU, and large groups on the GPU: one GEMM per group
+  if (x.device() != Device::CPU) unsupported(op, x);
+  int64_t r0 = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t m = counts[e];
     const auto ei = static_cast<int64_t>(e);

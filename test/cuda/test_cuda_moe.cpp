@@ -232,9 +232,9 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
   }
 }
 
-// Groups large enough (2^34 FLOPs per group on average) run one dense GEMM per group (tensor/moe_ops.h
+// Groups large enough (2^34 FLOPs per group on average) run one cublasGemmEx per group (tensor/moe_ops.h
 // moe_gemm_per_group): the same results as the CPU, an empty group included.
-TEST_CASE("cuda moe grouped GEMMs with large groups (one dense GEMM per group) match the CPU", "[cuda][moe]") {
+TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match the CPU", "[cuda][moe]") {
   init();
   const int64_t IC = 1024, OC = 2048;
   const std::vector<int64_t> counts = {4000, 0, 8300};
