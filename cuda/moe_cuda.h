@@ -1,6 +1,7 @@
 // CUDA versions of the MoE ops of tensor/moe_ops.h, on raw contiguous device pointers (semantics there). Router
 // tensors are fp32; activations T = float, mt::bf16 or mt::f16; expert weight gradients are fp32 main grads.
-// Every launcher runs on the backend's current stream and returns without synchronizing. Plain header.
+// Every launcher runs on the backend's current stream and returns without synchronizing; scratch comes from the
+// caching allocator (kernel_utils.cuh Scratch), never cudaMalloc. Plain header.
 //
 // Not here (the ops run them on the host copies, small and rare): the capacity drop and the expert-bias update.
 #pragma once
@@ -39,14 +40,16 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 
 // ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
-// One grouped GEMM over the El experts (groups without rows skipped). counts on the host.
+// One grouped GEMM over the El experts (groups without rows skipped), or with per_group one cublasGemmEx per
+// expert (large experts: tensor/moe_ops.h moe_gemm_per_group). counts on the host.
 template <typename T>
 void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
-                                     int64_t IC, int64_t OC);
-// dx (=, skipped when null) one grouped GEMM; dweight (fp32) += (= unless accumulate) one grouped GEMM; with
-// overwrite, groups without rows get 0.
+                                     int64_t IC, int64_t OC, bool per_group);
+// dx (=, skipped when null) one grouped GEMM; dweight (fp32) += (= unless accumulate) one GEMM per expert (no
+// mixed-type grouped call); with overwrite, groups without rows get 0.
 template <typename T>
 void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
-                                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate);
+                                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
+                                      bool per_group);
 
 }  // namespace mt::ops::cuda

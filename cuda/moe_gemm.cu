@@ -1,11 +1,15 @@
 // Grouped expert GEMMs on CUDA: every local expert in ONE cublasGemmGroupedBatchedEx call per product (one
 // group of one problem per expert with rows; the sizes are on the host, which the layer has anyway: the
-// dispatcher's counts). Row-major onto cuBLAS's column-major as in gemm.cu, per expert e with m_e rows:
+// dispatcher's counts). Large experts (per_group, tensor/moe_ops.h moe_gemm_per_group) run one cublasGemmEx per
+// expert instead: the grouped call reached 305-339 TFLOP/s at 4,096 x 1,024 x 7,168 per expert on an H100 where
+// per-expert calls reached 390-614. Row-major onto cuBLAS's column-major as in gemm.cu, per expert e with m_e rows:
 //   out_e^T (OC, m_e) = W_e (stored (IC, OC), op T) x x_e^T (stored (IC, m_e))         m=OC n=m_e k=IC
 //   dx_e^T  (IC, m_e) = W_e (stored (IC, OC))       x dout_e^T (stored (OC, m_e))      m=IC n=m_e k=OC
 //   dW_e^T  (IC, OC)  = x_e^T (stored (IC, m_e))    x dout_e (stored (OC, m_e), op T)  m=IC n=OC  k=m_e  (fp32 C)
-// Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays go to the device in one copy.
+// Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays are written into scratch from the
+// caching allocator by a kernel that takes them as parameters (stream-ordered: no host staging, no cudaMalloc).
 // Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the GPU image ships libcublasLt 13.1.0.3 (seen 2026-11-23).
+#include <algorithm>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -34,6 +38,16 @@ template <> cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
 template <> cudaDataType_t cuda_type<mt::bf16>() { return CUDA_R_16BF; }
 template <> cudaDataType_t cuda_type<mt::f16>() { return CUDA_R_16F; }
 
+// Up to kMax device pointers passed by value (kernel parameters: 8 x 256 + 4 bytes, inside the 4 KiB limit).
+struct PtrBatch {
+  static constexpr int kMax = 256;
+  const void* p[kMax];
+  int n;
+};
+__global__ void fill_ptrs_kernel(void** dst, PtrBatch b) {
+  if (int(threadIdx.x) < b.n) dst[threadIdx.x] = const_cast<void*>(b.p[threadIdx.x]);
+}
+
 // One problem per group: the host-side arrays of a grouped call, and its device pointer arrays.
 struct Grouped {
   std::vector<cublasOperation_t> ta, tb;
@@ -49,10 +63,11 @@ struct Grouped {
     lda.push_back(int(la)), ldb.push_back(int(lb)), ldc.push_back(int(lc));
     alpha.push_back(1.f), beta.push_back(be), size.push_back(1);
   }
-  void run(cudaDataType_t ab_type, cudaDataType_t c_type, const char* what) {
+  // per_group: one cublasGemmEx per problem (large experts: the grouped call ran them at half the rate)
+  void run(cudaDataType_t ab_type, cudaDataType_t c_type, bool per_group, const char* what) {
     const int G = int(m.size());
     if (G == 0) return;
-    if (ab_type != c_type) {
+    if (ab_type != c_type || per_group) {
       // cublasGemmGroupedBatchedEx has no mixed-type form ("not supported" for bf16/fp16 inputs with an fp32
       // output, seen on an H100 with cuBLAS 13.1): the fp32 weight gradients run one cublasGemmEx per expert.
       for (int g = 0; g < G; ++g)
@@ -61,20 +76,26 @@ struct Grouped {
                                      CUBLAS_GEMM_DEFAULT));
       return;
     }
-    // device copies of the three pointer arrays, in one allocation and one copy
+    // the three pointer arrays [a; b; c] written on the device by kernels taking them as parameters: no host
+    // staging copy, no allocation
     std::vector<const void*> host(size_t(3 * G));
     for (int g = 0; g < G; ++g) host[g] = a[g], host[G + g] = b[g], host[2 * G + g] = c[g];
-    void* d = nullptr;
     cudaStream_t st = current_stream();
-    MT_CUDA_CHECK(cudaMallocAsync(&d, host.size() * sizeof(void*), st));
-    MT_CUDA_CHECK(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, st));
-    auto** p = static_cast<const void**>(d);
-    auto* const* cp = static_cast<void* const*>(d) + 2 * G;
+    Scratch scratch(host.size() * sizeof(void*));
+    void** ptrs = scratch.as<void*>();
+    for (size_t i = 0; i < host.size(); i += PtrBatch::kMax) {
+      PtrBatch batch;
+      batch.n = int(std::min(host.size() - i, size_t(PtrBatch::kMax)));
+      for (int j = 0; j < batch.n; ++j) batch.p[j] = host[i + size_t(j)];
+      fill_ptrs_kernel<<<1, PtrBatch::kMax, 0, st>>>(ptrs + i, batch);
+      MT_CUDA_CHECK_LAUNCH(what);
+    }
+    auto** p = const_cast<const void**>(ptrs);
+    auto* const* cp = ptrs + 2 * G;
     MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(),
                                                alpha.data(), p, ab_type, lda.data(), p + G, ab_type, ldb.data(),
                                                beta.data(), cp,
                                                c_type, ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F));
-    MT_CUDA_CHECK_NAMED(cudaFreeAsync(d, st), what);
   }
 };
 
@@ -82,7 +103,7 @@ struct Grouped {
 
 template <typename T>
 void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
-                                     int64_t IC, int64_t OC) {
+                                     int64_t IC, int64_t OC, bool per_group) {
   Grouped g;
   int64_t r0 = 0;
   for (int64_t e = 0; e < El; ++e) {
@@ -91,12 +112,13 @@ void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const 
             0.f);
     r0 += counts[e];
   }
-  g.run(cuda_type<T>(), cuda_type<T>(), "moe_grouped_linear_forward");
+  g.run(cuda_type<T>(), cuda_type<T>(), per_group, "moe_grouped_linear_forward");
 }
 
 template <typename T>
 void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
-                                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate) {
+                                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
+                                      bool per_group) {
   if (dx) {
     Grouped g;
     int64_t r0 = 0;
@@ -106,7 +128,7 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
               IC, 0.f);
       r0 += counts[e];
     }
-    g.run(cuda_type<T>(), cuda_type<T>(), "moe_grouped_linear_backward (dx)");
+    g.run(cuda_type<T>(), cuda_type<T>(), per_group, "moe_grouped_linear_backward (dx)");
   }
   if (dweight) {
     Grouped g;
@@ -120,15 +142,15 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
         MT_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(OC * IC) * sizeof(float), current_stream()));
       r0 += counts[e];
     }
-    g.run(cuda_type<T>(), CUDA_R_32F, "moe_grouped_linear_backward (dweight)");
+    g.run(cuda_type<T>(), CUDA_R_32F, per_group, "moe_grouped_linear_backward (dweight)");
   }
 }
 
 #define MT_INSTANTIATE(T)                                                                                          \
   template void moe_grouped_linear_forward_cuda<T>(T*, const T*, const T*, const int64_t*, int64_t, int64_t,      \
-                                                   int64_t);                                                       \
+                                                   int64_t, bool);                                                 \
   template void moe_grouped_linear_backward_cuda<T>(T*, float*, const T*, const T*, const T*, const int64_t*,     \
-                                                    int64_t, int64_t, int64_t, bool);
+                                                    int64_t, int64_t, int64_t, bool, bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

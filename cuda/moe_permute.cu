@@ -1,7 +1,15 @@
 // MoE routing map, permute and unpermute on CUDA (tensor/cpu/moe_permute.cpp has the math). Gathers only: each
-// output row is written by one block, a token's slots summed in slot order (deterministic, no atomics).
-// The routing map runs one thread per expert over the slots in order (tokens ascend inside an expert by
-// construction): O(E * N * k) simple work, small next to the expert GEMMs at the sizes we train.
+// output row is written by one block, a token's slots summed in slot order (deterministic, no float atomics).
+//
+// Counts: a shared-memory histogram per block of slots, added into the global counts with integer atomics (exact,
+// so deterministic). The routing map keeps the CPU's order (slots ascend inside an expert) in three launches:
+// per-tile histograms; one block turns them into each tile's first row per expert (expert starts + the rows of
+// the same expert in earlier tiles); then per tile one thread per expert walks the tile's slots (in shared memory)
+// in order. Every slot is read a constant number of times: O(N k + tiles x E), where the former version had one
+// thread per expert read all N k slots (milliseconds per layer at N k = 131072).
+//
+// Permute / unpermute move rows as 16-byte vectors when the row width and the pointers allow (else one element
+// per thread): memory-bound, one block per row.
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
@@ -11,77 +19,147 @@ using namespace ::mt::cuda;
 
 namespace {
 constexpr int kThreads = 128;
+constexpr int kTile = 2048;       // slots per block of the histograms and the routing map's scatter
+constexpr int kHistThreads = 256;
 
+int64_t tiles(int64_t slots) { return ceil_div(slots, int64_t{kTile}); }
+
+// counts (E) += the tile's histogram (counts zeroed before)
 __global__ void counts_kernel(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  int32_t c = 0;
-  for (int64_t s = 0; s < slots; ++s) c += indices[s] == e;
-  counts[e] = c;
+  extern __shared__ int32_t hist[];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int64_t s0 = int64_t(blockIdx.x) * kTile, s1 = min(slots, s0 + kTile);
+  for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+    const int32_t i = indices[s];
+    if (i >= 0) atomicAdd(&hist[i], 1);
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    if (hist[e]) atomicAdd(&counts[e], hist[e]);
 }
 
-// thread e: its rows start after the rows of the experts before it
-__global__ void map_kernel(int32_t* slot_of_row, int32_t* row_of_slot, const int32_t* counts, const int32_t* indices,
-                           int64_t slots, int64_t E) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  int64_t r = 0;
-  for (int64_t x = 0; x < e; ++x) r += counts[x];
-  int64_t total = r;
-  for (int64_t x = e; x < E; ++x) total += counts[x];
-  for (int64_t s = 0; s < slots; ++s) {
+// tile_counts (tiles, E): the histogram of each tile
+__global__ void tile_counts_kernel(int32_t* tile_counts, const int32_t* indices, int64_t slots, int64_t E) {
+  extern __shared__ int32_t hist[];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int64_t s0 = int64_t(blockIdx.x) * kTile, s1 = min(slots, s0 + kTile);
+  for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
     const int32_t i = indices[s];
-    if (i == e) {
-      row_of_slot[s] = int32_t(r);
-      slot_of_row[r] = int32_t(s);
-      ++r;
-    } else if (i < 0 && e == 0) {
-      row_of_slot[s] = -1;
+    if (i >= 0) atomicAdd(&hist[i], 1);
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) tile_counts[int64_t(blockIdx.x) * E + e] = hist[e];
+}
+
+// One block: counts[e] = sum over tiles; tile_first[t, e] = first row of expert e's slots in tile t; slot_of_row
+// = -1 past the routed rows (dropped slots leave them unused).
+__global__ void tile_scan_kernel(int32_t* tile_first, int32_t* counts, int32_t* slot_of_row, const int32_t* tile_counts,
+                                 int64_t ntiles, int64_t slots, int64_t E) {
+  extern __shared__ int32_t total[];  // (E)
+  __shared__ int64_t routed;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t c = 0;
+    for (int64_t t = 0; t < ntiles; ++t) c += tile_counts[t * E + e];
+    total[e] = c;
+    counts[e] = c;
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t r = 0;
+    for (int64_t x = 0; x < e; ++x) r += total[x];
+    if (e == E - 1) routed = r + total[e];
+    for (int64_t t = 0; t < ntiles; ++t) {
+      tile_first[t * E + e] = r;
+      r += tile_counts[t * E + e];
     }
   }
-  if (e == 0)
-    for (int64_t x = total; x < slots; ++x) slot_of_row[x] = -1;
+  __syncthreads();
+  for (int64_t x = routed + threadIdx.x; x < slots; x += blockDim.x) slot_of_row[x] = -1;
 }
 
-template <typename D>
+// Block per tile: its slots in shared memory; thread e hands expert e's slots their rows in slot order.
+__global__ void tile_scatter_kernel(int32_t* slot_of_row, int32_t* row_of_slot, const int32_t* tile_first,
+                                    const int32_t* indices, int64_t slots, int64_t E) {
+  __shared__ int32_t idx[kTile];
+  const int64_t s0 = int64_t(blockIdx.x) * kTile, n = min(slots - s0, int64_t{kTile});
+  for (int64_t s = threadIdx.x; s < n; s += blockDim.x) {
+    idx[s] = indices[s0 + s];
+    if (idx[s] < 0) row_of_slot[s0 + s] = -1;
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t r = tile_first[int64_t(blockIdx.x) * E + e];
+    for (int64_t s = 0; s < n; ++s)
+      if (idx[s] == e) {
+        row_of_slot[s0 + s] = r;
+        slot_of_row[r] = int32_t(s0 + s);
+        ++r;
+      }
+  }
+}
+
+// V elements per access (V = 1: scalar; else 16-byte vectors, C % V == 0 and the pointers aligned)
+template <int V, typename D>
 __global__ void permute_kernel(D* out, const D* x, const int32_t* slot_of_row, int64_t C, int64_t k) {
   const int64_t r = blockIdx.x;
   const D* src = x + int64_t(slot_of_row[r] / k) * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[r * C + c] = src[c];
-}
-
-template <typename D>
-__global__ void permute_backward_kernel(D* dx, const D* dout, const int32_t* row_of_slot, int64_t C, int64_t k) {
-  const int64_t n = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0.f;
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t r = row_of_slot[n * k + j];
-      if (r >= 0) acc += to_float(dout[int64_t(r) * C + c]);
-    }
-    dx[n * C + c] = from_float<D>(acc);
+  D* dst = out + r * C;
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    D v[V];
+    load_vec<V>(v, src + c);
+    store_vec<V>(dst + c, v);
   }
 }
 
-template <typename D>
+template <int V, typename D>
+__global__ void permute_backward_kernel(D* dx, const D* dout, const int32_t* row_of_slot, int64_t C, int64_t k) {
+  const int64_t n = blockIdx.x;
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    float acc[V] = {};
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = row_of_slot[n * k + j];
+      if (r < 0) continue;
+      D v[V];
+      load_vec<V>(v, dout + int64_t(r) * C + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += to_float(v[i]);
+    }
+    D o[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
+    store_vec<V>(dx + n * C + c, o);
+  }
+}
+
+template <int V, typename D>
 __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const int32_t* row_of_slot, int64_t C,
                                  int64_t k) {
   const int64_t n = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0.f;
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    float acc[V] = {};
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = row_of_slot[n * k + j];
-      if (r >= 0) acc += weights[n * k + j] * to_float(yp[int64_t(r) * C + c]);
+      if (r < 0) continue;
+      const float w = weights[n * k + j];
+      D v[V];
+      load_vec<V>(v, yp + int64_t(r) * C + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += w * to_float(v[i]);
     }
-    y[n * C + c] = from_float<D>(acc);
+    D o[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
+    store_vec<V>(y + n * C + c, o);
   }
 }
 
 // block per slot: dyp[row] = w * dy[token]; dweights[slot] = <dy[token], yp[row]> (block reduction, fixed order)
-template <typename D>
+template <int V, typename D>
 __global__ void unpermute_backward_kernel(D* dyp, float* dweights, const D* dy, const D* yp, const float* weights,
                                           const int32_t* row_of_slot, int64_t C, int64_t k) {
-  __shared__ float red[kThreads];
+  __shared__ float red[32];
   const int64_t s = blockIdx.x, n = s / k;
   const int32_t r = row_of_slot[s];
   if (r < 0) {
@@ -90,45 +168,81 @@ __global__ void unpermute_backward_kernel(D* dyp, float* dweights, const D* dy, 
   }
   const float w = weights[s];
   float acc = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float g = to_float(dy[n * C + c]);
-    acc += g * to_float(yp[int64_t(r) * C + c]);
-    dyp[int64_t(r) * C + c] = from_float<D>(w * g);
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    D g[V], v[V], o[V];
+    load_vec<V>(g, dy + n * C + c);
+    load_vec<V>(v, yp + int64_t(r) * C + c);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float gf = to_float(g[i]);
+      acc += gf * to_float(v[i]);
+      o[i] = from_float<D>(w * gf);
+    }
+    store_vec<V>(dyp + int64_t(r) * C + c, o);
   }
-  red[threadIdx.x] = acc;
-  __syncthreads();
-  for (int h = kThreads / 2; h > 0; h /= 2) {
-    if (int(threadIdx.x) < h) red[threadIdx.x] += red[threadIdx.x + h];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) dweights[s] = red[0];
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) dweights[s] = acc;
+}
+
+// Launches kernel<V> with 16-byte vectors when C and every pointer allow, else kernel<1>.
+template <typename D, typename Launch>
+void by_width(int64_t C, std::initializer_list<const void*> ptrs, Launch&& launch) {
+  constexpr int V = 16 / sizeof(D);
+  bool ok = C % V == 0;
+  for (const void* p : ptrs) ok = ok && aligned(p, 16);
+  if (ok)
+    launch(std::integral_constant<int, V>{});
+  else
+    launch(std::integral_constant<int, 1>{});
 }
 }  // namespace
 
 void moe_expert_counts_cuda(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E) {
-  counts_kernel<<<unsigned(ceil_div(E, kThreads)), kThreads, 0, current_stream()>>>(counts, indices, slots, E);
+  cudaStream_t st = current_stream();
+  MT_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(E) * sizeof(int32_t), st));
+  if (slots == 0) return;
+  counts_kernel<<<unsigned(tiles(slots)), kHistThreads, size_t(E) * sizeof(int32_t), st>>>(counts, indices, slots, E);
   MT_CUDA_CHECK_LAUNCH("moe_expert_counts");
 }
 
 void moe_routing_map_cuda(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* counts, const int32_t* indices,
                           int64_t slots, int64_t E) {
-  moe_expert_counts_cuda(counts, indices, slots, E);
-  map_kernel<<<unsigned(ceil_div(E, kThreads)), kThreads, 0, current_stream()>>>(slot_of_row, row_of_slot, counts,
-                                                                                 indices, slots, E);
-  MT_CUDA_CHECK_LAUNCH("moe_routing_map");
+  cudaStream_t st = current_stream();
+  if (slots == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(E) * sizeof(int32_t), st));
+    return;
+  }
+  const int64_t nt = tiles(slots);
+  Scratch scratch(2 * size_t(nt * E) * sizeof(int32_t));
+  int32_t *tile_counts = scratch.as<int32_t>(), *tile_first = tile_counts + nt * E;
+  const size_t hist = size_t(E) * sizeof(int32_t);
+  tile_counts_kernel<<<unsigned(nt), kHistThreads, hist, st>>>(tile_counts, indices, slots, E);
+  MT_CUDA_CHECK_LAUNCH("moe_routing_map (tile counts)");
+  tile_scan_kernel<<<1, 1024, hist, st>>>(tile_first, counts, slot_of_row, tile_counts, nt, slots, E);
+  MT_CUDA_CHECK_LAUNCH("moe_routing_map (scan)");
+  tile_scatter_kernel<<<unsigned(nt), kHistThreads, 0, st>>>(slot_of_row, row_of_slot, tile_first, indices, slots, E);
+  MT_CUDA_CHECK_LAUNCH("moe_routing_map (scatter)");
 }
 
 template <typename T>
 void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k) {
   if (M == 0) return;
-  permute_kernel<<<unsigned(M), kThreads, 0, current_stream()>>>(dev(out), dev(x), slot_of_row, C, k);
+  using D = dev_t<T>;
+  by_width<D>(C, {out, x}, [&](auto v) {
+    permute_kernel<decltype(v)::value><<<unsigned(M), kThreads, 0, current_stream()>>>(dev(out), dev(x), slot_of_row,
+                                                                                       C, k);
+  });
   MT_CUDA_CHECK_LAUNCH("moe_permute_forward");
 }
 
 template <typename T>
 void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
   if (N == 0) return;
-  permute_backward_kernel<<<unsigned(N), kThreads, 0, current_stream()>>>(dev(dx), dev(dout), row_of_slot, C, k);
+  using D = dev_t<T>;
+  by_width<D>(C, {dx, dout}, [&](auto v) {
+    permute_backward_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(dx), dev(dout),
+                                                                                                row_of_slot, C, k);
+  });
   MT_CUDA_CHECK_LAUNCH("moe_permute_backward");
 }
 
@@ -136,7 +250,11 @@ template <typename T>
 void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const int32_t* row_of_slot, int64_t N,
                                 int64_t C, int64_t k) {
   if (N == 0) return;
-  unpermute_kernel<<<unsigned(N), kThreads, 0, current_stream()>>>(dev(y), dev(yp), weights, row_of_slot, C, k);
+  using D = dev_t<T>;
+  by_width<D>(C, {y, yp}, [&](auto v) {
+    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(y), dev(yp), weights,
+                                                                                         row_of_slot, C, k);
+  });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_forward");
 }
 
@@ -144,8 +262,11 @@ template <typename T>
 void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* yp, const float* weights,
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
   if (N == 0) return;
-  unpermute_backward_kernel<<<unsigned(N * k), kThreads, 0, current_stream()>>>(dev(dyp), dweights, dev(dy), dev(yp),
-                                                                                weights, row_of_slot, C, k);
+  using D = dev_t<T>;
+  by_width<D>(C, {dyp, dy, yp}, [&](auto v) {
+    unpermute_backward_kernel<decltype(v)::value><<<unsigned(N * k), kThreads, 0, current_stream()>>>(
+        dev(dyp), dweights, dev(dy), dev(yp), weights, row_of_slot, C, k);
+  });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_backward");
 }
 

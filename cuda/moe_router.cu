@@ -1,5 +1,8 @@
 // The MoE router and its losses on CUDA (tensor/cpu/moe_router.cpp has the math): one thread per row, sums in
-// fp64 in the CPU reference's order; loss values summed by one thread over the per-row partials (fixed order).
+// fp64 in the CPU reference's order; loss values summed over the per-row partials by one block in a fixed order
+// (strided per thread, then a tree): deterministic, within fp64 rounding of the CPU's sequential sum. The balancing
+// loss's per-(group, expert) counts are shared-memory histograms added with integer atomics (exact). Scratch
+// (fp64 partials, counts) comes from the caller (the tensor layer's caching allocator).
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
@@ -80,15 +83,29 @@ __global__ void router_backward_kernel(float* dlogits, const float* dweights, co
   }
 }
 
+// cnt (groups, E) += the histogram of a tile of group blockIdx.y's rows * k slots (cnt zeroed before)
+constexpr int kTile = 4096, kHistThreads = 256, kSumThreads = 1024;
+__global__ void aux_counts_kernel(int32_t* cnt, const int32_t* indices, int64_t E, int64_t slots_per_group) {
+  extern __shared__ int32_t hist[];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int64_t g = blockIdx.y, s0 = int64_t(blockIdx.x) * kTile, s1 = min(slots_per_group, s0 + kTile);
+  const int32_t* idx = indices + g * slots_per_group;
+  for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+    const int32_t i = idx[s];
+    if (i >= 0) atomicAdd(&hist[i], 1);
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    if (hist[e]) atomicAdd(&cnt[g * E + e], hist[e]);
+}
+
 // a (groups, E) = coeff / groups * E * count_ge / (rows * k * rows); one thread per (group, expert)
-__global__ void aux_coeff_kernel(double* a, const int32_t* indices, int64_t E, int64_t k, int64_t groups,
-                                 int64_t rows, double coeff) {
+__global__ void aux_coeff_kernel(double* a, const int32_t* cnt, int64_t E, int64_t k, int64_t groups, int64_t rows,
+                                 double coeff) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= groups * E) return;
-  const int64_t g = t / E, e = t % E;
-  int64_t c = 0;
-  for (int64_t i = g * rows * k; i < (g + 1) * rows * k; ++i) c += indices[i] == e;
-  a[t] = double(c) * coeff / double(groups) * double(E) / double(rows * k * rows);
+  a[t] = double(cnt[t]) * coeff / double(groups) * double(E) / double(rows * k * rows);
 }
 
 __global__ void aux_rows_kernel(double* partial, float* dlogits, const float* scores, const double* a, int64_t N,
@@ -126,20 +143,14 @@ __global__ void z_rows_kernel(double* partial, float* dlogits, const float* logi
   for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] = float(double(dlogits[n * E + e]) + f * exp(double(l[e]) - lse));
 }
 
-// loss = scale * sum(partial), one thread, in row order (the CPU reference's order)
+// loss = scale * sum(partial): one block; thread t adds partial[t], partial[t + 1024], ... in order, then a fixed tree
 __global__ void sum_kernel(float* loss, const double* partial, int64_t N, double scale) {
+  __shared__ double red[32];
   double s = 0;
-  for (int64_t n = 0; n < N; ++n) s += partial[n];
-  *loss = float(s * scale);
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) s += partial[n];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) *loss = float(s * scale);
 }
-
-// fp64 scratch from the caching allocator would need the Tensor layer: plain stream-ordered allocations here.
-double* scratch(int64_t n) {
-  void* p = nullptr;
-  MT_CUDA_CHECK(cudaMallocAsync(&p, size_t(n > 0 ? n : 1) * sizeof(double), current_stream()));
-  return static_cast<double*>(p);
-}
-void release(double* p) { MT_CUDA_CHECK(cudaFreeAsync(p, current_stream())); }
 }  // namespace
 
 void moe_router_forward_cuda(int32_t* indices, float* weights, float* scores, const float* logits, const float* bias,
@@ -161,14 +172,21 @@ void moe_router_backward_cuda(float* dlogits, const float* dweights, const float
 void moe_aux_loss_cuda(float* loss, float* dlogits, const float* scores, const int32_t* indices, int64_t N, int64_t E,
                        int64_t k, int64_t groups, double coeff, bool sigmoid, double dloss, const double* a_host) {
   const int64_t rows = N / groups;
-  double* a = scratch(groups * E);
-  double* partial = scratch(N);
+  Scratch scratch(size_t(2 * groups * E + N) * sizeof(double));
+  double* a = scratch.as<double>();                              // (groups, E)
+  double* partial = a + groups * E;                              // (N)
+  auto* cnt = reinterpret_cast<int32_t*>(partial + N);           // (groups, E) int32 in groups * E doubles
   cudaStream_t st = current_stream();
   if (a_host) {  // a group split over ranks: its coefficients (groups 1), from pageable memory (staged at once)
     MT_CUDA_CHECK(cudaMemcpyAsync(a, a_host, size_t(E) * sizeof(double), cudaMemcpyHostToDevice, st));
   } else {
-    aux_coeff_kernel<<<unsigned(ceil_div(groups * E, kThreads)), kThreads, 0, st>>>(a, indices, E, k, groups, rows,
-                                                                                    coeff);
+    MT_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(groups * E) * sizeof(int32_t), st));
+    if (rows * k > 0) {
+      const dim3 grid(unsigned(ceil_div(rows * k, int64_t{kTile})), unsigned(groups));
+      aux_counts_kernel<<<grid, kHistThreads, size_t(E) * sizeof(int32_t), st>>>(cnt, indices, E, rows * k);
+      MT_CUDA_CHECK_LAUNCH("moe_aux_loss (counts)");
+    }
+    aux_coeff_kernel<<<unsigned(ceil_div(groups * E, kThreads)), kThreads, 0, st>>>(a, cnt, E, k, groups, rows, coeff);
     MT_CUDA_CHECK_LAUNCH("moe_aux_loss (coefficients)");
   }
   if (N > 0) {
@@ -177,26 +195,24 @@ void moe_aux_loss_cuda(float* loss, float* dlogits, const float* scores, const i
     MT_CUDA_CHECK_LAUNCH("moe_aux_loss (rows)");
   }
   if (loss) {
-    sum_kernel<<<1, 1, 0, st>>>(loss, partial, N, 1.0);
+    sum_kernel<<<1, kSumThreads, 0, st>>>(loss, partial, N, 1.0);
     MT_CUDA_CHECK_LAUNCH("moe_aux_loss (sum)");
   }
-  release(partial);
-  release(a);
 }
 
 void moe_z_loss_cuda(float* loss, float* dlogits, const float* logits, int64_t N, int64_t E, double coeff,
                      double dloss) {
-  double* partial = scratch(N);
+  Scratch scratch(size_t(N) * sizeof(double));
+  double* partial = scratch.as<double>();
   cudaStream_t st = current_stream();
   if (N > 0) {
     z_rows_kernel<<<unsigned(ceil_div(N, kThreads)), kThreads, 0, st>>>(partial, dlogits, logits, N, E, coeff, dloss);
     MT_CUDA_CHECK_LAUNCH("moe_z_loss (rows)");
   }
   if (loss) {
-    sum_kernel<<<1, 1, 0, st>>>(loss, partial, N, N > 0 ? coeff / double(N) : 0.0);
+    sum_kernel<<<1, kSumThreads, 0, st>>>(loss, partial, N, N > 0 ? coeff / double(N) : 0.0);
     MT_CUDA_CHECK_LAUNCH("moe_z_loss (sum)");
   }
-  release(partial);
 }
 
 }  // namespace mt::ops::cuda

@@ -57,6 +57,34 @@ std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const Laye
   return {};
 }
 
+std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d) {
+  const int64_t N = d.rows, R = m.recv_rows, full = d.B * d.T;
+  std::vector<KeptTensor> out = {
+      {"mlp.router.logits", N * m.experts, true},    {"mlp.router.scores", N * m.experts, true},
+      {"mlp.router.choice", N * m.topk, false, true}, {"mlp.router.weights", N * m.topk, true},
+      {"mlp.slot_of_row", N * m.topk, false, true},  {"mlp.row_of_slot", N * m.topk, false, true},
+      {"mlp.xl", R * d.hidden},                      {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)},
+      {"mlp.experts.a", R * m.ffn},                  {"mlp.yp", N * m.topk * d.hidden}};
+  if (m.capacity) out.push_back({"mlp.router.indices", N * m.topk, false, true});
+  if (m.aux_loss) out.push_back({"mlp.router.aux_loss", 1, true});
+  if (m.z_loss) out.push_back({"mlp.router.z_loss", 1, true});
+  if (m.shared_ffn > 0) {
+    out.push_back({"mlp.shared_h", full * m.shared_ffn * (m.swiglu ? 2 : 1)});
+    out.push_back({"mlp.shared_a", full * m.shared_ffn});
+  }
+  return out;
+}
+
+std::vector<KeptTensor> moe_layer_kept(const TransformerLayerSpec& spec, Activation activation, const LayerDims& d,
+                                       const MoEDims& m, RecomputePolicy::Mode mode, bool keep_norm_act) {
+  std::vector<KeptTensor> out;
+  for (KeptTensor& t : layer_kept(spec, activation, d, mode, keep_norm_act))
+    if (t.name.rfind("mlp.", 0) != 0) out.push_back(std::move(t));
+  if (mode == RecomputePolicy::Mode::Full) return out;
+  for (KeptTensor& t : moe_kept(m, d)) out.push_back(std::move(t));
+  return out;
+}
+
 std::vector<KeptTensor> layer_kept(const TransformerLayerSpec& spec, Activation activation, const LayerDims& d,
                                    RecomputePolicy::Mode mode, bool keep_norm_act) {
   const int64_t rc = d.rows * d.hidden;

@@ -388,6 +388,11 @@ void grouped_shapes(const char* op, const Tensor& x, const Tensor& weight, const
 Tensor expert_matrix(const Tensor& w, int64_t e) { return w.slice(e, 1).view({w.size(1), w.size(2)}); }
 }  // namespace
 
+bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
+  return groups > 0 && 2.0 * static_cast<double>(M) / static_cast<double>(groups) * static_cast<double>(IC) *
+                               static_cast<double>(OC) >= kGroupGemmMaxFlops;
+}
+
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
                                 const std::vector<int64_t>& counts) {
   const char* op = "moe_grouped_linear_forward";
@@ -395,11 +400,12 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
   check(op, out, "out", x, x.dtype(), {x.size(0), weight.size(1)});
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
+    const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
         cuda::moe_grouped_linear_forward_cuda<T>(out.data<T>(), x.data<T>(), weight.data<T>(), counts.data(),
-                                                 weight.size(0), weight.size(2), weight.size(1));
+                                                 weight.size(0), weight.size(2), weight.size(1), per_group);
     });
     return;
   }
@@ -426,6 +432,7 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
   if (dweight) check(op, *dweight, "dweight", x, on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
+    const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -433,7 +440,7 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
                                                   dweight ? dweight->data<float>() : nullptr, dout.data<T>(),
                                                   x.data<T>(), weight.data<T>(), counts.data(), weight.size(0),
                                                   weight.size(2), weight.size(1),
-                                                  dweight_mode == GradMode::Accumulate);
+                                                  dweight_mode == GradMode::Accumulate, per_group);
     });
     return;
   }

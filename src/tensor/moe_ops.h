@@ -82,8 +82,14 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
 
 // ---------------------------------------------------------------- grouped expert GEMMs
 // x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum = M); weight (El, OC, IC) stacks
-// one (OC, IC) matrix per group. out (M, OC) (=): out[rows of e] = x[rows of e] @ weight[e]^T. One grouped GEMM
-// on the GPU (every group in one call).
+// one (OC, IC) matrix per group. out (M, OC) (=): out[rows of e] = x[rows of e] @ weight[e]^T. On the GPU one
+// grouped GEMM (every group in one cublasGemmGroupedBatchedEx call) when the groups are small; when a group
+// averages at least kGroupGemmMaxFlops (moe_gemm_per_group), one cublasGemmEx per group, which on an H100 ran the
+// 8-expert top-2 shapes at 390-614 TFLOP/s where the grouped call ran them at 305-339
+// (test/cuda/test_cuda_moe_bench.cpp, benchmarks/RESULTS.md); the 64-expert top-8 shapes (4 GFLOP per expert)
+// stay grouped.
+inline constexpr double kGroupGemmMaxFlops = 17179869184.0;  // 2^34: 2 x rows x IC x OC per group, on average
+bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
 // dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
 // for groups without rows: 0) dout^T x per group.

@@ -7,14 +7,29 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "config/config_validate_moe.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "model/moe/moe_options.h"
 
 namespace mt {
 
 int64_t model_flops_per_token(int64_t n, const ModelConfig& m, const DerivedConfig& d) {
   const int64_t attention_width = static_cast<int64_t>(m.num_attention_heads) * d.head_dim;  // hidden unless kv_channels
-  return 6 * n + 12 * static_cast<int64_t>(m.num_layers) * attention_width * m.seq_length;
+  return 6 * (n + active_expert_params(m)) + 12 * static_cast<int64_t>(m.num_layers) * attention_width * m.seq_length;
+}
+
+bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+int64_t expert_params(const ModelConfig& m) {
+  const int64_t C = m.hidden_size, F = m.moe_ffn_hidden_size;
+  return C * F * (moe_options(m).swiglu ? 3 : 2);
+}
+
+int64_t active_expert_params(const ModelConfig& m) {
+  int64_t layers = 0;
+  for (int i = 0; i < m.num_layers; ++i) layers += is_moe_layer(m, i) ? 1 : 0;
+  return layers * m.moe_router_topk * expert_params(m);
 }
 
 MetricsWriter::MetricsWriter(const Config& cfg, const DerivedConfig& d, int64_t fpt, bool gpu, bool write)

@@ -1,6 +1,9 @@
 // Training progress: the log line every log_interval iterations and the JSON-lines metrics file.
 // FLOPs as docs/ARCHITECTURE.md counts them: model FLOPs per token = 6 N + 12 L h s (N = trainable parameters without
 // learned position embeddings, a tied table once); MFU against 989.4 TFLOP/s (dense bf16 H100/H200).
+// Mixture of experts: N = N_active, the parameters one token uses: everything but the experts, plus
+// moe_router_topk experts of each MoE layer (routers and shared experts count fully), as
+// ../shared/reference/torch_moe.py counts them.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +21,15 @@ namespace mt {
 
 inline constexpr double kPeakFlopsPerGpu = 989.4e12;
 
+// params_without_positions: every parameter but the experts' (is_expert_param) and learned position embeddings;
+// the active experts (active_expert_params) are added here.
 int64_t model_flops_per_token(int64_t params_without_positions, const ModelConfig& m, const DerivedConfig& d);
+// An expert weight of an MoE layer ("decoder.layers.N.mlp.experts.<e>.linear_fc1.weight"; not the shared experts).
+bool is_expert_param(const std::string& name);
+// The weights of one expert: fc1 (C -> 2F for SwiGLU, F for GELU) and fc2 (F -> C), no biases (model/moe/experts.h).
+int64_t expert_params(const ModelConfig& m);
+// moe_router_topk x expert_params over the MoE layers (config/config_validate_moe.h is_moe_layer); 0 when dense.
+int64_t active_expert_params(const ModelConfig& m);
 
 // One MoE layer's routing over the log interval's global batches (every rank's tokens).
 struct MoELayerMetrics {

@@ -11,10 +11,12 @@
 #include <sstream>
 
 #include "config/config_loader.h"
+#include "config/config_validate_moe.h"
 #include "config/model_features.h"
 #include "core/check.h"
 #include "model/gpt_model.h"
 #include "model/kept_tensors.h"
+#include "model/moe/moe_options.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/rank_generator.h"
 #include "train/metrics.h"
@@ -96,10 +98,9 @@ const char* recompute_mode_name(RecomputePolicy::Mode m) {
   return "?";
 }
 
-int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
-                               int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act) {
-  // What the layer keeps, as the model describes it (model/kept_tensors.h); layer 0's spec.
-  const int64_t e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
+namespace {
+// One decoder layer's sizes on one rank (model/kept_tensors.h LayerDims).
+LayerDims layer_dims(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B, int64_t T) {
   LayerDims ld;
   ld.B = B;
   ld.T = T;
@@ -109,10 +110,29 @@ int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int
   ld.groups = d.num_query_groups % tp == 0 ? d.num_query_groups / tp : 1;
   ld.head_dim = d.head_dim;
   ld.ffn = d.ffn_hidden_size / tp;
+  return ld;
+}
+int64_t kept_bytes(const std::vector<KeptTensor>& kept, DType act) {
+  const int64_t e = static_cast<int64_t>(dtype_size(act)), s = stat_size(act);
   int64_t bytes = 0;
-  for (const KeptTensor& t : layer_kept(layer_spec(d.features, 0), d.features.activation, ld, mode, keep_norm_act))
-    bytes += t.numel * (t.statistic ? s : e);
+  for (const KeptTensor& t : kept) bytes += t.numel * (t.index ? 4 : t.statistic ? s : e);
   return bytes;
+}
+}  // namespace
+
+int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
+                               int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act) {
+  // What the layer keeps, as the model describes it (model/kept_tensors.h); layer 0's spec.
+  const LayerDims ld = layer_dims(m, d, tp, sequence_parallel, B, T);
+  return kept_bytes(layer_kept(layer_spec(d.features, 0), d.features.activation, ld, mode, keep_norm_act), act);
+}
+
+int64_t moe_layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
+                                   int64_t B, int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act) {
+  const LayerDims ld = layer_dims(m, d, tp, sequence_parallel, B, T);
+  return kept_bytes(moe_layer_kept(layer_spec(d.features, 0), d.features.activation, ld, moe_dims(m, tp, ld.rows),
+                                   mode, keep_norm_act),
+                    act);
 }
 
 int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
@@ -194,6 +214,13 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   const bool fp32 = r.activation_dtype == DType::F32, sp = r.sequence_parallel;
   const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
   const int64_t opt_shards = r.distributed_optimizer ? int64_t{r.dp} * r.cp : 1;
+  const int64_t expert_shards = r.distributed_optimizer ? int64_t{r.expert_dp} : 1;
+  // An MoE layer's bytes beyond a dense layer's, per recompute mode (0 under full: both keep only the input).
+  int64_t moe_extra[kNumRecomputeModes] = {};
+  if (r.moe_layers > 0)
+    for (int i = 0; i < kNumRecomputeModes; ++i)
+      moe_extra[i] = r.moe_layer_act[i] - layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype,
+                                                                 kRecomputeModes[i], !r.full_policy.norm_act);
   PlanStage st;
   st.stage = s;
   st.params = rp.total;
@@ -213,12 +240,26 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
       policy.mode = kRecomputeModes[i];
       ch.act[i] = chunk_layers_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, policy, L) + extra;
     }
+    // MoE layers keeping everything: all of them, except under full recompute (block: those past the first k)
+    for (int l = ch.layers.begin; l < ch.layers.end; ++l) {
+      if (!is_moe_layer(cfg.model, l)) continue;
+      ++st.moe_layers;
+      for (int i = 0; i < kNumRecomputeModes; ++i)
+        if (kRecomputeModes[i] != RecomputePolicy::Mode::Full) ch.act[i] += moe_extra[i];
+        else if (r.full_policy.block && l - ch.layers.begin >= std::max(1, r.full_policy.num_layers))
+          ch.act[i] += moe_extra[0];
+    }
     ch.logits = ch.post_process ? logits_bytes(d, r.tp, B, T, r.activation_dtype) : 0;
     st.chunks.push_back(ch);
   }
+  st.expert_params = st.moe_layers * (r.num_experts / r.ep) * r.moe_layer.expert;
+  const int64_t other = st.params - st.expert_params;  // reduced and sharded over data x context
   st.weight_bytes = st.params * (fp32 ? 4 : 2);
   st.grad_bytes = st.params * 4;
-  st.optimizer_bytes = (st.params + opt_shards - 1) / opt_shards * (fp32 ? 8 : 12);
+  st.optimizer_bytes = ((other + opt_shards - 1) / opt_shards +
+                        (st.expert_params + expert_shards - 1) / expert_shards) * (fp32 ? 8 : 12);
+  st.a2a_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.total;
+  st.a2a_leaving_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.leaving;
   const bool has_layers = std::any_of(st.chunks.begin(), st.chunks.end(),
                                       [](const PlanChunk& c) { return c.layers.end > c.layers.begin; });
   if (has_layers) st.attention_scratch = attention_backward_scratch_bytes(cfg, d, cfg.model.num_attention_heads / r.tp, B, T);
@@ -226,10 +267,58 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   return st;
 }
 
+// An MoE layer's MLP slot: whatever the Meta model built there (a dense MLP until the decoder layer builds
+// MoELayer; then all E experts, as if parallel.expert were 1) is replaced by what one rank of the layout holds:
+// the router, its E / ep experts (one row per projection: (E/ep, out, in) of (E, out, in)), the shared expert.
+void replace_moe_mlp_slots(const Config& cfg, const PlanReport& r, int stage, RankParams& rp) {
+  std::vector<PlanParam> kept;
+  for (PlanParam& p : rp.params) {
+    const int layer = mlp_slot_layer(p.name);
+    if (layer < 0 || !is_moe_layer(cfg.model, layer)) {
+      kept.push_back(std::move(p));
+      continue;
+    }
+    const int64_t n = shape_numel(p.local_shape);
+    rp.total -= n;
+    if (p.partition_dim < 0) rp.replicated -= n;
+    for (int c = 0; c < r.vp; ++c) {
+      const LayerRange lr = stage_layers(cfg.model, cfg.parallel, stage, c);
+      if (layer >= lr.begin && layer < lr.end) rp.per_chunk[static_cast<size_t>(c)] -= n;
+    }
+  }
+  rp.params = std::move(kept);
+  const MoEOptions o = moe_options(cfg.model);
+  const int64_t C = cfg.model.hidden_size, E = o.num_experts, El = E / r.ep, F = o.ffn_hidden_size;
+  const int64_t F1 = F * (o.swiglu ? 2 : 1), Fs = o.shared_ffn_hidden_size, Fs1 = Fs * (o.swiglu ? 2 : 1);
+  const MoELayerParams& mp = r.moe_layer;
+  for (int c = 0; c < r.vp; ++c) {
+    const LayerRange lr = stage_layers(cfg.model, cfg.parallel, stage, c);
+    for (int l = lr.begin; l < lr.end; ++l) {
+      if (!is_moe_layer(cfg.model, l)) continue;
+      const std::string pre = str_cat("decoder.layers.", l, ".mlp.");
+      rp.params.push_back({pre + "router.weight", {E, C}, {E, C}, -1});
+      rp.params.push_back({pre + "experts.*.linear_fc1.weight", {E, F1, C}, {El, F1, C}, -1});
+      rp.params.push_back({pre + "experts.*.linear_fc2.weight", {E, C, F}, {El, C, F}, -1});
+      if (Fs > 0) {
+        const int tp = r.tp;
+        rp.params.push_back({pre + "shared_experts.linear_fc1.weight", {Fs1, C}, {Fs1 / tp, C}, 0});
+        if (!o.swiglu) rp.params.push_back({pre + "shared_experts.linear_fc1.bias", {Fs1}, {Fs1 / tp}, 0});
+        rp.params.push_back({pre + "shared_experts.linear_fc2.weight", {C, Fs}, {C, Fs / tp}, 1});
+        if (!o.swiglu) rp.params.push_back({pre + "shared_experts.linear_fc2.bias", {C}, {C}, -1});
+      }
+      const int64_t n = mp.router + El * mp.expert + mp.shared_local;
+      rp.total += n;
+      rp.replicated += mp.router + El * mp.expert + mp.shared_replicated;
+      rp.per_chunk[static_cast<size_t>(c)] += n;
+    }
+  }
+}
+
 }  // namespace
 
-PlanReport make_plan(const Config& cfg, int world_size) {
-  const DerivedConfig d = derive_config(cfg, world_size);
+PlanReport make_plan(const Config& cfg, int world_size) { return make_plan(cfg, derive_config(cfg, world_size), world_size); }
+
+PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size) {
   const ParallelConfig& par = cfg.parallel;
   PlanReport r;
   r.config_file = cfg.source_file;
@@ -244,6 +333,7 @@ PlanReport make_plan(const Config& cfg, int world_size) {
   r.global_batch_size = d.global_batch_size;
   r.num_microbatches = d.num_microbatches;
   r.seq_length = cfg.model.seq_length;
+  r.num_layers = cfg.model.num_layers;
   r.padded_vocab_size = d.padded_vocab_size;
   r.sequence_parallel = par.sequence_parallel;
   r.distributed_optimizer = par.distributed_optimizer;
@@ -259,10 +349,28 @@ PlanReport make_plan(const Config& cfg, int world_size) {
 
   const bool sp = r.sequence_parallel;
   const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
+  if (cfg.model.num_experts > 0) {
+    const ModelConfig& m = cfg.model;
+    MT_CHECK((r.dp * r.cp) % r.ep == 0, cfg.source_file, ": parallel.expert (", r.ep, ") must divide data x context (",
+             r.dp, " x ", r.cp, " = ", r.dp * r.cp, " ranks: expert layers regroup them into expert x expert-data); "
+             "choose parallel.expert among the divisors of ", r.dp * r.cp, " or change the world size");
+    r.num_experts = m.num_experts;
+    r.topk = m.moe_router_topk;
+    r.expert_dp = r.dp * r.cp / r.ep;
+    for (int l = 0; l < m.num_layers; ++l) r.moe_layers += is_moe_layer(m, l) ? 1 : 0;
+    r.moe_layer = moe_layer_params(m, r.tp);
+    for (int i = 0; i < kNumRecomputeModes; ++i)
+      r.moe_layer_act[i] = moe_layer_activation_bytes(m, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i],
+                                                      !cfg.training.recompute_norm_act);
+    const int64_t rows = sp ? B * T / r.tp : B * T;
+    r.moe_a2a = moe_a2a_bytes(m, r.ep, rows, static_cast<int64_t>(dtype_size(r.activation_dtype)),
+                              r.recompute_mode == RecomputePolicy::Mode::Full);
+  }
   std::map<std::string, int64_t> global_numel;  // every distinct parameter of the model, once
   std::set<std::string> table_rows;
   for (int s = 0; s < r.pp; ++s) {
-    const RankParams rp = count_rank_params(cfg, d, s, 0);
+    RankParams rp = count_rank_params(cfg, d, s, 0);
+    if (r.moe_layers > 0) replace_moe_mlp_slots(cfg, r, s, rp);
     r.stages.push_back(plan_stage(cfg, d, r, s, rp));
     for (const PlanParam& p : rp.params) {
       global_numel[p.name] = shape_numel(p.global_shape);
@@ -274,8 +382,9 @@ PlanReport make_plan(const Config& cfg, int world_size) {
   }
   for (const auto& [name, n] : global_numel) {
     r.total_params += n;
-    if (name != "embedding.position_embeddings.weight") r.flop_params += n;
+    if (name != "embedding.position_embeddings.weight" && !is_expert_param(name)) r.flop_params += n;
   }
+  r.active_params = r.total_params - r.moe_layers * r.num_experts * r.moe_layer.expert + active_expert_params(cfg.model);
   for (int i = 0; i < kNumRecomputeModes; ++i)
     r.layer_act[i] = layer_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i],
                                             !cfg.training.recompute_norm_act);
@@ -340,6 +449,42 @@ std::string layers_str(const LayerRange& l) {
   return l.end - l.begin == 1 ? std::to_string(l.begin) : str_cat(l.begin, "-", l.end - 1);
 }
 
+// The mixture-of-experts section: one MoE layer, expert memory and all-to-all bytes per rank of each stage.
+void format_moe(std::ostream& os, const PlanReport& r) {
+  const MoELayerParams& mp = r.moe_layer;
+  const int64_t El = r.num_experts / r.ep;
+  const bool fp32 = r.activation_dtype == DType::F32;
+  os << "Mixture of experts: " << r.num_experts << " experts, top-" << r.topk << ", in " << r.moe_layers << " of "
+     << r.num_layers << " layers; expert " << r.ep << " ("
+     << El << (El == 1 ? " expert" : " experts") << " per rank) x expert-data " << r.expert_dp << "\n"
+     << "  one MoE layer: router " << count(mp.router) << ", one expert " << count(mp.expert) << " (all "
+     << count(r.num_experts * mp.expert) << ", top-" << r.topk << " active " << count(r.topk * mp.expert) << ")"
+     << (mp.shared > 0 ? str_cat(", shared expert ", count(mp.shared)) : "") << "\n";
+  std::vector<std::vector<std::string>> rows{{"stage", "MoE layers", "expert params/rank", "expert weights",
+                                              "expert grads", "expert optimizer", "a2a/iter", "leaving rank"}};
+  const int64_t shards = r.distributed_optimizer ? r.expert_dp : 1;
+  for (const PlanStage& st : r.stages)
+    rows.push_back({std::to_string(st.stage), std::to_string(st.moe_layers), count(st.expert_params),
+                    gib(st.expert_params * (fp32 ? 4 : 2)), gib(st.expert_params * 4),
+                    gib((st.expert_params + shards - 1) / shards * (fp32 ? 8 : 12)), gib(st.a2a_bytes),
+                    gib(st.a2a_leaving_bytes)});
+  os << table(rows)
+     << "  GiB per rank, part of the memory table's weights / grads / optimizer"
+     << (r.distributed_optimizer ? str_cat(" (expert optimizer state distributed over expert-data ", r.expert_dp, ")")
+                                 : "")
+     << "; all-to-all bytes per iteration\n";
+  if (r.ep > 1)
+    os << "  one MoE layer, one micro-batch: all-to-all " << mib(r.moe_a2a.total) << " (" << mib(r.moe_a2a.leaving)
+       << " leaving the rank: (EP-1)/EP of dispatch + combine, forward and backward"
+       << (r.recompute_mode == RecomputePolicy::Mode::Full ? ", and the recomputed forward" : "") << ")\n";
+  else
+    os << "  no all-to-all: parallel.expert 1 (every rank holds every expert)\n";
+  os
+     << "  one MoE decoder layer, one micro-batch: " << mib(r.moe_layer_act[0]) << " (none), "
+     << mib(r.moe_layer_act[1]) << " (selective), " << mib(r.moe_layer_act[2]) << " (input only)\n"
+     << "  assumes balanced routing: each rank's experts receive the rows it routes x top-k\n\n";
+}
+
 }  // namespace
 
 std::string format_plan(const PlanReport& r) {
@@ -368,7 +513,9 @@ std::string format_plan(const PlanReport& r) {
        << format_rank_table(ms) << "\n";
   }
 
-  os << "Parameters: " << count(r.total_params) << " (" << r.total_params << ") in the model; per rank of each stage "
+  os << "Parameters: " << count(r.total_params) << " (" << r.total_params << ") in the model";
+  if (r.moe_layers > 0) os << ", " << count(r.active_params) << " (" << r.active_params << ") active per token";
+  os << "; per rank of each stage "
      << "(every tensor-parallel rank holds the same count; replicated parameters count on each rank)\n";
   std::vector<std::vector<std::string>> rows{{"stage", "chunk", "layers", "embedding", "head", "params/rank", "of which replicated"}};
   for (const PlanStage& st : r.stages)
@@ -388,7 +535,10 @@ std::string format_plan(const PlanReport& r) {
   const bool fp32 = r.activation_dtype == DType::F32;
   os << "Memory per rank, GiB (weights " << (fp32 ? "4" : "2") << " B/param, fp32 gradients 4 B/param, optimizer "
      << (fp32 ? "Adam m+v 8" : "Adam m+v + fp32 master 12") << " B/param"
-     << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context)") : "")
+     << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context",
+                                           r.moe_layers > 0 ? str_cat("; experts' / ", r.expert_dp, " over expert-data") : "",
+                                           ")")
+                                 : "")
      << "; activations in " << dtype_name(r.activation_dtype) << " for the micro-batches in flight)\n";
   rows = {{"stage", "in flight", "weights", "grads", "optimizer", "logits"}};
   for (const char* what : {"act ", "total "})
@@ -427,8 +577,13 @@ std::string format_plan(const PlanReport& r) {
      << "  not counted: other transient buffers inside one forward/backward (and the layers being recomputed),\n"
      << "  communication buffers, allocator fragmentation, the CUDA context\n\n";
 
-  os << "FLOPs (6 N + 12 L h s per token, N = " << count(r.flop_params) << " parameters without learned position "
-     << "embeddings)\n"
+  if (r.moe_layers > 0) format_moe(os, r);
+
+  os << "FLOPs (6 N + 12 L h s per token, N = "
+     << (r.moe_layers > 0 ? str_cat("N_active = ", count(r.flop_params + r.moe_layers * r.topk * r.moe_layer.expert),
+                                    " parameters one token uses")
+                          : str_cat(count(r.flop_params), " parameters without learned position embeddings"))
+     << ")\n"
      << "  per token " << fmt("%.4g", static_cast<double>(r.flops_per_token)) << ", per iteration "
      << fmt("%.4g", r.flops_per_iteration) << " (" << fmt("%.1f", r.flops_per_iteration / 1e15) << " PFLOP), per rank "
      << fmt("%.1f", r.flops_per_rank / 1e12) << " TFLOP\n"

@@ -20,6 +20,10 @@
 //               last layer's (the logits are freed by then): the peak adds the larger of the two. It
 //               decides long sequences: cuDNN's deterministic backward materializes B H T^2 scores
 //               (64 GiB for one llama-1b sample at T 32768), the non-deterministic one B H T D floats
+// Mixture of experts (train/plan_moe.h): an MoE layer's router, local experts (E / parallel.expert) and shared
+// expert replace what the Meta model holds in its MLP slot; expert optimizer state is divided over the
+// expert-data-parallel ranks (data x context / expert); its activations replace the dense MLP's; the all-to-all
+// bytes per iteration are reported per stage.
 // Not counted: other transient buffers inside one forward/backward (gradients of activations, the layers
 // being recomputed), communication buffers, the allocator's fragmentation, the CUDA context.
 #pragma once
@@ -31,6 +35,7 @@
 
 #include "config/config.h"
 #include "model/model_context.h"
+#include "train/plan_moe.h"
 #include "parallel/layer_split.h"
 #include "tensor/tensor.h"
 
@@ -69,6 +74,9 @@ const char* recompute_mode_name(RecomputePolicy::Mode m);  // "none", "selective
 // false): the two norm outputs and llama's SwiGLU output are kept too (not under Full).
 int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel, int64_t B,
                                int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act = false);
+// The same for a decoder layer whose MLP is an MoE layer (model/kept_tensors.h moe_layer_kept).
+int64_t moe_layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
+                                   int64_t B, int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act = false);
 // Bytes the `num_layers` decoder layers of one model chunk keep per micro-batch under `policy` (its norm_act too).
 int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
                                       int64_t B, int64_t T, DType act, const RecomputePolicy& policy, int num_layers);
@@ -102,6 +110,10 @@ struct PlanStage {
   int64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   int64_t activation[kNumRecomputeModes] = {};  // peak over the schedule per recompute mode, without logits
   int64_t logits_bytes = 0;                      // peak logits kept
+  // mixture of experts (0 when dense)
+  int moe_layers = 0;               // MoE layers on the stage
+  int64_t expert_params = 0;        // per rank, of params: its local experts of those layers
+  int64_t a2a_bytes = 0, a2a_leaving_bytes = 0;  // all-to-all bytes per iteration per rank (moe_a2a_bytes)
   int64_t attention_scratch = 0;                 // one layer's attention backward scratch (transient)
   int64_t total(int mode) const {
     return weight_bytes + grad_bytes + optimizer_bytes + activation[mode] + std::max(logits_bytes, attention_scratch);
@@ -113,7 +125,7 @@ struct PlanReport {
   // layout
   int world_size = 1, tp = 1, pp = 1, vp = 1, cp = 1, dp = 1, ep = 1;
   int micro_batch_size = 1, global_batch_size = 1, num_microbatches = 1;
-  int seq_length = 0, padded_vocab_size = 0;
+  int seq_length = 0, padded_vocab_size = 0, num_layers = 0;
   bool sequence_parallel = false, distributed_optimizer = false;
   std::string precision, recompute;  // as written (display)
   RecomputePolicy::Mode recompute_mode = RecomputePolicy::Mode::None;  // training.recompute, resolved
@@ -123,6 +135,7 @@ struct PlanReport {
   // model
   int64_t total_params = 0;   // the whole model once (a tied table once)
   int64_t flop_params = 0;    // N of the FLOPs formula: total without learned position embeddings
+  int64_t active_params = 0;  // N_active: total without the experts + moe_router_topk experts per MoE layer
   int64_t flops_per_token = 0;
   int64_t tokens_per_iteration = 0;
   double flops_per_iteration = 0, flops_per_rank = 0;
@@ -134,6 +147,11 @@ struct PlanReport {
   // training.deterministic setting
   int64_t attention_scratch = 0, attention_scratch_other = 0;
   bool deterministic = true;
+  // mixture of experts (model.num_experts > 0)
+  int num_experts = 0, topk = 0, moe_layers = 0, expert_dp = 1;
+  MoELayerParams moe_layer;                        // one MoE layer's parameters (tensor-parallel rank 0)
+  int64_t moe_layer_act[kNumRecomputeModes] = {};  // one MoE decoder layer, one micro-batch, bytes
+  MoEA2ABytes moe_a2a;                             // one MoE layer, one micro-batch, the training.recompute mode
   // pipeline
   std::string schedule;  // format_schedule, pp > 1 only
   double bubble_fraction = 0;
@@ -142,6 +160,8 @@ struct PlanReport {
 // Validates the layout for `world_size` ranks (derive_config: throws mt::Error naming the fix) and
 // estimates; allocates no parameter or activation memory.
 PlanReport make_plan(const Config& cfg, int world_size);
+// The same with the layout already derived (d = derive_config(cfg, world_size)).
+PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size);
 // Readable tables for stdout.
 std::string format_plan(const PlanReport& r);
 

@@ -4,6 +4,7 @@
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include <algorithm>
 #include <vector>
 
 #include "tensor/moe_ops.h"
@@ -128,6 +129,83 @@ TEST_CASE("cuda moe routing map, permute and unpermute match the CPU", "[cuda][m
   }
 }
 
+// Training-like sizes: several tiles of the routing map's histograms and scatter (2048 slots each) and of the aux
+// loss's counts (4096 slots each), 16-byte row vectors in permute / unpermute (C % 8 == 0), 64 experts top-8.
+TEST_CASE("cuda moe routing map, permute, unpermute and aux loss at training-like sizes", "[cuda][moe]") {
+  init();
+  const int64_t N = 4099, C = 256, E = 64, k = 8;
+  // distinct experts per token (a random subset of 8), a few dropped slots (-1)
+  Tensor idx = Tensor::empty({N, k}, DType::I32);
+  const Tensor pick = randint32({N, E}, 31, 0, 1 << 20);
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<int32_t> order(E);
+    for (int32_t e = 0; e < E; ++e) order[e] = e;
+    const int32_t* key = pick.data<int32_t>() + n * E;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key[a] < key[b]; });
+    for (int64_t j = 0; j < k; ++j) idx.data<int32_t>()[n * k + j] = (n * k + j) % 97 == 5 ? -1 : order[j];
+  }
+  Tensor s2r_ref = Tensor::empty({N * k}, DType::I32), r2s_ref = Tensor::empty({N * k}, DType::I32),
+         cnt_ref = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(s2r_ref, r2s_ref, cnt_ref, idx, E);
+  const Tensor di = ints_to_device(idx);
+  Tensor s2r = Tensor::empty({N * k}, DType::I32, Device::CUDA), r2s = Tensor::empty({N * k}, DType::I32, Device::CUDA),
+         cnt = Tensor::empty({E}, DType::I32, Device::CUDA);
+  ops::moe_routing_map(s2r, r2s, cnt, di, E);
+  CHECK(same_ints(s2r, s2r_ref));
+  CHECK(same_ints(r2s, r2s_ref));
+  CHECK(same_ints(cnt, cnt_ref));
+  Tensor cnt2 = Tensor::empty({E}, DType::I32, Device::CUDA);
+  ops::moe_expert_counts(cnt2, di, E);
+  CHECK(same_ints(cnt2, cnt_ref));
+  int64_t M = 0;
+  for (int64_t e = 0; e < E; ++e) M += cnt_ref.data<int32_t>()[e];
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtype_name(dt));
+    const Tensor x64 = rounded(randn64({N, C}, 41), dt), yp64 = rounded(randn64({M, C}, 42), dt),
+                 dy64 = rounded(randn64({N, C}, 43), dt), w64 = rounded(randn64({N, k}, 44), DType::F32);
+    Tensor xp_ref = Tensor::empty({M, C}, DType::F64);
+    ops::moe_permute_forward(xp_ref, x64, s2r_ref, k);
+    Tensor xp = poisoned({M, C}, dt);
+    ops::moe_permute_forward(xp, to_device(x64, dt), s2r, k);
+    CHECK(rel_err(to_host64(xp), xp_ref) == 0.0);
+    Tensor dx_ref = Tensor::empty({N, C}, DType::F64);
+    ops::moe_permute_backward(dx_ref, yp64, r2s_ref, k);
+    Tensor dx = poisoned({N, C}, dt);
+    ops::moe_permute_backward(dx, to_device(yp64, dt), r2s, k);
+    check_close("moe_permute_backward", dx, dx_ref, dt);
+    Tensor y_ref = Tensor::empty({N, C}, DType::F64);
+    ops::moe_unpermute_forward(y_ref, yp64, w64, r2s_ref);
+    Tensor y = poisoned({N, C}, dt);
+    const Tensor w = to_device(w64, DType::F32), yp = to_device(yp64, dt);
+    ops::moe_unpermute_forward(y, yp, w, r2s);
+    check_close("moe_unpermute_forward", y, y_ref, dt);
+    Tensor dyp_ref = Tensor::empty({M, C}, DType::F64), dw_ref = Tensor::empty({N, k}, DType::F64);
+    ops::moe_unpermute_backward(dyp_ref, dw_ref, dy64, yp64, w64, r2s_ref);
+    Tensor dyp = poisoned({M, C}, dt), dw = poisoned({N, k}, DType::F32);
+    ops::moe_unpermute_backward(dyp, dw, to_device(dy64, dt), yp, w, r2s);
+    check_close("moe_unpermute_backward dyp", dyp, dyp_ref, dt);
+    check_close("moe_unpermute_backward dweights", dw, dw_ref, dt);
+  }
+  // the balancing loss over one group and over 4099 / 3 ... groups of whole rows (counts over several tiles)
+  const Tensor l64 = rounded(randn64({N, E}, 45, 2.0), DType::F32);
+  ops::RouterSpec spec;
+  spec.topk = k;
+  Tensor ridx_ref = Tensor::empty({N, k}, DType::I32), rw_ref = Tensor::empty({N, k}, DType::F64),
+         rs_ref = Tensor::empty({N, E}, DType::F64);
+  ops::moe_router_forward(ridx_ref, rw_ref, rs_ref, l64, nullptr, spec);
+  const Tensor rs = to_device(rs_ref, DType::F32), ridx = ints_to_device(ridx_ref);
+  for (int64_t groups : {int64_t(1), int64_t(4099)}) {
+    Tensor loss = poisoned({1}, DType::F32), loss_ref = Tensor::empty({1}, DType::F64);
+    ops::moe_aux_loss_forward(loss, rs, ridx, groups, 0.01, false);
+    ops::moe_aux_loss_forward(loss_ref, rs_ref, ridx_ref, groups, 0.01, false);
+    check_close("moe_aux_loss_forward (training size)", loss, loss_ref, DType::F32);
+    Tensor g = Tensor::zeros({N, E}, DType::F32, Device::CUDA), g_ref = Tensor::zeros({N, E}, DType::F64);
+    ops::moe_aux_loss_backward(g, rs, ridx, groups, 0.01, false, 2.0);
+    ops::moe_aux_loss_backward(g_ref, rs_ref, ridx_ref, groups, 0.01, false, 2.0);
+    check_close("moe_aux_loss_backward (training size)", g, g_ref, DType::F32);
+  }
+}
+
 TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included", "[cuda][moe]") {
   init();
   const int64_t IC = 96, OC = 80;
@@ -152,6 +230,35 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
     ops::scale_(dw_ref, 2.0);
     check_close("moe_grouped_linear_backward dweight (accumulate)", dw, dw_ref, dt);
   }
+}
+
+// Groups large enough (2^34 FLOPs per group on average) run one cublasGemmEx per group (tensor/moe_ops.h
+// moe_gemm_per_group): the same results as the CPU, an empty group included.
+TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match the CPU", "[cuda][moe]") {
+  init();
+  const int64_t IC = 1024, OC = 2048;
+  const std::vector<int64_t> counts = {4000, 0, 8300};
+  const int64_t El = 3, M = 12300;
+  REQUIRE(ops::moe_gemm_per_group(M, El, IC, OC));
+  REQUIRE(!ops::moe_gemm_per_group(M, El, IC / 2, OC));
+  const DType dt = DType::BF16;
+  const Tensor x64 = rounded(randn64({M, IC}, 51), dt), w64 = rounded(randn64({El, OC, IC}, 52, 0.03), dt),
+               dout64 = rounded(randn64({M, OC}, 53), dt);
+  Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
+  ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
+  const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
+  Tensor out = poisoned({M, OC}, dt);
+  ops::moe_grouped_linear_forward(out, x, w, counts);
+  check_close("moe_grouped_linear_forward (per group)", out, out_ref, dt);
+  Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
+  ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
+  Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
+  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+  check_close("moe_grouped_linear_backward dx (per group)", dx, dx_ref, dt);
+  check_close("moe_grouped_linear_backward dweight (per group, first write)", dw, dw_ref, dt);
+  ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
+  ops::scale_(dw_ref, 2.0);
+  check_close("moe_grouped_linear_backward dweight (per group, accumulate)", dw, dw_ref, dt);
 }
 
 #endif

@@ -1,0 +1,130 @@
+// Hidden per-op timings of one MoE layer ("[.bench]", run with: mt_test_cuda "[.bench][moe]") at the shapes of
+// configs/moe-8x-top2.yaml and configs/moe-64x-top8.yaml (one micro-batch of 8 x 2048 tokens, hidden 1024, bf16
+// activations, fp32 router, fp32 expert weight gradients): every op MoELayer / Router / Experts run in forward and
+// backward, in their order, medians of 10 runs. The routing comes from random logits (about balanced), as at
+// initialization. GEMMs also in TFLOP/s; the line "BENCH moe layer" is the sum.
+#include "catch.h"
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tensor/moe_ops.h"
+#include "test_cuda_util.h"
+
+using namespace mt;
+using namespace mt::gpu_test;
+
+namespace {
+Tensor dev_rand(const Shape& s, DType dt, uint64_t seed, double scale = 1.0) {
+  return to_device(randn64(s, seed, scale), dt);
+}
+
+struct Profile {
+  const char* config;
+  double total = 0;
+  void op(const std::string& what, double ms, double flops = 0) {
+    total += ms;
+    if (flops > 0)
+      std::printf("BENCH %-14s %-40s %8.3f ms  %7.1f TFLOP/s\n", config, what.c_str(), ms, flops / ms * 1e-9);
+    else
+      std::printf("BENCH %-14s %-40s %8.3f ms\n", config, what.c_str(), ms);
+  }
+};
+
+void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F) {
+  const int64_t N = 8 * 2048, C = 1024, reps = 10;
+  const DType bf = DType::BF16, f32 = DType::F32;
+  Profile p{config};
+  const Tensor x = dev_rand({N, C}, bf, 1), wr = dev_rand({E, C}, f32, 2, 0.02);
+  const Tensor w1 = dev_rand({E, 2 * F, C}, bf, 3, 0.02), w2 = dev_rand({E, C, F}, bf, 4, 0.02);
+  Tensor dw1 = Tensor::zeros({E, 2 * F, C}, f32, Device::CUDA), dw2 = Tensor::zeros({E, C, F}, f32, Device::CUDA);
+  Tensor dwr = Tensor::zeros({E, C}, f32, Device::CUDA);
+  ops::RouterSpec spec;
+  spec.topk = k;
+
+  // ---- forward
+  Tensor xr = Tensor::empty({N, C}, f32, Device::CUDA), logits = Tensor::empty({N, E}, f32, Device::CUDA);
+  p.op("router cast x to fp32", median_ms([&] { ops::cast(xr, x); }, reps));
+  p.op("router logits (fp32 GEMM)", median_ms([&] { ops::linear_forward(logits, xr, wr, nullptr); }, reps),
+       2.0 * N * C * E);
+  Tensor scores = Tensor::empty({N, E}, f32, Device::CUDA), weights = Tensor::empty({N, k}, f32, Device::CUDA);
+  Tensor choice = Tensor::empty({N, k}, DType::I32, Device::CUDA);
+  p.op("moe_router_forward (softmax, top-k)",
+       median_ms([&] { ops::moe_router_forward(choice, weights, scores, logits, nullptr, spec); }, reps));
+  Tensor aux = Tensor::empty({1}, f32, Device::CUDA);
+  p.op("moe_aux_loss_forward", median_ms([&] { ops::moe_aux_loss_forward(aux, scores, choice, 1, 1e-2, false); }, reps));
+  Tensor s2r = Tensor::empty({N * k}, DType::I32, Device::CUDA), r2s = Tensor::empty({N * k}, DType::I32, Device::CUDA);
+  Tensor counts = Tensor::empty({E}, DType::I32, Device::CUDA), counts_host = Tensor::empty({E}, DType::I32);
+  p.op("moe_routing_map + counts to host (sync)", median_ms([&] {
+         ops::moe_routing_map(s2r, r2s, counts, choice, E);
+         counts_host.copy_from(counts);
+       }, reps));
+  std::vector<int64_t> cnt(counts_host.data<int32_t>(), counts_host.data<int32_t>() + E);
+  int64_t M = 0, most = 0;
+  for (int64_t c : cnt) M += c, most = std::max(most, c);
+  std::printf("BENCH %-14s routed rows %lld, busiest expert %lld (mean %lld)\n", config, (long long)M, (long long)most,
+              (long long)(M / E));
+  Tensor xp = Tensor::empty({M, C}, bf, Device::CUDA);
+  p.op("moe_permute_forward", median_ms([&] { ops::moe_permute_forward(xp, x, s2r, k); }, reps));
+  Tensor h = Tensor::empty({M, 2 * F}, bf, Device::CUDA), a = Tensor::empty({M, F}, bf, Device::CUDA);
+  p.op("grouped fc1 forward", median_ms([&] { ops::moe_grouped_linear_forward(h, xp, w1, cnt); }, reps),
+       2.0 * M * C * 2 * F);
+  p.op("swiglu_forward", median_ms([&] { ops::swiglu_forward(a, h); }, reps));
+  Tensor yp = Tensor::empty({M, C}, bf, Device::CUDA);
+  p.op("grouped fc2 forward", median_ms([&] { ops::moe_grouped_linear_forward(yp, a, w2, cnt); }, reps),
+       2.0 * M * F * C);
+  Tensor y = Tensor::empty({N, C}, bf, Device::CUDA);
+  p.op("moe_unpermute_forward", median_ms([&] { ops::moe_unpermute_forward(y, yp, weights, r2s); }, reps));
+  const double fwd = p.total;
+
+  // ---- backward
+  const Tensor dy = dev_rand({N, C}, bf, 5);
+  Tensor dyp = Tensor::empty({M, C}, bf, Device::CUDA), dweights = Tensor::empty({N, k}, f32, Device::CUDA);
+  p.op("moe_unpermute_backward",
+       median_ms([&] { ops::moe_unpermute_backward(dyp, dweights, dy, yp, weights, r2s); }, reps));
+  Tensor da = Tensor::empty({M, F}, bf, Device::CUDA);
+  p.op("grouped fc2 backward dx", median_ms([&] {
+         ops::moe_grouped_linear_backward(&da, nullptr, dyp, a, w2, cnt, ops::GradMode::Accumulate);
+       }, reps), 2.0 * M * F * C);
+  p.op("grouped fc2 backward dweight (fp32 +=)", median_ms([&] {
+         ops::moe_grouped_linear_backward(nullptr, &dw2, dyp, a, w2, cnt, ops::GradMode::Accumulate);
+       }, reps), 2.0 * M * F * C);
+  Tensor dh = Tensor::empty({M, 2 * F}, bf, Device::CUDA);
+  p.op("swiglu_backward", median_ms([&] { ops::swiglu_backward(dh, da, h); }, reps));
+  Tensor dxp = Tensor::empty({M, C}, bf, Device::CUDA);
+  p.op("grouped fc1 backward dx", median_ms([&] {
+         ops::moe_grouped_linear_backward(&dxp, nullptr, dh, xp, w1, cnt, ops::GradMode::Accumulate);
+       }, reps), 2.0 * M * C * 2 * F);
+  p.op("grouped fc1 backward dweight (fp32 +=)", median_ms([&] {
+         ops::moe_grouped_linear_backward(nullptr, &dw1, dh, xp, w1, cnt, ops::GradMode::Accumulate);
+       }, reps), 2.0 * M * C * 2 * F);
+  Tensor dx = Tensor::empty({N, C}, bf, Device::CUDA);
+  p.op("moe_permute_backward", median_ms([&] { ops::moe_permute_backward(dx, dxp, r2s, k); }, reps));
+  Tensor dlogits = Tensor::empty({N, E}, f32, Device::CUDA);
+  p.op("moe_router_backward", median_ms([&] { ops::moe_router_backward(dlogits, dweights, scores, choice, spec); }, reps));
+  p.op("moe_aux_loss_backward",
+       median_ms([&] { ops::moe_aux_loss_backward(dlogits, scores, choice, 1, 1e-2, false, 1.0); }, reps));
+  Tensor dxr = Tensor::empty({N, C}, f32, Device::CUDA);
+  p.op("router backward (fp32 GEMMs dx, dweight)", median_ms([&] {
+         ops::linear_backward(&dxr, &dwr, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, ops::GradMode::Accumulate);
+       }, reps), 4.0 * N * C * E);
+  Tensor dxb = Tensor::empty({N, C}, bf, Device::CUDA);
+  p.op("router dx cast to bf16 + add", median_ms([&] {
+         ops::cast(dxb, dxr);
+         ops::add_(dx, dxb);
+       }, reps));
+  std::printf("BENCH %-14s moe layer forward %.3f ms, backward %.3f ms, total %.3f ms (x 12 layers: %.1f ms)\n", config,
+              fwd, p.total - fwd, p.total, 12 * p.total);
+}
+}  // namespace
+
+TEST_CASE("cuda moe layer op timings", "[.bench][cuda][moe]") {
+  init();
+  bench_moe_layer("moe-8x-top2", 8, 2, 3584);
+  bench_moe_layer("moe-64x-top8", 64, 8, 512);
+}
+
+#endif
