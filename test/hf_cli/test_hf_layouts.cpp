@@ -4,6 +4,7 @@
 // losses; a checkpoint saved under TP1 with one padding resumes under TP2 with another and
 // continues the loss curve of an uninterrupted run; imported mixtures of experts train under EP2 and TP2 x EP2
 // as on one rank, and export from an EP checkpoint.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
