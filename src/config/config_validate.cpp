@@ -91,6 +91,9 @@ void check_context_parallel(const std::string& pre, const Config& cfg, int64_t g
            "or parallel.context: 1");
   MT_CHECK(cfg.model.num_experts == 0, pre, "model.num_experts (", cfg.model.num_experts, ") with parallel.context (",
            cp, ") > 1 is not supported yet; set parallel.context: 1 for mixture-of-experts models");
+  MT_CHECK(cfg.training.attention_backend != "cudnn", pre, "training.attention_backend is cudnn but parallel.context (",
+           cp, ") > 1: context-parallel attention blocks run on our kernels only (cuda/attention_cudnn.cu shape_ok); "
+           "set training.attention_backend: auto or own");
 }
 
 }  // namespace

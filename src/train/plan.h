@@ -73,6 +73,15 @@ int64_t chunk_extra_activation_bytes(const ModelConfig& m, int tp, bool sequence
                                      DType act, bool pre_process, bool post_process);
 // Bytes of the logits (B*T, padded_vocab / tp) the output layer keeps per micro-batch.
 int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act);
+// Bytes one context rank sends per decoder layer and micro-batch of B sequences (T tokens each, the whole sequence)
+// in the attention's forward and backward (parallel/context_parallel.h); q = B (T/cp) (H/tp) D, kv = B (T/cp) (G/tp) D
+// elements of `act`:
+//   p2p: forward (cp-1) x (K + V) blocks around the ring; backward the same again plus cp x (dK + dV)
+//   a2a: each all-to-all sends (cp-1)/cp of its input: forward q, k, v and out (2 q + 2 kv); backward q, k, v, out,
+//        dout gathered and dq, dk, dv scattered (4 q + 4 kv)
+// Recompute (selective or full) repeats the forward's transfers in backward. 0 without context parallelism.
+void context_parallel_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int cp, CpCommType type, int64_t B,
+                            int64_t T, DType act, int64_t& forward, int64_t& backward);
 
 struct PlanChunk {
   int chunk = 0;
@@ -116,6 +125,9 @@ struct PlanReport {
   std::vector<PlanStage> stages;
   int64_t layer_act[kNumRecomputeModes] = {};  // one decoder layer, one micro-batch, bytes
   int64_t logits_per_microbatch = 0;
+  // context parallelism (cp > 1): bytes one rank sends per decoder layer and micro-batch (context_parallel_bytes)
+  std::string cp_comm_type;  // p2p | a2a
+  int64_t cp_bytes_forward = 0, cp_bytes_backward = 0;
   // pipeline
   std::string schedule;  // format_schedule, pp > 1 only
   double bubble_fraction = 0;
