@@ -204,29 +204,31 @@ void attention_forward_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16
 bool attention_head_dim_supported(int64_t D) { return D == 64 || D == 128; }
 
 namespace {
-// fp16 without cuDNN: the fp32 kernels on fp32 copies (see the file comment).
+// fp16 without cuDNN (and bf16 blocks of context-parallel attention our bf16 kernels do not run: non-causal or
+// Tk != T): the fp32 kernels on fp32 copies (see the file comment).
+template <typename E>
 struct F32Copy {
-  F32Copy(const mt::f16* x, int64_t n) : buf(sizeof(float) * static_cast<size_t>(n)) {
+  F32Copy(const E* x, int64_t n) : buf(sizeof(float) * static_cast<size_t>(n)) {
     if (x) cast_cuda(buf.as<float>(), x, n);
   }
   float* get() const { return buf.as<float>(); }
   Scratch buf;
 };
 
-void attention_forward_f16_via_f32(mt::f16* out, float* lse, const mt::f16* q, const mt::f16* k, const mt::f16* v,
-                                   const AttnShape& s) {
-  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.T * s.G * s.D;
-  const F32Copy q32(q, qn), k32(k, kn), v32(v, kn), o32(nullptr, qn);
+template <typename E>
+void attention_forward_via_f32(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s) {
+  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.keys() * s.G * s.D;
+  const F32Copy<E> q32(q, qn), k32(k, kn), v32(v, kn), o32(nullptr, qn);
   attn::attention_forward_f32(o32.get(), lse, q32.get(), k32.get(), v32.get(), s);
   cast_cuda(out, static_cast<const float*>(o32.get()), qn);
 }
 
-void attention_backward_f16_via_f32(mt::f16* dq, mt::f16* dk, mt::f16* dv, const mt::f16* dout, const mt::f16* q,
-                                    const mt::f16* k, const mt::f16* v, const mt::f16* out, const float* lse,
-                                    const AttnShape& s) {
-  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.T * s.G * s.D;
-  const F32Copy q32(q, qn), k32(k, kn), v32(v, kn), o32(out, qn), do32(dout, qn);
-  const F32Copy dq32(nullptr, qn), dk32(nullptr, kn), dv32(nullptr, kn);
+template <typename E>
+void attention_backward_via_f32(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
+                                const float* lse, const AttnShape& s) {
+  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.keys() * s.G * s.D;
+  const F32Copy<E> q32(q, qn), k32(k, kn), v32(v, kn), o32(out, qn), do32(dout, qn);
+  const F32Copy<E> dq32(nullptr, qn), dk32(nullptr, kn), dv32(nullptr, kn);
   attn::attention_backward_f32(dq32.get(), dk32.get(), dv32.get(), do32.get(), q32.get(), k32.get(), v32.get(),
                                o32.get(), lse, s);
   cast_cuda(dq, static_cast<const float*>(dq32.get()), qn);
@@ -237,8 +239,8 @@ void attention_backward_f16_via_f32(mt::f16* dq, mt::f16* dk, mt::f16* dv, const
 void check_attention(const char* op, const AttnShape& s, std::initializer_list<const void*> ptrs) {
   MT_CHECK(attention_head_dim_supported(s.D), op, " on cuda supports head dims 64 and 128, got D = ", s.D,
            " (hidden_size / num_attention_heads)");
-  MT_CHECK(s.T < (int64_t(1) << 31) && s.B * s.H < (int64_t(1) << 31), op, ": B*H = ", s.B * s.H, " or T = ", s.T,
-           " too large");
+  MT_CHECK(s.T < (int64_t(1) << 31) && s.keys() < (int64_t(1) << 31) && s.B * s.H < (int64_t(1) << 31), op,
+           ": B*H = ", s.B * s.H, " or T = ", s.T, " or Tk = ", s.keys(), " too large");
   for (const void* p : ptrs)
     MT_CHECK(aligned(p, 16), op, " on cuda needs 16-byte aligned tensors (a view at an odd offset?)");
 }
@@ -252,11 +254,13 @@ void attention_forward_cuda(T* out, float* lse, const T* q, const T* k, const T*
     if (attn::cudnn_attention_forward(dev(out), lse, dev(q), dev(k), dev(v), s, attn::CudnnLayout::separate(s)))
       return;
   attn::check_own_kernels_allowed("attention_forward", s, std::is_same_v<T, float>);
+  const bool square_causal = s.causal && s.keys() == s.T;  // what our bf16 kernels run
   if constexpr (std::is_same_v<T, float>) attn::attention_forward_f32(out, lse, q, k, v, s);
-  else if constexpr (std::is_same_v<T, mt::bf16>)
-    attn::attention_forward_bf16(dev(out), lse, dev(q), dev(k), dev(v), s);
-  else
-    attention_forward_f16_via_f32(out, lse, q, k, v, s);
+  else if constexpr (std::is_same_v<T, mt::bf16>) {
+    if (square_causal) attn::attention_forward_bf16(dev(out), lse, dev(q), dev(k), dev(v), s);
+    else attention_forward_via_f32(out, lse, q, k, v, s);
+  } else
+    attention_forward_via_f32(out, lse, q, k, v, s);
 }
 
 template <typename T>
@@ -269,12 +273,16 @@ void attention_backward_cuda(T* dq, T* dk, T* dv, const T* dout, const T* q, con
                                        s, attn::CudnnLayout::separate(s)))
       return;
   attn::check_own_kernels_allowed("attention_backward", s, std::is_same_v<T, float>);
+  const bool square_causal = s.causal && s.keys() == s.T;
   if constexpr (std::is_same_v<T, float>)
     attn::attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
-  else if constexpr (std::is_same_v<T, mt::bf16>)
-    attn::attention_backward_bf16(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, s);
-  else
-    attention_backward_f16_via_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
+  else if constexpr (std::is_same_v<T, mt::bf16>) {
+    if (square_causal)
+      attn::attention_backward_bf16(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, s);
+    else
+      attention_backward_via_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
+  } else
+    attention_backward_via_f32(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 
 // ---------------------------------------------------------------- on the fused projection

@@ -9,6 +9,8 @@
 //                (B, T, H|G, D), or read (written) in place in the fused projection (B, T, 3 H D) of
 //                multi-head attention, {T 3HD, 3D, 3HD, 1} at offsets 0, D, 2D. K is passed as K^T by
 //                swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (lse).
+// Context-parallel blocks (s.causal false): K, V have Tk rows (Tk may differ from T), scores [B, H, T, Tk], no mask
+// (built, but not used yet: shape_ok).
 // Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
 //   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (io type); O = P V.
 // Backward graph (21 ops, + 2 head reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats)
@@ -248,7 +250,7 @@ class Graph {
 // k, v (and dk, dv) either separate (B, T, H|G, D) tensors or heads of the fused projection.
 Dims q_dims(const AttnShape& s) { return {s.B, s.H, s.T, s.D}; }
 Dims o_strides(const AttnShape& s) { return {s.T * s.H * s.D, s.D, s.H * s.D, 1}; }
-Dims kv_dims(const AttnShape& s) { return {s.B, s.G, s.T, s.D}; }
+Dims kv_dims(const AttnShape& s) { return {s.B, s.G, s.keys(), s.D}; }
 Dims t_dims(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }  // swap the last two
 Dims stat_dims(const AttnShape& s) { return {s.B, s.H, s.T, 1}; }
 Dims stat_strides(const AttnShape& s) { return {s.H * s.T, s.T, 1, 1}; }
@@ -263,12 +265,12 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const 
   auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
   auto scale = g->scalar(kScale);
   g->set_neg_inf(g->scalar(kNegInf));
-  const Dims sd{s.B, s.H, s.T, s.T}, rd = stat_dims(s), rs = stat_strides(s);
+  const Dims sd{s.B, s.H, s.T, s.keys()}, rd = stat_dims(s), rs = stat_strides(s);
   auto S = g->virt(sd);
   g->matmul(Q, KT, S);
   auto S1 = g->virt(sd);
   g->pointwise(CUDNN_POINTWISE_MUL, S, scale, nullptr, S1);
-  auto S2 = g->causal_mask(S1, sd);
+  auto S2 = s.causal ? g->causal_mask(S1, sd) : S1;
   auto m = g->virt(rd, rs);
   g->reduction(CUDNN_REDUCE_TENSOR_MAX, S2, m);
   auto S3 = g->virt(sd);
@@ -306,8 +308,9 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
   auto scale = g->scalar(kScale);
   auto one = g->scalar(kOne);
   g->set_neg_inf(g->scalar(kNegInf));
-  const Dims sd{s.B, s.H, s.T, s.T}, rd = stat_dims(s), rs = stat_strides(s);
-  const Dims td{s.B, s.H, s.T, s.T}, ts{s.H * s.T * s.T, s.T * s.T, 1, s.T};  // transposed views [b, h, kv, q]
+  const int64_t Tk = s.keys();
+  const Dims sd{s.B, s.H, s.T, Tk}, rd = stat_dims(s), rs = stat_strides(s);
+  const Dims td{s.B, s.H, Tk, s.T}, ts{s.H * s.T * Tk, s.T * Tk, 1, Tk};  // transposed views [b, h, kv, q]
   // delta = sum_d dO O (fp32, non-virtual: bound to scratch memory).
   auto dOO = g->virt(qd, {s.H * s.T * s.D, s.T * s.D, s.H * s.D, 1});
   g->pointwise(CUDNN_POINTWISE_MUL, dO, O, nullptr, dOO);
@@ -322,13 +325,13 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
   g->pointwise(CUDNN_POINTWISE_MUL, S, scale, nullptr, S1);
   auto S2 = g->virt(sd);
   g->pointwise(CUDNN_POINTWISE_SUB, S1, stats, nullptr, S2);
-  auto S3 = g->causal_mask(S2, sd);
+  auto S3 = s.causal ? g->causal_mask(S2, sd) : S2;
   auto P = g->virt(sd);
   g->pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, nullptr, P);
   // dV = P^T dO (summed over the query heads of each group under GQA).
   auto PT = g->virt(td, ts, io);
   g->reshape(P, PT);
-  const Dims full_kd{s.B, s.H, s.T, s.D};
+  const Dims full_kd{s.B, s.H, Tk, s.D};
   if (gqa) {
     auto dVf = g->virt(full_kd, io);
     g->matmul(PT, dO, dVf);
@@ -374,7 +377,7 @@ struct Cache {
   cudnnHandle_t handle = nullptr;
   std::string unusable;      // why cuDNN cannot run attention at all; "" = it can
   std::string last_refusal;  // the last graph cuDNN refused, and why
-  std::map<std::array<int64_t, 16>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
+  std::map<std::array<int64_t, 18>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
 };
 
 Cache& cache() {
@@ -397,9 +400,9 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
   Cache& c = cache();
   if (!c.unusable.empty()) return nullptr;
   std::lock_guard<std::mutex> lock(c.mu);
-  const std::array<int64_t, 16> key{backward, s.B,       s.T,       s.H,       s.G,       s.D,
-                                    lay.q[0], lay.q[1], lay.q[2], lay.q[3], lay.kv[0], lay.kv[1],
-                                    lay.kv[2], lay.kv[3], io,       deterministic};
+  const std::array<int64_t, 18> key{backward,  s.B,       s.T,       s.H,       s.G,  s.D,
+                                    lay.q[0],  lay.q[1],  lay.q[2],  lay.q[3],  lay.kv[0], lay.kv[1],
+                                    lay.kv[2], lay.kv[3], io,        deterministic, s.keys(), s.causal};
   auto it = c.plans.find(key);
   if (it != c.plans.end()) return it->second.get();
   std::unique_ptr<Graph> g;
@@ -407,10 +410,10 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
     g = backward ? build_backward(c.handle, s, lay, io, deterministic) : build_forward(c.handle, s, lay, io);
   } catch (const BuildError& e) {
     std::fprintf(stderr,
-                 "megatrain: cuDNN attention %s (B %lld, T %lld, H %lld, G %lld, D %lld) unavailable, using our "
-                 "kernels: %s\n",
-                 backward ? "backward" : "forward", (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.G,
-                 (long long)s.D, e.what.c_str());
+                 "megatrain: cuDNN attention %s (B %lld, T %lld, Tk %lld, H %lld, G %lld, D %lld%s) unavailable, "
+                 "using our kernels: %s\n",
+                 backward ? "backward" : "forward", (long long)s.B, (long long)s.T, (long long)s.keys(),
+                 (long long)s.H, (long long)s.G, (long long)s.D, s.causal ? "" : ", non-causal", e.what.c_str());
     c.last_refusal = std::string(backward ? "the backward" : "the forward") + " graph was refused: " + e.what;
   }
   return c.plans.emplace(key, std::move(g)).first->second.get();
@@ -418,7 +421,12 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
 
 // cuDNN for bf16 and fp16 when T is a multiple of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the backward,
 // see the notes; the same rule for the forward keeps one path per shape) and D is one of ours.
-bool shape_ok(const AttnShape& s) { return s.T % 128 == 0 && (s.D == 64 || s.D == 128) && s.H % s.G == 0; }
+// Context-parallel blocks (non-causal, Tk != T) are not sent to cuDNN yet: the graphs build, but on an H100 with
+// cuDNN 9.14 the first execution of the non-causal forward failed with CUDNN_STATUS_BAD_PARAM_NULL_POINTER (not
+// investigated yet); they run on our fp32 kernels (bf16/fp16 on fp32 copies), exact but slow.
+bool shape_ok(const AttnShape& s) {
+  return s.causal && s.keys() == s.T && s.T % 128 == 0 && (s.D == 64 || s.D == 128) && s.H % s.G == 0;
+}
 
 // Whether the policy (training.attention_backend) lets cuDNN run this call at all.
 bool cudnn_allowed() { return ::mt::ops::attention_backend() != ::mt::ops::AttentionBackend::Own; }
@@ -430,6 +438,8 @@ void check_own_kernels_allowed(const char* op, const AttnShape& s, bool fp32) {
   std::string why;
   if (fp32) {
     why = "fp32 (cuDNN's attention runs bf16 and fp16)";
+  } else if (!s.causal || s.keys() != s.T) {
+    why = "context-parallel attention blocks (non-causal, keys of another length) run on our kernels only";
   } else if (!shape_ok(s)) {
     why = "it runs T % 128 == 0 and head dims 64 and 128";
   } else {
@@ -442,7 +452,7 @@ void check_own_kernels_allowed(const char* op, const AttnShape& s, bool fp32) {
 }
 
 CudnnLayout CudnnLayout::separate(const AttnShape& s) {
-  return {{s.T * s.H * s.D, s.D, s.H * s.D, 1}, {s.T * s.G * s.D, s.D, s.G * s.D, 1}};
+  return {{s.T * s.H * s.D, s.D, s.H * s.D, 1}, {s.keys() * s.G * s.D, s.D, s.G * s.D, 1}};
 }
 
 CudnnLayout CudnnLayout::fused_mha(const AttnShape& s) {
@@ -479,7 +489,7 @@ bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E
 namespace {
 int64_t backward_batch_chunk(const AttnShape& s) {
   const double cap = static_cast<double>(::mt::ops::attention_bwd_workspace_mib()) * 1048576.0;
-  const double per_sample = 2.0 * static_cast<double>(s.H) * static_cast<double>(s.T) * static_cast<double>(s.T);
+  const double per_sample = 2.0 * static_cast<double>(s.H) * static_cast<double>(s.T) * static_cast<double>(s.keys());
   int64_t bc = 1;
   for (int64_t b = 2; b <= s.B; ++b)
     if (s.B % b == 0 && static_cast<double>(b) * per_sample <= cap) bc = b;

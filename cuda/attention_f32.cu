@@ -1,5 +1,6 @@
 // Causal grouped-query attention in fp32 on CUDA cores: the parity path (no TF32, no bf16 rounding),
-// same math as attention.cu / attention_backward.cu. Simple and exact rather than fast.
+// same math as attention.cu / attention_backward.cu. Simple and exact rather than fast. Also the non-causal
+// blocks of context-parallel attention (every query sees all Tk keys, Tk != T allowed; s.causal false).
 // One warp per row; a block of kRows warps shares tiles of 32 rows of the other side in shared memory
 // (rows padded to D + 1 floats, so lane j reading row j is conflict-free). Per tile of 32:
 //   forward (warp = query i):   lane j scores key j; warp max/sum update the online softmax (m, l);
@@ -39,27 +40,28 @@ __device__ __forceinline__ float dot_row(const float* a, const float* b, int D) 
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel_f32(float* out, float* lse, const float* q, const float* k, const float* v, int T, int H,
-                                 int G, float scale) {
+    attention_forward_kernel_f32(float* out, float* lse, const float* q, const float* k, const float* v, int T, int Tk,
+                                 bool causal, int H, int G, float scale) {
   constexpr int E = D / 32, LD = D + 1;
   __shared__ float sQ[kRows][D], sK[kTile][LD], sV[kTile][D];
   const int b = blockIdx.y / H, h = blockIdx.y % H, g = h / (H / G);
   const int i0 = blockIdx.x * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = i0 + warp;
   const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(G) * D;
   const float* qh = q + (int64_t(b) * T * H + h) * D;
-  const float* kh = k + (int64_t(b) * T * G + g) * D;
-  const float* vh = v + (int64_t(b) * T * G + g) * D;
+  const float* kh = k + (int64_t(b) * Tk * G + g) * D;
+  const float* vh = v + (int64_t(b) * Tk * G + g) * D;
   load_rows<kRows, D, D>(&sQ[0][0], qh, q_stride, i0, T);
   float o[E] = {}, m = -INFINITY, l = 0.f;
-  const int n_keys = min(T, i0 + kRows);
+  const int n_keys = causal ? min(T, i0 + kRows) : Tk;
   for (int t0 = 0; t0 < n_keys; t0 += kTile) {
     __syncthreads();
-    load_rows<kTile, D, LD>(&sK[0][0], kh, kv_stride, t0, T);
-    load_rows<kTile, D, D>(&sV[0][0], vh, kv_stride, t0, T);
+    load_rows<kTile, D, LD>(&sK[0][0], kh, kv_stride, t0, Tk);
+    load_rows<kTile, D, D>(&sV[0][0], vh, kv_stride, t0, Tk);
     __syncthreads();
     if (i >= T) continue;  // warp-uniform; the warp still joins the barriers
     const int key = t0 + lane;
-    const float s = key <= i ? dot_row(sQ[warp], sK[lane], D) * scale : -INFINITY;
+    const bool seen = key < Tk && (!causal || key <= i);
+    const float s = seen ? dot_row(sQ[warp], sK[lane], D) * scale : -INFINITY;
     const float m_new = fmaxf(m, warp_max(s));  // finite: key 0 <= i is in the first tile
     const float alpha = expf(m - m_new), p = expf(s - m_new);
     l = l * alpha + warp_sum(p);
@@ -82,28 +84,29 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel_dq_f32(float* dq, const float* q, const float* k, const float* v, const float* dout,
-                                     const float* lse, const float* delta, int T, int H, int G, float scale) {
+                                     const float* lse, const float* delta, int T, int Tk, bool causal, int H, int G,
+                                     float scale) {
   constexpr int E = D / 32, LD = D + 1;
   __shared__ float sQ[kRows][D], sdO[kRows][D], sK[kTile][LD], sV[kTile][LD];
   const int b = blockIdx.y / H, h = blockIdx.y % H, g = h / (H / G);
   const int i0 = blockIdx.x * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = i0 + warp;
   const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(G) * D;
-  const int64_t q_off = (int64_t(b) * T * H + h) * D, kv_off = (int64_t(b) * T * G + g) * D;
+  const int64_t q_off = (int64_t(b) * T * H + h) * D, kv_off = (int64_t(b) * Tk * G + g) * D;
   load_rows<kRows, D, D>(&sQ[0][0], q + q_off, q_stride, i0, T);
   load_rows<kRows, D, D>(&sdO[0][0], dout + q_off, q_stride, i0, T);
   const int64_t stat = (int64_t(b) * H + h) * T + i;
   const float li = i < T ? lse[stat] : 0.f, di = i < T ? delta[stat] : 0.f;
   float acc[E] = {};
-  const int n_keys = min(T, i0 + kRows);
+  const int n_keys = causal ? min(T, i0 + kRows) : Tk;
   for (int t0 = 0; t0 < n_keys; t0 += kTile) {
     __syncthreads();
-    load_rows<kTile, D, LD>(&sK[0][0], k + kv_off, kv_stride, t0, T);
-    load_rows<kTile, D, LD>(&sV[0][0], v + kv_off, kv_stride, t0, T);
+    load_rows<kTile, D, LD>(&sK[0][0], k + kv_off, kv_stride, t0, Tk);
+    load_rows<kTile, D, LD>(&sV[0][0], v + kv_off, kv_stride, t0, Tk);
     __syncthreads();
     if (i >= T) continue;
     const int key = t0 + lane;
     float ds = 0.f;
-    if (key <= i) {
+    if (key < Tk && (!causal || key <= i)) {
       const float p = expf(dot_row(sQ[warp], sK[lane], D) * scale - li);
       ds = p * (dot_row(sdO[warp], sV[lane], D) - di);
     }
@@ -122,18 +125,18 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kernel_dkv_f32(float* dk, float* dv, const float* q, const float* k, const float* v,
-                                      const float* dout, const float* lse, const float* delta, int T, int H, int G,
-                                      float scale) {
+                                      const float* dout, const float* lse, const float* delta, int T, int Tk,
+                                      bool causal, int H, int G, float scale) {
   constexpr int E = D / 32, LD = D + 1;
   __shared__ float sK[kRows][D], sV[kRows][D], sQ[kTile][LD], sdO[kTile][LD], sL[kTile], sD[kTile];
   const int R = H / G, b = blockIdx.y / G, g = blockIdx.y % G;
   const int j0 = blockIdx.x * kRows, warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = j0 + warp;
   const int64_t q_stride = int64_t(H) * D, kv_stride = int64_t(G) * D;
-  const int64_t kv_off = (int64_t(b) * T * G + g) * D;
-  load_rows<kRows, D, D>(&sK[0][0], k + kv_off, kv_stride, j0, T);
-  load_rows<kRows, D, D>(&sV[0][0], v + kv_off, kv_stride, j0, T);
+  const int64_t kv_off = (int64_t(b) * Tk * G + g) * D;
+  load_rows<kRows, D, D>(&sK[0][0], k + kv_off, kv_stride, j0, Tk);
+  load_rows<kRows, D, D>(&sV[0][0], v + kv_off, kv_stride, j0, Tk);
   float dka[E] = {}, dva[E] = {};
-  const int first = j0 / kTile * kTile;
+  const int first = causal ? j0 / kTile * kTile : 0;
   for (int h = g * R; h < (g + 1) * R; ++h) {
     const int64_t q_off = (int64_t(b) * T * H + h) * D;
     for (int t0 = first; t0 < T; t0 += kTile) {
@@ -146,10 +149,10 @@ __global__ void __launch_bounds__(kThreads)
         sD[r] = t < T ? delta[(int64_t(b) * H + h) * T + t] : 0.f;
       }
       __syncthreads();
-      if (j >= T) continue;
+      if (j >= Tk) continue;
       const int query = t0 + lane;
       float p = 0.f, ds = 0.f;
-      if (query >= j && query < T) {
+      if ((!causal || query >= j) && query < T) {
         p = expf(dot_row(sQ[lane], sK[warp], D) * scale - sL[lane]);
         ds = p * (dot_row(sdO[lane], sV[warp], D) - sD[lane]);
       }
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  if (j >= T) return;
+  if (j >= Tk) return;
   float* krow = dk + kv_off + int64_t(j) * kv_stride;
   float* vrow = dv + kv_off + int64_t(j) * kv_stride;
 #pragma unroll
@@ -177,7 +180,8 @@ template <int D>
 void forward_f32(float* out, float* lse, const float* q, const float* k, const float* v, const AttnShape& s) {
   const dim3 grid(static_cast<unsigned>(ceil_div(s.T, kRows)), static_cast<unsigned>(s.B * s.H));
   attention_forward_kernel_f32<D><<<grid, kThreads, 0, current_stream()>>>(
-      out, lse, q, k, v, static_cast<int>(s.T), static_cast<int>(s.H), static_cast<int>(s.G),
+      out, lse, q, k, v, static_cast<int>(s.T), static_cast<int>(s.keys()), s.causal, static_cast<int>(s.H),
+      static_cast<int>(s.G),
       1.f / std::sqrt(static_cast<float>(D)));
   MT_CUDA_CHECK_LAUNCH("attention_forward_kernel_f32");
 }
@@ -185,15 +189,17 @@ void forward_f32(float* out, float* lse, const float* q, const float* k, const f
 template <int D>
 void backward_f32(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
                   const float* lse, const float* delta, const AttnShape& s) {
-  const int T = static_cast<int>(s.T), H = static_cast<int>(s.H), G = static_cast<int>(s.G);
+  const int T = static_cast<int>(s.T), Tk = static_cast<int>(s.keys()), H = static_cast<int>(s.H),
+            G = static_cast<int>(s.G);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   cudaStream_t st = current_stream();
   const dim3 grid_q(static_cast<unsigned>(ceil_div(s.T, kRows)), static_cast<unsigned>(s.B * s.H));
-  attention_backward_kernel_dq_f32<D><<<grid_q, kThreads, 0, st>>>(dq, q, k, v, dout, lse, delta, T, H, G, scale);
+  attention_backward_kernel_dq_f32<D><<<grid_q, kThreads, 0, st>>>(dq, q, k, v, dout, lse, delta, T, Tk, s.causal, H,
+                                                                   G, scale);
   MT_CUDA_CHECK_LAUNCH("attention_backward_kernel_dq_f32");
-  const dim3 grid_kv(static_cast<unsigned>(ceil_div(s.T, kRows)), static_cast<unsigned>(s.B * s.G));
-  attention_backward_kernel_dkv_f32<D><<<grid_kv, kThreads, 0, st>>>(dk, dv, q, k, v, dout, lse, delta, T, H, G,
-                                                                     scale);
+  const dim3 grid_kv(static_cast<unsigned>(ceil_div(s.keys(), kRows)), static_cast<unsigned>(s.B * s.G));
+  attention_backward_kernel_dkv_f32<D><<<grid_kv, kThreads, 0, st>>>(dk, dv, q, k, v, dout, lse, delta, T, Tk,
+                                                                     s.causal, H, G, scale);
   MT_CUDA_CHECK_LAUNCH("attention_backward_kernel_dkv_f32");
 }
 

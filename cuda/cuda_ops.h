@@ -88,14 +88,18 @@ void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* d
 // ---------------------------------------------------------------- rope.cu
 template <typename T>
 void rope_forward_cuda(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
-                       int64_t position_offset);
+                       RopePositions positions);
 template <typename T>
 void rope_backward_cuda(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
-                        int64_t position_offset);
+                        RopePositions positions);
 
 // ---------------------------------------------------------------- qkv_split.cu, attention*.cu
+// Query length T; key/value length Tk; causal: query i sees keys j <= i (Tk == T), else all Tk keys.
 struct AttnShape {
   int64_t B, T, H, G, D;
+  int64_t Tk = -1;  // -1: T
+  bool causal = true;
+  int64_t keys() const { return Tk < 0 ? T : Tk; }
 };
 template <typename T> void qkv_split_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s);
 template <typename T>
@@ -103,11 +107,11 @@ void qkv_split_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, con
 // The same with rope_forward on q and k (backward: rope_backward on dq and dk) in the same pass (qkv_split.cu).
 template <typename T>
 void qkv_split_rope_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s, const RopeParams& rope,
-                                 int64_t position_offset);
+                                 RopePositions positions);
 template <typename T>
 void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s,
                                   const RopeParams& rope,
-                                  int64_t position_offset);
+                                  RopePositions positions);
 // Head dims this backend's attention supports (others: an error naming them).
 bool attention_head_dim_supported(int64_t D);
 template <typename T>
@@ -124,6 +128,14 @@ void attention_forward_qkv_cuda(T* out, float* lse, const T* qkv, const AttnShap
 template <typename T>
 void attention_backward_qkv_cuda(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                                  const AttnShape& s);
+
+// ---------------------------------------------------------------- context_attention.cu (ops.h attention_merge, seq_copy)
+template <typename T>
+void attention_merge_cuda(T* out, float* lse, const T* part_out, const float* part_lse, int64_t B, int64_t T_,
+                          int64_t Tb, int64_t H, int64_t D, int64_t t0);
+template <typename T>
+void seq_copy_cuda(T* dst, int64_t Td, int64_t dst_t, const T* src, int64_t Ts, int64_t src_t, int64_t B, int64_t len,
+                   int64_t row, bool accumulate);
 
 // ---------------------------------------------------------------- cross_entropy.cu
 template <typename T>

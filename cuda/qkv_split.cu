@@ -52,14 +52,14 @@ template <bool kForward, int VEC, typename D>
 __global__ void __launch_bounds__(kRopeThreads)
     qkv_split_rope_kernel(D* __restrict__ qkv, D* __restrict__ q, D* __restrict__ k, D* __restrict__ v, int64_t BT,
                           int64_t T_, int H, int G, int Dh, double log_theta, RopeParams rope,
-                          int64_t position_offset) {
+                          RopePositions positions) {
   extern __shared__ float cs[];  // [kRopeTokens][half] cos, then [kRopeTokens][half] sin
   const int R = H / G, slots = G * (R + 2), half = Dh / 2, chunks = half / VEC, W = slots * Dh;
   const int64_t bt0 = int64_t(blockIdx.x) * kRopeTokens;
   const int tokens = static_cast<int>(BT - bt0 < kRopeTokens ? BT - bt0 : kRopeTokens);
   for (int i = threadIdx.x; i < tokens * half; i += blockDim.x) {
     const int t = i / half, j = i % half;
-    rope_angles<1>(cs + i, cs + kRopeTokens * half + i, static_cast<double>(position_offset + (bt0 + t) % T_), j, Dh,
+    rope_angles<1>(cs + i, cs + kRopeTokens * half + i, static_cast<double>(positions((bt0 + t) % T_)), j, Dh,
                    log_theta, rope, kForward ? 1.f : -1.f);
   }
   __syncthreads();
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 
 template <bool kForward, typename T>
 void qkv_rope_launch(const char* what, T* qkv, T* q, T* k, T* v, const AttnShape& s, const RopeParams& rope,
-                     int64_t position_offset) {
+                     RopePositions positions) {
   using D = dev_t<T>;
   const int64_t half = s.D / 2;
   if (s.B * s.T * s.G * half == 0) return;
@@ -97,10 +97,10 @@ void qkv_rope_launch(const char* what, T* qkv, T* q, T* k, T* v, const AttnShape
   MT_CHECK(smem <= 48 * 1024, what, ": head dim ", s.D, " too large");
   if (vec)
     qkv_split_rope_kernel<kForward, kVec><<<grid, kRopeThreads, smem, st>>>(
-        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, Dh, log_theta, rope, position_offset);
+        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, Dh, log_theta, rope, positions);
   else
     qkv_split_rope_kernel<kForward, 1><<<grid, kRopeThreads, smem, st>>>(
-        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, Dh, log_theta, rope, position_offset);
+        dev(qkv), dev(q), dev(k), dev(v), s.B * s.T, s.T, H, G, Dh, log_theta, rope, positions);
   MT_CUDA_CHECK_LAUNCH(what);
 }
 
@@ -135,23 +135,23 @@ void qkv_split_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, con
 
 template <typename T>
 void qkv_split_rope_forward_cuda(T* q, T* k, T* v, const T* qkv, const AttnShape& s, const RopeParams& rope,
-                                 int64_t position_offset) {
-  qkv_rope_launch<true>("qkv_split_rope_forward_cuda", const_cast<T*>(qkv), q, k, v, s, rope, position_offset);
+                                 RopePositions positions) {
+  qkv_rope_launch<true>("qkv_split_rope_forward_cuda", const_cast<T*>(qkv), q, k, v, s, rope, positions);
 }
 
 template <typename T>
 void qkv_split_rope_backward_cuda(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s, const RopeParams& rope,
-                                  int64_t position_offset) {
+                                  RopePositions positions) {
   qkv_rope_launch<false>("qkv_split_rope_backward_cuda", dqkv, const_cast<T*>(dq), const_cast<T*>(dk),
-                         const_cast<T*>(dv), s, rope, position_offset);
+                         const_cast<T*>(dv), s, rope, positions);
 }
 
 #define MT_INSTANTIATE(T)                                                                                    \
   template void qkv_split_forward_cuda<T>(T*, T*, T*, const T*, const AttnShape&);                           \
   template void qkv_split_backward_cuda<T>(T*, const T*, const T*, const T*, const AttnShape&);              \
-  template void qkv_split_rope_forward_cuda<T>(T*, T*, T*, const T*, const AttnShape&, const RopeParams&, int64_t); \
+  template void qkv_split_rope_forward_cuda<T>(T*, T*, T*, const T*, const AttnShape&, const RopeParams&, RopePositions); \
   template void qkv_split_rope_backward_cuda<T>(T*, const T*, const T*, const T*, const AttnShape&,         \
-                                                const RopeParams&, int64_t);
+                                                const RopeParams&, RopePositions);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

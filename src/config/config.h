@@ -68,6 +68,7 @@ struct ParallelConfig {
   int pipeline = 1;
   int virtual_pipeline = 1;
   int context = 1;
+  std::string cp_comm_type = "p2p";    // p2p (ring) | a2a (all-to-all over heads, Ulysses)
   int expert = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
@@ -172,6 +173,7 @@ enum class RecomputeMethod { Uniform, Block };            // training.recompute_
 enum class NanPolicy { Stop, Skip };                      // training.nan_policy
 enum class DecayStyle { Cosine, Linear, Constant };       // optimizer.decay_style
 enum class TokenizerType { None, Gpt2Bpe, HfJson };       // data.tokenizer_type
+enum class CpCommType { P2P, A2A };                       // parallel.cp_comm_type
 
 // The model's features, resolved once from the model section (arch preset + explicit keys) by
 // resolve_model_features (model_features.cpp): the single place the model code asks.
@@ -219,6 +221,7 @@ struct DerivedConfig {
   NanPolicy nan_policy = NanPolicy::Stop;
   DecayStyle decay_style = DecayStyle::Cosine;
   TokenizerType tokenizer_type = TokenizerType::None;
+  CpCommType cp_comm_type = CpCommType::P2P;
   ModelFeatures features;              // resolved model features
 };
 

@@ -179,8 +179,15 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(parallel, virtual_pipeline).min(1)
           .doc("model chunks per pipeline stage (interleaved 1F1B when > 1; needs pipeline > 1)")
           .megatron({"virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"}),
-      MT_CONFIG_KEY(parallel, context).min(1).doc("context-parallel size: each sequence split over this many ranks (not supported yet: must be 1)")
+      MT_CONFIG_KEY(parallel, context).min(1)
+          .doc("context-parallel size: each sequence cut into 2 x context chunks, rank r of the context group holding "
+               "chunks r and 2 x context - 1 - r (balancing the causal mask)")
           .megatron({"context_parallel_size"}),
+      MT_CONFIG_KEY(parallel, cp_comm_type).one_of({"p2p", "a2a"})
+          .doc("context-parallel attention: p2p = ring, key/value blocks passed around the context group (the next "
+               "transfer beside the current block's attention); a2a = all-to-all over heads before and after "
+               "attention (Ulysses; needs the query groups per tensor rank divisible by context)")
+          .megatron({"cp_comm_type"}),
       MT_CONFIG_KEY(parallel, expert).min(1).doc("expert-parallel size: the experts of each MoE layer split over this many of the data x context ranks")
           .megatron({"expert_model_parallel_size"}),
       MT_CONFIG_KEY(parallel, sequence_parallel)

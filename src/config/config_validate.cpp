@@ -46,6 +46,7 @@ void resolve_options(const Config& cfg, DerivedConfig& d) {
                                              {"cosine", "linear", "constant"});
   d.tokenizer_type = resolve_option<TokenizerType>("data.tokenizer_type", cfg.data.tokenizer_type,
                                                    {"none", "gpt2-bpe", "hf-json"});
+  d.cp_comm_type = resolve_option<CpCommType>("parallel.cp_comm_type", cfg.parallel.cp_comm_type, {"p2p", "a2a"});
 }
 
 // What this build can run: training.device: cuda in a build without the CUDA backend is refused
@@ -76,6 +77,24 @@ void check_data(const std::string& pre, const Config& cfg) {
 // Micro-batches x chunks the pipeline's message tags allow: tags 2 m v - 1 stay <= 32766 (the
 // schedule's kMaxTag in src/parallel/pipeline_schedule.cpp; NCCL/MPI guarantee 32767 tags).
 constexpr int64_t kMaxPipelineMicrobatchChunks = (32766 + 1) / 2;
+
+// What context parallelism (parallel.context > 1) runs with today; the sequence split itself is checked with the
+// other sequence splits. groups_local: key/value heads per tensor-parallel rank.
+void check_context_parallel(const std::string& pre, const Config& cfg, int64_t groups_local) {
+  const int64_t cp = cfg.parallel.context;
+  if (cfg.parallel.cp_comm_type == "a2a")
+    MT_CHECK(groups_local % cp == 0, pre, "parallel.cp_comm_type a2a splits each tensor rank's key/value heads over "
+             "parallel.context (", cp, "), but model.num_query_groups / parallel.tensor = ", groups_local,
+             " is not divisible by it; set parallel.cp_comm_type: p2p or a context size dividing ", groups_local);
+  MT_CHECK(cfg.model.dropout == 0, pre, "model.dropout (", format_double(cfg.model.dropout), ") with parallel.context (",
+           cp, ") > 1 is not supported yet (dropout masks are keyed by whole-sequence positions); set model.dropout: 0 "
+           "or parallel.context: 1");
+  MT_CHECK(cfg.model.num_experts == 0, pre, "model.num_experts (", cfg.model.num_experts, ") with parallel.context (",
+           cp, ") > 1 is not supported yet; set parallel.context: 1 for mixture-of-experts models");
+  MT_CHECK(cfg.training.attention_backend != "cudnn", pre, "training.attention_backend is cudnn but parallel.context (",
+           cp, ") > 1: context-parallel attention blocks run on our kernels only (cuda/attention_cudnn.cu shape_ok); "
+           "set training.attention_backend: auto or own");
+}
 
 }  // namespace
 
@@ -226,8 +245,7 @@ DerivedConfig derive_config(const Config& cfg, int world_size) {
              ") must be divisible by parallel.tensor (", tp, ") with parallel.sequence_parallel: true; choose seq_length ",
              "divisible by ", tp * cp * (cp > 1 ? 2 : 1), " or set sequence_parallel: false");
 
-  MT_CHECK(cp == 1, pre, "parallel.context (", cp, ") > 1: context-parallel attention is not implemented yet; set "
-           "parallel.context: 1 (split long sequences with parallel.sequence_parallel and tensor > 1 instead)");
+  if (cp > 1) check_context_parallel(pre, cfg, groups / tp);
 
   // ---- batch arithmetic (never adjusted)
   const int64_t per_step = int64_t{t.micro_batch_size} * dp;

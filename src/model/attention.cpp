@@ -1,5 +1,6 @@
 #include "model/attention.h"
 
+#include "parallel/context_parallel.h"
 #include "tensor/ops.h"
 
 namespace mt {
@@ -49,8 +50,23 @@ SelfAttention::SelfAttention(const std::string& prefix, const SelfAttentionSpec&
 }
 
 // Without rotary embeddings or per-head norms the GPU attention runs on the fused projection (no split copies;
-// cuDNN reads the heads in place); the CPU keeps the reference path (split, then attention): same math.
-bool SelfAttention::fused() const { return !rope_ && !q_layernorm_ && ctx_->device != Device::CPU; }
+// cuDNN reads the heads in place); the CPU keeps the reference path (split, then attention): same math. Context
+// parallelism needs q, k, v apart.
+bool SelfAttention::fused() const {
+  return !rope_ && !q_layernorm_ && ctx_->device != Device::CPU && ctx_->ps->cp_size == 1;
+}
+
+// The positions of the local sequence (two chunks under context parallelism).
+RopePositions SelfAttention::positions(int64_t T) const {
+  return context_chunk_positions(T, ctx_->ps->cp_size, ctx_->ps->cp_rank);
+}
+
+void SelfAttention::core_forward(Saved& s) const {
+  if (ctx_->ps->cp_size > 1)
+    context_attention_forward(s.out, s.lse, s.q, s.k, s.v, ctx_->derived->cp_comm_type, *ctx_->ps);
+  else
+    ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
+}
 
 Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
@@ -75,17 +91,17 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, c
     q_layernorm_->forward(qn, s.q_norm, s.q_pre.view({-1, head_dim_}));
     k_layernorm_->forward(kn, s.k_norm, s.k_pre.view({-1, head_dim_}));
     if (rope_) {
-      ops::rope_forward(s.q, rope_params_, 0);
-      ops::rope_forward(s.k, rope_params_, 0);
+      ops::rope_forward(s.q, rope_params_, positions(T));
+      ops::rope_forward(s.k, rope_params_, positions(T));
     }
   } else if (rope_) {  // split and rotate q, k in one pass: only the rotated copies exist afterwards
-    ops::qkv_split_rope_forward(s.q, s.k, s.v, qkv.view({B, T, -1}), rope_params_, 0);
+    ops::qkv_split_rope_forward(s.q, s.k, s.v, qkv.view({B, T, -1}), rope_params_, positions(T));
   } else {
     ops::qkv_split_forward(s.q, s.k, s.v, qkv.view({B, T, -1}));
   }
   s.out = c.empty({B, T, heads_local_, head_dim_});
   s.lse = Tensor::empty({B, heads_local_, T}, stat_dtype(c.dtype), c.device);
-  ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
+  core_forward(s);
   Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual);
   if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
   return y;
@@ -100,7 +116,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
     if (!s.k.defined())
       ops::attention_forward_qkv(s.out, s.lse, s.q, groups_local_);
     else
-      ops::attention_forward(s.out, s.lse, s.q, s.k, s.v);
+      core_forward(s);
   }
   Tensor dout = linear_proj_.backward(dy, s.out.view({B * T, heads_local_ * head_dim_}));
   if (!s.k.defined()) {  // the fused path
@@ -109,12 +125,16 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
     return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
   }
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
-  ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
+  if (c.ps->cp_size > 1)
+    context_attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse,
+                               c.derived->cp_comm_type, *c.ps);
+  else
+    ops::attention_backward(dq, dk, dv, dout.view(s.out.shape()), s.q, s.k, s.v, s.out, s.lse);
   Tensor dqkv = c.empty({B, T, linear_qkv_.local_out()});
   if (q_layernorm_) {  // rotate back, then through the norms (their weight gradients accumulate)
     if (rope_) {
-      ops::rope_backward(dq, rope_params_, 0);
-      ops::rope_backward(dk, rope_params_, 0);
+      ops::rope_backward(dq, rope_params_, positions(T));
+      ops::rope_backward(dk, rope_params_, positions(T));
     }
     Tensor dq_pre = c.zeros(s.q_pre.shape()), dk_pre = c.zeros(s.k_pre.shape());
     Tensor dq_pre_rows = dq_pre.view({-1, head_dim_}), dk_pre_rows = dk_pre.view({-1, head_dim_});
@@ -122,7 +142,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
     k_layernorm_->backward_accumulate(dk_pre_rows, dk.view({-1, head_dim_}), s.k_pre.view({-1, head_dim_}), s.k_norm);
     ops::qkv_split_backward(dqkv, dq_pre, dk_pre, dv);
   } else if (rope_) {
-    ops::qkv_split_rope_backward(dqkv, dq, dk, dv, rope_params_, 0);
+    ops::qkv_split_rope_backward(dqkv, dq, dk, dv, rope_params_, positions(T));
   } else {
     ops::qkv_split_backward(dqkv, dq, dk, dv);
   }

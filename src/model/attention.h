@@ -1,6 +1,7 @@
 // Self-attention: linear_qkv (column-parallel, Megatron's grouped [q heads of group g, k_g, v_g]
 // layout), optional RMSNorm of each q and k head (qk_layernorm), rotary embedding (position_embedding_type
-// rope), causal grouped-query attention, linear_proj (row-parallel). Each TP rank holds H/tp query heads
+// rope), causal grouped-query attention (over the context group when parallel.context > 1:
+// parallel/context_parallel.h), linear_proj (row-parallel). Each TP rank holds H/tp query heads
 // and G/tp key/value heads.
 // Shapes: x (B*T, C) -> qkv (B*T, G_l*(R+2)*D) -> q (B,T,H_l,D), k/v (B,T,G_l,D) -> out (B,T,H_l,D)
 // -> y (B*T, C).  R = H/G query heads per group, D = kv_channels (head dim, not necessarily C/H).
@@ -41,6 +42,9 @@ class SelfAttention {
  private:
   // Attention on the fused projection, q, k and v never split out: GPU, no rotary embedding, no qk norm.
   bool fused() const;
+  RopePositions positions(int64_t T) const;
+  // s.out, s.lse from s.q, s.k, s.v: causal attention, over the context group when parallel.context > 1.
+  void core_forward(Saved& s) const;
 
   const ModelContext* ctx_;
   int64_t heads_local_, groups_local_, head_dim_;

@@ -4,6 +4,7 @@
 
 #include "parallel/mappings.h"
 #include "core/counter_rng.h"
+#include "core/rope_params.h"
 #include "tensor/ops.h"
 
 namespace mt {
@@ -52,7 +53,9 @@ Tensor Embedding::positions(int64_t row0, int64_t rows, int64_t T) const {
 Tensor Embedding::make_positions(int64_t row0, int64_t rows, int64_t T) const {
   Tensor pos = Tensor::empty({rows}, DType::I32);
   int32_t* p = pos.data<int32_t>();
-  for (int64_t i = 0; i < rows; ++i) p[i] = static_cast<int32_t>((row0 + i) % T);
+  // The true positions of the local sequence (two chunks of it under context parallelism).
+  const RopePositions at = context_chunk_positions(T, ctx_->ps->cp_size, ctx_->ps->cp_rank);
+  for (int64_t i = 0; i < rows; ++i) p[i] = static_cast<int32_t>(at((row0 + i) % T));
   if (ctx_->device == Device::CPU) return pos;
   Tensor d = Tensor::empty({rows}, DType::I32, ctx_->device);
   d.copy_from(pos);

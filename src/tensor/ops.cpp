@@ -546,42 +546,43 @@ void check_rope(const char* op, const Tensor& x, const RopeParams& rope) {
             rope.high_freq_factor, " should be positive with high > low");
 }
 
-// q (B, T, H, D), k and v (B, T, G, D), H a multiple of G; returns the shape.
-cpu::AttnShape attn_shape(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+// q (B, T, H, D), k and v (B, Tk, G, D), H a multiple of G; returns the shape. Tk == T unless !causal.
+cpu::AttnShape attn_shape(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true) {
   need(op, q, "q");
   like(op, q, k, "k");
   OP_ASSERT(q.dim() == 4, "q ", q.str(), " should be (B, T, H, D)");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
-  OP_ASSERT(k.dim() == 4 && k.size(0) == B && k.size(1) == T && k.size(3) == D && k.size(2) >= 1 &&
+  OP_ASSERT(k.dim() == 4 && k.size(0) == B && (k.size(1) == T || !causal) && k.size(3) == D && k.size(2) >= 1 &&
                 H % k.size(2) == 0,
-            "k ", k.str(), " should be (B, T, G, D) with H % G == 0 for q ", q.str());
+            "k ", k.str(), causal ? " should be (B, T, G, D)" : " should be (B, Tk, G, D)", " with H % G == 0 for q ",
+            q.str());
   like(op, q, v, "v", k.shape());
-  return {B, T, H, k.size(2), D};
+  return {B, T, H, k.size(2), D, k.size(1), causal};
 }
 
 #if defined(MEGATRAIN_HAVE_CUDA)
-cuda::AttnShape cuda_shape(const cpu::AttnShape& s) { return {s.B, s.T, s.H, s.G, s.D}; }
+cuda::AttnShape cuda_shape(const cpu::AttnShape& s) { return {s.B, s.T, s.H, s.G, s.D, s.keys(), s.causal}; }
 #endif
 }  // namespace
 
-void rope_forward(Tensor& x, const RopeParams& rope, int64_t position_offset) {
+void rope_forward(Tensor& x, const RopeParams& rope, RopePositions positions) {
   const char* op = "rope_forward";
   check_rope(op, x, rope);
   MT_DISPATCH(op, x,
               (cuda::rope_forward_cuda<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), rope,
-                                          position_offset)),
+                                          positions)),
               cpu::rope_forward_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), x.size(3), rope,
-                                       position_offset));
+                                       positions));
 }
 
-void rope_backward(Tensor& dx, const RopeParams& rope, int64_t position_offset) {
+void rope_backward(Tensor& dx, const RopeParams& rope, RopePositions positions) {
   const char* op = "rope_backward";
   check_rope(op, dx, rope);
   MT_DISPATCH(op, dx,
               (cuda::rope_backward_cuda<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), rope,
-                                           position_offset)),
+                                           positions)),
               cpu::rope_backward_cpu<T>(dx.data<T>(), dx.size(0), dx.size(1), dx.size(2), dx.size(3), rope,
-                                        position_offset));
+                                        positions));
 }
 
 void qkv_split_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
@@ -604,45 +605,45 @@ void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const 
 }
 
 void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, const RopeParams& rope,
-                            int64_t position_offset) {
+                            RopePositions positions) {
   const char* op = "qkv_split_rope_forward";
   const cpu::AttnShape s = attn_shape(op, q, k, v);
   like_rows(op, q, qkv, "qkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
   check_rope(op, q, rope);
   if (q.device() == Device::CPU) {  // the reference: split, then rotate q and k
     qkv_split_forward(q, k, v, qkv);
-    rope_forward(q, rope, position_offset);
-    rope_forward(k, rope, position_offset);
+    rope_forward(q, rope, positions);
+    rope_forward(k, rope, positions);
     return;
   }
   MT_DISPATCH(op, q,
               (cuda::qkv_split_rope_forward_cuda<T>(q.data<T>(), k.data<T>(), v.data<T>(), qkv.data<T>(),
-                                                    cuda_shape(s), rope, position_offset)),
+                                                    cuda_shape(s), rope, positions)),
               (void)sizeof(T); unsupported(op, q));
 }
 
 void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, const RopeParams& rope,
-                             int64_t position_offset) {
+                             RopePositions positions) {
   const char* op = "qkv_split_rope_backward";
   const cpu::AttnShape s = attn_shape(op, dq, dk, dv);
   like_rows(op, dq, dqkv, "dqkv", s.B * s.T, s.G * (s.H / s.G + 2) * s.D);
   check_rope(op, dq, rope);
   if (dq.device() == Device::CPU) {  // the reference: rotate copies of dq and dk back, then the inverse split
     Tensor dq_r = dq.clone(), dk_r = dk.clone();
-    rope_backward(dq_r, rope, position_offset);
-    rope_backward(dk_r, rope, position_offset);
+    rope_backward(dq_r, rope, positions);
+    rope_backward(dk_r, rope, positions);
     qkv_split_backward(dqkv, dq_r, dk_r, dv);
     return;
   }
   MT_DISPATCH(op, dq,
               (cuda::qkv_split_rope_backward_cuda<T>(dqkv.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
-                                                     cuda_shape(s), rope, position_offset)),
+                                                     cuda_shape(s), rope, positions)),
               (void)sizeof(T); unsupported(op, dq));
 }
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v) {
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   const char* op = "attention_forward";
-  const cpu::AttnShape s = attn_shape(op, q, k, v);
+  const cpu::AttnShape s = attn_shape(op, q, k, v, causal);
   like(op, q, out, "out", q.shape());
   stat(op, q, lse, "lse (B, H, T)", s.B * s.H * s.T);
   MT_DISPATCH(op, q,
@@ -653,9 +654,9 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 }
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse) {
+                        const Tensor& v, const Tensor& out, const Tensor& lse, bool causal) {
   const char* op = "attention_backward";
-  const cpu::AttnShape s = attn_shape(op, q, k, v);
+  const cpu::AttnShape s = attn_shape(op, q, k, v, causal);
   like(op, q, dq, "dq", q.shape());
   like(op, q, dk, "dk", k.shape());
   like(op, q, dv, "dv", k.shape());
@@ -681,7 +682,7 @@ cpu::AttnShape qkv_attn_shape(const char* op, const Tensor& out, const Tensor& q
   OP_ASSERT(G >= 1 && H % G == 0, "G ", G, " should divide H ", H);
   OP_ASSERT(qkv.dim() == 3 && qkv.size(0) == B && qkv.size(1) == T && qkv.size(2) == G * (H / G + 2) * D, "qkv ",
             qkv.str(), " should be (B, T, G*(H/G+2)*D) for out ", out.str(), " and G ", G);
-  return {B, T, H, G, D};
+  return {B, T, H, G, D, T, true};
 }
 }  // namespace
 
@@ -722,6 +723,45 @@ void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
               (cuda::attention_backward_qkv_cuda<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(),
                                                     lse.data<float>(), cuda_shape(s))),
               (void)sizeof(T); unsupported(op, out));
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse, int64_t t0) {
+  const char* op = "attention_merge";
+  need(op, out, "out");
+  OP_ASSERT(out.dim() == 4, "out ", out.str(), " should be (B, T, H, D)");
+  const int64_t B = out.size(0), Tq = out.size(1), H = out.size(2), D = out.size(3);
+  like(op, out, part_out, "part_out");
+  OP_ASSERT(part_out.dim() == 4 && part_out.size(0) == B && part_out.size(2) == H && part_out.size(3) == D &&
+                t0 >= 0 && t0 + part_out.size(1) <= Tq,
+            "part_out ", part_out.str(), " at row ", t0, " should be (B, Tb, H, D) inside out ", out.str());
+  const int64_t Tb = part_out.size(1);
+  stat(op, out, lse, "lse (B, H, T)", B * H * Tq);
+  stat(op, out, part_lse, "part_lse (B, H, Tb)", B * H * Tb);
+  MT_DISPATCH(op, out,
+              (cuda::attention_merge_cuda<T>(out.data<T>(), lse.data<float>(), part_out.data<T>(),
+                                             part_lse.data<float>(), B, Tq, Tb, H, D, t0)),
+              cpu::attention_merge_cpu<T>(out.data<T>(), lse.data<T>(), part_out.data<T>(), part_lse.data<T>(), B, Tq,
+                                          Tb, H, D, t0));
+}
+
+void seq_copy(Tensor& dst, int64_t dst_t, const Tensor& src, int64_t src_t, int64_t len, GradMode mode) {
+  const char* op = "seq_copy";
+  need(op, dst, "dst");
+  like(op, dst, src, "src");
+  OP_ASSERT(dst.dim() >= 2 && src.dim() == dst.dim() && src.size(0) == dst.size(0), "dst ", dst.str(), " and src ",
+            src.str(), " should be (B, T, ...) with the same B");
+  int64_t row = 1;
+  for (int d = 2; d < dst.dim(); ++d) {
+    OP_ASSERT(dst.size(d) == src.size(d), "dst ", dst.str(), " and src ", src.str(), " differ after the sequence dim");
+    row *= dst.size(d);
+  }
+  OP_ASSERT(len >= 0 && dst_t >= 0 && src_t >= 0 && dst_t + len <= dst.size(1) && src_t + len <= src.size(1),
+            "range of ", len, " from ", src_t, " of src ", src.str(), " to ", dst_t, " of dst ", dst.str());
+  const int64_t B = dst.size(0), Td = dst.size(1), Ts = src.size(1);
+  const bool acc = mode == GradMode::Accumulate;
+  MT_DISPATCH(op, dst,
+              (cuda::seq_copy_cuda<T>(dst.data<T>(), Td, dst_t, src.data<T>(), Ts, src_t, B, len, row, acc)),
+              cpu::seq_copy_cpu<T>(dst.data<T>(), Td, dst_t, src.data<T>(), Ts, src_t, B, len, row, acc));
 }
 
 // ---------------------------------------------------------------- cross-entropy

@@ -86,9 +86,10 @@ void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
 // Rotary position embedding, in place on x (B, T, heads, D), rotate-half convention (HF, Megatron
 // default): for i < D/2 the pair (x[i], x[i + D/2]) is rotated by angle p * inv_freq_i,
 // inv_freq_i = theta^(-2i/D) (Llama-3-rescaled when rope.scaling: tensor/rope_params.h),
-// p = position_offset + t. Backward applies the inverse rotation to the gradient, in place.
-void rope_forward(Tensor& x, const RopeParams& rope, int64_t position_offset);
-void rope_backward(Tensor& dx, const RopeParams& rope, int64_t position_offset);
+// p = positions(t) (position_offset + t with one offset; two chunks' offsets under context parallelism:
+// core/rope_params.h RopePositions). Backward applies the inverse rotation to the gradient, in place.
+void rope_forward(Tensor& x, const RopeParams& rope, RopePositions positions);
+void rope_backward(Tensor& dx, const RopeParams& rope, RopePositions positions);
 
 // qkv (B, T, G*(R+2)*D): for each query group g, R query heads, then one key head, then one value
 // head (Megatron's grouped layout; R = H / G). Splits into q (B,T,H,D), k (B,T,G,D), v (B,T,G,D).
@@ -98,17 +99,30 @@ void qkv_split_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const 
 // qkv_split_rope_forward = qkv_split_forward, then rope_forward on q and on k;
 // qkv_split_rope_backward = rope_backward on (copies of) dq and dk, then qkv_split_backward (dq, dk unchanged).
 void qkv_split_rope_forward(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv, const RopeParams& rope,
-                            int64_t position_offset);
+                            RopePositions positions);
 void qkv_split_rope_backward(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv, const RopeParams& rope,
-                             int64_t position_offset);
+                             RopePositions positions);
 
 
 // Causal attention with grouped queries: query head h reads key/value head h / (H / G).
 // out (B, T, H, D); lse (B, H, T): log-sum-exp of the scaled, masked scores (scale = 1/sqrt(D)),
 // saved for backward. The T x T probability matrix is never kept.
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v);
+// causal = false: every query sees every key, and k, v (B, Tk, G, D) may be longer or shorter than q (a block of
+// context-parallel attention: parallel/context_parallel.h); causal needs Tk == T.
+// Backward reads the probabilities as exp(scores - lse) and D_i = dout_i . out_i, so out and lse may be those of a
+// larger attention over more key blocks (the merged result): then dq is this block's share of the query gradient
+// and dk, dv the gradient of this block's keys and values (all overwritten).
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true);
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse);
+                        const Tensor& v, const Tensor& out, const Tensor& lse, bool causal = true);
+// Merging attention over key blocks by log-sum-exp: rows [t0, t0 + Tb) of out (B, T, H, D) and lse (B, H, T) absorb
+// a result over other keys, part_out (B, Tb, H, D) with part_lse (B, H, Tb):
+//   l = log(exp(lse) + exp(part_lse));  out = out exp(lse - l) + part_out exp(part_lse - l);  lse = l.
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse, int64_t t0);
+// A range of the sequence dimension of (B, T, ...) tensors with the same trailing dims (any dims after the second):
+// dst[:, dst_t + i] = src[:, src_t + i] (+= with Accumulate) for i < len. dst and src must not overlap.
+void seq_copy(Tensor& dst, int64_t dst_t, const Tensor& src, int64_t src_t, int64_t len,
+              GradMode mode = GradMode::Overwrite);
 
 // The same on the fused projection qkv (B, T, G*(R+2)*D) (qkv_split_forward's layout), out (B, T, H, D):
 // forward = qkv_split_forward + attention_forward; backward = attention_backward + qkv_split_backward

@@ -183,6 +183,22 @@ int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig&
   return round256(4 * bc * heads * T) + bc * per_sample;
 }
 
+void context_parallel_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int cp, CpCommType type, int64_t B,
+                            int64_t T, DType act, int64_t& forward, int64_t& backward) {
+  forward = backward = 0;
+  if (cp <= 1) return;
+  const int64_t e = static_cast<int64_t>(dtype_size(act)), Tl = T / cp;
+  const int64_t q = B * Tl * (m.num_attention_heads / tp) * d.head_dim * e;
+  const int64_t kv = B * Tl * (d.num_query_groups / tp) * d.head_dim * e;
+  if (type == CpCommType::P2P) {
+    forward = (cp - 1) * 2 * kv;
+    backward = forward + cp * 2 * kv;
+  } else {
+    forward = (2 * q + 2 * kv) * (cp - 1) / cp;
+    backward = (4 * q + 4 * kv) * (cp - 1) / cp;
+  }
+}
+
 // ---------------------------------------------------------------- the plan
 
 namespace {
@@ -394,6 +410,9 @@ PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size) 
   Config other = cfg;
   other.training.deterministic = !cfg.training.deterministic;
   r.attention_scratch_other = attention_backward_scratch_bytes(other, d, cfg.model.num_attention_heads / r.tp, B, T);
+  r.cp_comm_type = par.cp_comm_type;
+  context_parallel_bytes(cfg.model, d, r.tp, r.cp, d.cp_comm_type, B, r.seq_length, r.activation_dtype,
+                         r.cp_bytes_forward, r.cp_bytes_backward);
   r.flops_per_token = model_flops_per_token(r.flop_params, cfg.model, d);
   r.flops_per_iteration = static_cast<double>(r.flops_per_token) * static_cast<double>(r.tokens_per_iteration);
   r.flops_per_rank = r.flops_per_iteration / world_size;
@@ -415,6 +434,9 @@ std::string fmt(const char* f, double v) {
 }
 std::string gib(int64_t bytes) { return fmt("%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0)); }
 std::string mib(int64_t bytes) { return fmt("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0)); }
+std::string kib_or_mib(int64_t bytes) {
+  return bytes < 1024 * 1024 ? fmt("%.1f KiB", static_cast<double>(bytes) / 1024.0) : mib(bytes);
+}
 std::string count(int64_t n) {
   const double x = static_cast<double>(n);
   if (n >= 1000000000) return fmt("%.2f B", x / 1e9);
@@ -499,7 +521,16 @@ std::string format_plan(const PlanReport& r) {
      << " micro-batches per iteration x data " << r.dp << "; sequence " << r.seq_length << " tokens ("
      << r.tokens_per_iteration << " tokens per iteration)\n"
      << "  sequence parallel " << onoff(r.sequence_parallel) << ", distributed optimizer "
-     << onoff(r.distributed_optimizer) << ", precision " << r.precision << ", recompute " << r.recompute << "\n\n";
+     << onoff(r.distributed_optimizer) << ", precision " << r.precision << ", recompute " << r.recompute << "\n";
+  if (r.cp > 1) {
+    const int64_t c = r.seq_length / (2 * r.cp);
+    os << "  context " << r.cp << " (" << (r.cp_comm_type == "a2a" ? "a2a: all-to-all over heads" : "p2p: ring of key/value blocks")
+       << "): each sequence in " << 2 * r.cp << " chunks of " << c << " tokens, rank r holding chunks r and "
+       << 2 * r.cp - 1 << " - r (" << r.seq_length / r.cp << " tokens); per decoder layer and micro-batch each rank sends "
+       << kib_or_mib(r.cp_bytes_forward) << " in forward, " << kib_or_mib(r.cp_bytes_backward) << " in backward"
+       << (r.recompute != "none" ? " (+ the forward's again for the recompute)" : "") << "\n";
+  }
+  os << "\n";
 
   if (r.world_size <= 64) {
     MeshSizes ms;

@@ -92,6 +92,15 @@ int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType
 // training.attention_bwd_workspace_mib, at least one), else dQ accumulated in fp32 (B x heads x T x head_dim x 4).
 // 0 where cuDNN does not run the shape (fp32, training.attention_backend own, T % 128 != 0, head dim not 64/128).
 int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int64_t B, int64_t T);
+// Bytes one context rank sends per decoder layer and micro-batch of B sequences (T tokens each, the whole sequence)
+// in the attention's forward and backward (parallel/context_parallel.h); q = B (T/cp) (H/tp) D, kv = B (T/cp) (G/tp) D
+// elements of `act`:
+//   p2p: forward (cp-1) x (K + V) blocks around the ring; backward the same again plus cp x (dK + dV)
+//   a2a: each all-to-all sends (cp-1)/cp of its input: forward q, k, v and out (2 q + 2 kv); backward q, k, v, out,
+//        dout gathered and dq, dk, dv scattered (4 q + 4 kv)
+// Recompute (selective or full) repeats the forward's transfers in backward. 0 without context parallelism.
+void context_parallel_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int cp, CpCommType type, int64_t B,
+                            int64_t T, DType act, int64_t& forward, int64_t& backward);
 
 struct PlanChunk {
   int chunk = 0;
@@ -152,6 +161,9 @@ struct PlanReport {
   MoELayerParams moe_layer;                        // one MoE layer's parameters (tensor-parallel rank 0)
   int64_t moe_layer_act[kNumRecomputeModes] = {};  // one MoE decoder layer, one micro-batch, bytes
   MoEA2ABytes moe_a2a;                             // one MoE layer, one micro-batch, the training.recompute mode
+  // context parallelism (cp > 1): bytes one rank sends per decoder layer and micro-batch (context_parallel_bytes)
+  std::string cp_comm_type;  // p2p | a2a
+  int64_t cp_bytes_forward = 0, cp_bytes_backward = 0;
   // pipeline
   std::string schedule;  // format_schedule, pp > 1 only
   double bubble_fraction = 0;

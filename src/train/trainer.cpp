@@ -18,6 +18,7 @@
 #endif
 #include "config/config_loader.h"
 #include "core/log.h"
+#include "data/context_chunks.h"
 #include "data/dataset.h"
 #include "model/gpt_model.h"
 #include "optim/adamw.h"
@@ -191,6 +192,11 @@ struct Run {
 
   explicit Run(const Config& c) : cfg(c) {}
   const ParallelState& ps() const { return mesh->state(); }
+  // The layout gradients, the optimizer and checkpoints see: ps() with its data-parallel group replaced by data x
+  // context (Megatron's dp-cp group). Context ranks hold the same parameters and gradients of different tokens, so
+  // they reduce, shard the optimizer and write checkpoints as data-parallel ranks do. Equal to ps() without context
+  // parallelism.
+  ParallelState grad_ps;
 
   uint64_t dropout_seed(int64_t iteration) const {
     return rng::mix64(cfg.training.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(iteration));
@@ -199,7 +205,7 @@ struct Run {
   // The mean token loss over the global batch from this rank's loss sum (non-zero on the last stage).
   double global_mean(double loss_sum, int64_t iterations = 1) const {
     if (ps().pp_size > 1) loss_sum = ps().pp->all_reduce_scalar(loss_sum, ReduceOp::Sum);
-    if (ps().dp_size > 1) loss_sum = ps().dp->all_reduce_scalar(loss_sum, ReduceOp::Sum);
+    if (grad_ps.dp_size > 1) loss_sum = grad_ps.dp->all_reduce_scalar(loss_sum, ReduceOp::Sum);  // data x context
     return loss_sum / (static_cast<double>(d.tokens_per_iteration) * iterations);
   }
 
@@ -214,7 +220,11 @@ struct Run {
     data::BatchLoader loader(split, d.global_batch_size, cfg.training.micro_batch_size, ps().dp_rank,
                              d.data_parallel_size, 0, cfg.data.prefetch);
     double sum = 0;
-    for (int64_t i = 0; i < cfg.training.eval_iters; ++i) sum += exec->evaluate(loader.next());
+    for (int64_t i = 0; i < cfg.training.eval_iters; ++i) {
+      std::vector<data::MicroBatch> mbs = loader.next();
+      data::context_chunks(mbs, ps().cp_size, ps().cp_rank);
+      sum += exec->evaluate(mbs);
+    }
     const double mean = global_mean(sum, cfg.training.eval_iters);
     take_exposed_comm_ms(ctx.device);  // evaluation's waits are not a training step's
     return mean;
@@ -268,11 +278,19 @@ TrainResult run_training(const Config& cfg) {
 #endif
   run.mesh = std::make_unique<Mesh>(cfg.parallel, d, *run.world, wrap);
   const ParallelState& ps = run.ps();
+  run.grad_ps = ps;
+  if (ps.cp_size > 1) {
+    run.grad_ps.dp = ps.dp_cp;
+    run.grad_ps.dp_size = ps.dp_cp_size;
+    run.grad_ps.dp_rank = ps.dp_cp_rank;
+  }
+  const ParallelState& gps = run.grad_ps;
   if (ps.world_size > 1) watchdog::start(cfg.training.collective_timeout_s, run.mesh->coords());
 #if defined(MEGATRAIN_HAVE_CUDA)
   // The groups that carry device tensors get their NCCL communicators now, in one order everywhere.
   if (wrap)
-    for (Communicator* g : {ps.tp, ps.pp, ps.dp, ps.embedding})
+    for (Communicator* g : {ps.tp, ps.pp, ps.dp, ps.embedding, ps.cp_size > 1 ? ps.cp : nullptr,
+                            ps.cp_size > 1 ? ps.dp_cp : nullptr})
       if (g) cuda::init_nccl(*g);
   // mixture of experts: the token dispatch (expert parallel) and the expert gradients (expert data parallel)
   if (wrap && cfg.model.num_experts > 0)
@@ -304,19 +322,19 @@ TrainResult run_training(const Config& cfg) {
     run.chunks.push_back(std::make_unique<GPTModel>(run.ctx, *run.store, spec));
     chunk_ptrs.push_back(run.chunks.back().get());
   }
-  const bool distributed = cfg.parallel.distributed_optimizer && ps.dp_size > 1;
-  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? ps.dp_size : 1, distributed ? ps.expert_dp_size : 1);
+  const bool distributed = cfg.parallel.distributed_optimizer && gps.dp_size > 1;
+  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? gps.dp_size : 1, distributed ? ps.expert_dp_size : 1);
   run.store->set_grad_bucket_elements(cfg.parallel.grad_bucket_size);
   run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
   run.exec = std::make_unique<PipelineExecutor>(chunk_ptrs, run.ctx);
-  run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer, ps, distributed);
+  run.opt = std::make_unique<AdamW>(*run.store, cfg.optimizer, gps, distributed);
   GradSyncOptions sync;
   sync.distributed_optimizer = distributed;
   sync.tied_embeddings = !d.features.untie_embeddings_and_output_weights;
   sync.overlap_grad_reduce = cfg.parallel.overlap_grad_reduce;
   sync.overlap_param_gather = cfg.parallel.overlap_param_gather;
   sync.num_microbatches = static_cast<int>(d.num_microbatches);
-  run.grad_sync = std::make_unique<GradSync>(*run.store, ps, sync);
+  run.grad_sync = std::make_unique<GradSync>(*run.store, gps, sync);
   run.ctx.hooks = run.grad_sync.get();
   MoEStepDriver moe(chunk_ptrs, cfg.model, d, ps);
   run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model, d);
@@ -409,7 +427,7 @@ TrainResult run_training(const Config& cfg) {
     if (run.ctx.dtype == DType::F16) scaler.save_state(state);
     if (!cfg.checkpoint.async_save) {
       std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
-                                                  *run.opt, ps, state, run.config_yaml, moe.state_buffers());
+                                                  *run.opt, gps, state, run.config_yaml, moe.state_buffers());
       log::info("saved checkpoint {}", path);
       last_checkpoint = path;
       save_stall_ms += ms_since(t_save);
@@ -424,7 +442,7 @@ TrainResult run_training(const Config& cfg) {
     finish_async_save();
     const auto t0 = Clock::now();
     async_save = std::make_unique<ckpt::AsyncSave>(
-        snapshot.take(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, ps, state,
+        snapshot.take(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store, *run.opt, gps, state,
                       run.config_yaml, moe.state_buffers()),
         *run.world);
     save_stall_ms += ms_since(t0);
@@ -469,6 +487,7 @@ TrainResult run_training(const Config& cfg) {
     auto t0 = Clock::now();
     const int64_t it = iteration + 1;
     std::vector<data::MicroBatch> batches = loader.next();
+    data::context_chunks(batches, ps.cp_size, ps.cp_rank);  // this context rank's two chunks of each sequence
     debug_stall(ps.world_rank, it);
     watchdog::iteration_begin(it);
     run.store->zero_grads();
@@ -481,7 +500,7 @@ TrainResult run_training(const Config& cfg) {
         run.exec->train(batches, run.dropout_seed(it), loss_scale / static_cast<double>(d.tokens_per_iteration));
     run.grad_sync->finish();
     const double loss = run.global_mean(loss_sum);
-    const double gnorm = global_grad_norm(*run.store, ps, run.opt->shard(), run.opt->distributed()) / loss_scale;
+    const double gnorm = global_grad_norm(*run.store, gps, run.opt->shard(), run.opt->distributed()) / loss_scale;
     const double lr = learning_rate(cfg.optimizer, d.decay_style, decay_iters, it);
     bool skip = false;
     // A non-finite loss is divergence (training.nan_policy); with fp16 a non-finite gradient alone is

@@ -243,10 +243,20 @@ TEST_CASE("derive: sequence and context parallel need divisible sequence lengths
   c.model.seq_length = 130;
   m = derive_error(c, 2);
   CHECK(contains(m, "model.seq_length (130) must be divisible by 2 x parallel.context (2) = 4"));
-  c.model.seq_length = 128;  // a fitting length: context parallelism itself is refused (no layers yet)
-  m = derive_error(c, 2);
-  CHECK(contains(m, "parallel.context (2) > 1: context-parallel attention is not implemented yet; set "
-                    "parallel.context: 1"));
+  c.model.seq_length = 128;  // a fitting length
+  CHECK(mt::derive_config(c, 2).data_parallel_size == 1);
+  // a2a splits the key/value heads per tensor rank (4 / 2 = 2) over context: 4 does not divide them.
+  c.parallel.cp_comm_type = "a2a";
+  c.parallel.tensor = 2;
+  c.parallel.context = 4;
+  m = derive_error(c, 8);
+  CHECK(contains(m, "parallel.cp_comm_type a2a splits each tensor rank's key/value heads over parallel.context (4), "
+                    "but model.num_query_groups / parallel.tensor = 2 is not divisible by it"));
+  c.parallel.context = 2;
+  CHECK(mt::derive_config(c, 4).data_parallel_size == 1);
+  c.model.dropout = 0.1;  // not yet with context parallelism
+  m = derive_error(c, 4);
+  CHECK(contains(m, "model.dropout (0.1) with parallel.context (2) > 1 is not supported yet"));
 }
 
 TEST_CASE("derive: batch arithmetic is checked, never adjusted", "[config]") {

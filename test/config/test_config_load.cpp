@@ -72,6 +72,7 @@ parallel:
   pipeline: 4
   virtual_pipeline: 2
   context: 2
+  cp_comm_type: a2a
   expert: 1
   sequence_parallel: true
   distributed_optimizer: true

@@ -81,14 +81,18 @@ template <typename T> void swiglu_backward_cpu(T* dinp, const T* dout, const T* 
 // x (B, T, heads, D), in place; the backward rotates by -angle.
 template <typename T>
 void rope_forward_cpu(T* x, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
-                      int64_t position_offset);
+                      RopePositions positions);
 template <typename T>
 void rope_backward_cpu(T* dx, int64_t B, int64_t T_, int64_t heads, int64_t D, const RopeParams& rope,
-                       int64_t position_offset);
+                       RopePositions positions);
 
 // ---------------------------------------------------------------- attention.cpp
+// Query length T; key/value length Tk (-1: T). causal: query i sees keys j <= i (needs Tk == T); else all Tk keys.
 struct AttnShape {
   int64_t B, T, H, G, D;
+  int64_t Tk = -1;
+  bool causal = true;
+  int64_t keys() const { return Tk < 0 ? T : Tk; }
 };
 template <typename T> void qkv_split_forward_cpu(T* q, T* k, T* v, const T* qkv, const AttnShape& s);
 template <typename T> void qkv_split_backward_cpu(T* dqkv, const T* dq, const T* dk, const T* dv, const AttnShape& s);
@@ -96,6 +100,13 @@ template <typename T> void attention_forward_cpu(T* out, T* lse, const T* q, con
 template <typename T>
 void attention_backward_cpu(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                             const T* lse, const AttnShape& s);
+// context_attention.cpp (ops.h attention_merge, seq_copy)
+template <typename T>
+void attention_merge_cpu(T* out, T* lse, const T* part_out, const T* part_lse, int64_t B, int64_t T_, int64_t Tb,
+                         int64_t H, int64_t D, int64_t t0);
+template <typename T>
+void seq_copy_cpu(T* dst, int64_t Td, int64_t dst_t, const T* src, int64_t Ts, int64_t src_t, int64_t B, int64_t len,
+                  int64_t row, bool accumulate);
 
 // ---------------------------------------------------------------- cross_entropy.cpp
 template <typename T>
