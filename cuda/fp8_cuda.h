@@ -40,5 +40,9 @@ struct Fp8GemmOperand {
 // out (M, N) row-major (= or +=) = deq(a) (M, K) deq(b) (N, K)^T [+ bias (N)]; T = float or bf16 (bias: T).
 template <typename T>
 void fp8_gemm_cuda(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate);
+// test/cuda only: the same with candidate `layout` (0 = the one fp8_gemm_cuda uses) of the block scales handed to
+// cuBLASLt (cuda/fp8_gemm.cu, Note [FP8 block scale layout]); T = float.
+template <typename T>
+void fp8_gemm_cuda_scale_layout(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, bool accumulate, int layout);
 
 }  // namespace mt::ops::cuda

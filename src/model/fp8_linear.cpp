@@ -22,6 +22,17 @@ struct Fp8Linear::Quantized {
 
 Fp8Linear::Fp8Linear(Fp8Context& fp8, const std::string& name, Split split)
     : fp8_(&fp8), index_(fp8.add_linear(name)), split_(split) {}
+Fp8Linear::~Fp8Linear() = default;
+
+const ops::Fp8Tensor& Fp8Linear::weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const {
+  const int i = transposed ? 1 : 0;
+  if (!w_cache_[i] || w_version_[i] != fp8_->weight_version()) {
+    w_cache_[i] = std::make_unique<Quantized>();
+    quantize(*w_cache_[i], w, Fp8Role::Weight, !transposed, transposed, split_.weight, ps);
+    w_version_[i] = fp8_->weight_version();
+  }
+  return transposed ? w_cache_[i]->col : w_cache_[i]->row;
+}
 
 std::shared_ptr<Fp8Linear> Fp8Linear::make(const ModelContext& ctx, const std::string& name, Split split) {
   if (!ctx.fp8 || !ctx.fp8->options().enabled()) return nullptr;
@@ -71,21 +82,16 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
 
 void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                         const ParallelState& ps) const {
-  Quantized qx, qw;
+  Quantized qx;
   quantize(qx, x, Fp8Role::Input, true, false, split_.input, ps);
-  quantize(qw, w, Fp8Role::Weight, true, false, split_.weight, ps);
-  ops::fp8_gemm(y, qx.row, qw.row, bias, false);
+  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false);
 }
 
 void Fp8Linear::backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
                          ops::GradMode dw_mode, const ParallelState& ps) const {
   Quantized qdy;
   quantize(qdy, dy, Fp8Role::Grad, dx != nullptr, dw != nullptr, split_.grad, ps);
-  if (dx) {
-    Quantized qw;
-    quantize(qw, w, Fp8Role::Weight, false, true, split_.weight, ps);
-    ops::fp8_gemm(*dx, qdy.row, qw.col, nullptr, false);
-  }
+  if (dx) ops::fp8_gemm(*dx, qdy.row, weight_copy(w, true, ps), nullptr, false);
   if (dw) {
     Quantized qx;
     quantize(qx, x, Fp8Role::Input, false, true, split_.input, ps);

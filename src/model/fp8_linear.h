@@ -6,13 +6,15 @@
 // Formats and scales by the recipe (tensor/fp8/fp8_recipe.h): X, W e4m3; dY e4m3 or e5m2 (hybrid). The amax of a
 // tensor split over TP is reduced over TP (parallel/fp8_amax_reduce.h) before its scale is made. GEMM outputs are
 // in the activation dtype (dW: the fp32 main grad on CUDA); biases and master weights as in the bf16 path.
-// Backward quantizes X and W again (the same codes: same inputs, same scales) rather than keeping FP8 copies.
+// Backward quantizes X again (the same codes: same input, same scale) rather than keeping an FP8 copy; W's FP8 copies
+// (row-wise for forward, transposed for dgrad) are made once per step and kept (Fp8Context::weight_version).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "model/model_context.h"
+#include "tensor/fp8/fp8_ops.h"
 #include "tensor/fp8/fp8_recipe.h"
 #include "tensor/ops.h"
 
@@ -25,6 +27,7 @@ class Fp8Linear {
     bool input = false, weight = true, grad = false;
   };
   Fp8Linear(Fp8Context& fp8, const std::string& name, Split split);
+  ~Fp8Linear();
   // The FP8 path for linear `name` of ctx's model, or null when it stays in the activation dtype (fp8 off, not a
   // transformer layer's linear, or a layer fp8_first_last_layers_bf16 keeps out).
   static std::shared_ptr<Fp8Linear> make(const ModelContext& ctx, const std::string& name, Split split);
@@ -40,9 +43,13 @@ class Fp8Linear {
   // Row-wise (R, C) and/or transposed (C, R) FP8 copies of t (R, C) in role r, by the recipe.
   void quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise, bool transposed, bool split,
                 const ParallelState& ps) const;
+  // W's FP8 copies (rows, or transposed) under the weight version they were made in.
+  const ops::Fp8Tensor& weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const;
   Fp8Context* fp8_;
   int index_;
   Split split_;
+  mutable std::unique_ptr<Quantized> w_cache_[2];
+  mutable uint64_t w_version_[2] = {~0ull, ~0ull};
 };
 
 }  // namespace mt

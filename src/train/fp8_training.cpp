@@ -19,11 +19,15 @@ std::unique_ptr<Fp8Context> make_fp8_context(const Config& cfg, const DerivedCon
 }
 
 void fp8_begin_step(Fp8Context* fp8) {
-  if (fp8 && fp8->options().recipe == Fp8Recipe::Delayed) fp8->begin_step();
+  if (!fp8) return;
+  fp8->bump_weight_version();  // copies made by evaluation in between are rebuilt (and their amax recorded)
+  if (fp8->options().recipe == Fp8Recipe::Delayed) fp8->begin_step();
 }
 
 void fp8_end_step(Fp8Context* fp8, const ParallelState& ps) {
-  if (!fp8 || fp8->options().recipe != Fp8Recipe::Delayed || fp8->num_linears() == 0) return;
+  if (!fp8) return;
+  fp8->bump_weight_version();  // the optimizer is about to change the weights
+  if (fp8->options().recipe != Fp8Recipe::Delayed || fp8->num_linears() == 0) return;
   reduce_amax_over_stage(fp8->pending_amax(), ps);
   fp8->end_step();
 }

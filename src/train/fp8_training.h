@@ -17,7 +17,8 @@ namespace mt {
 std::unique_ptr<Fp8Context> make_fp8_context(const Config& cfg, const DerivedConfig& d, ModelContext& ctx, bool log);
 // Before a step's micro-batches: pending amaxes zeroed (evaluation forwards in between do not count).
 void fp8_begin_step(Fp8Context* fp8);
-// After the step's backward (delayed): the step's amaxes reduced over the stage's ranks, histories and scales updated.
+// After the step's backward, before the update: the FP8 weight copies expire; delayed: the step's amaxes reduced over
+// the stage's ranks, histories and scales updated.
 void fp8_end_step(Fp8Context* fp8, const ParallelState& ps);
 // state["fp8"] = {"<linear>.<role>": [scale, amax history...]} (delayed; nothing otherwise).
 void fp8_save_state(const Fp8Context* fp8, nlohmann::json& state);

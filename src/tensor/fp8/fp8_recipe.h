@@ -79,6 +79,10 @@ class Fp8Context {
   // missing from the map keep their fresh state only when `map` is empty: a checkpoint without FP8 state).
   std::vector<std::pair<std::string, std::vector<float>>> state() const;
   void set_state(const std::vector<std::pair<std::string, std::vector<float>>>& map);
+  // Bumped at every step's start and end (train/fp8_training.h; the optimizer changes the weights and the delayed
+  // scales change after the end): FP8 copies of the weights made under one version are valid until the next.
+  uint64_t weight_version() const { return weight_version_; }
+  void bump_weight_version() { ++weight_version_; }
   const AmaxHistory& history(int linear, Fp8Role r) const { return hist_[static_cast<size_t>(linear * kFp8Roles + static_cast<int>(r))]; }
 
  private:
@@ -89,6 +93,7 @@ class Fp8Context {
   std::vector<std::string> names_;
   std::vector<AmaxHistory> hist_;  // num_linears x 3
   Tensor scales_, amax_;           // F32 (num_linears x 3) on device_
+  uint64_t weight_version_ = 0;
 };
 
 }  // namespace mt
