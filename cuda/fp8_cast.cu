@@ -5,7 +5,7 @@
 // so a NaN, above +inf, propagates) with atomicMax.
 //   fp8_amax_kernel                 amax = max |x|
 //   fp8_cast_rows_kernel            per-tensor codes (R, C), 8 elements a thread; amax fused (delayed)
-//   fp8_cast_transpose_kernel       per-tensor codes (R, C) and/or (C, R) through a 32x32 shared tile; amax fused
+//   fp8_cast_transpose_kernel       per-tensor codes (R, C) and/or (C, R) through a 64x64 shared tile; amax fused
 //   fp8_tiles_rows_kernel           1x128 tiles along rows: a warp per tile
 //   fp8_tiles_cols_kernel           1x128 tiles along columns, written transposed (C, R): 128 x 32 patch a block
 //   fp8_blocks_kernel               128x128 blocks: amax, then codes (R, C) and (C, R) from a shared tile
@@ -105,39 +105,68 @@ __global__ void fp8_cast_rows_kernel(uint8_t* out, float* scale_inv, const D* x,
   }
 }
 
-// Block (32, 8) over a 32 x 32 tile of x (R, C): rows r0 + threadIdx.y + 8 j, column c0 + threadIdx.x.
+// 256 threads over a 64 x 64 tile of x (R, C) at (r0, c0): chunks of 8 consecutive elements of a row (16-byte loads
+// when C % 8 == 0), codes written row-wise 8 bytes at a time and kept in a shared tile, then written transposed,
+// 8 bytes of an out_t row (8 consecutive r) at a time when R % 8 == 0. Scalar fallbacks at ragged edges.
+constexpr int kT = 64;
 template <typename D>
 __global__ void fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, float* scale_inv, const D* x, int64_t R,
                                           int64_t C, const float* amax, const float* scale, float* amax_accum,
                                           int margin, fp8::Fp8Dtype t) {
-  __shared__ uint8_t tile[32][33];
+  __shared__ uint8_t tile[kT][kT + 8];
   __shared__ uint32_t scratch[32];
   const float s = tensor_scale(amax, scale, margin, t);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
-  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+  const int64_t r0 = int64_t(blockIdx.y) * kT, c0 = int64_t(blockIdx.x) * kT;
+  const bool vec_in = C % 8 == 0, vec_out = R % 8 == 0;
   uint32_t m = 0;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t r = r0 + threadIdx.y + 8 * j, c = c0 + threadIdx.x;
-    if (r < R && c < C) {
-      const float f = to_float(x[r * C + c]);
-      m = max(m, abs_bits(f));
-      const uint8_t q = to_fp8(f * s, t);
-      if (out) out[r * C + c] = q;
-      tile[threadIdx.y + 8 * j][threadIdx.x] = q;
+  for (int j = 0; j < 2; ++j) {
+    const int id = threadIdx.x + 256 * j, lr = id / 8, lc = (id % 8) * 8;
+    const int64_t r = r0 + lr, c = c0 + lc;
+    if (r >= R || c >= C) continue;
+    uint8_t q[8] = {};
+    if (vec_in && c + 8 <= C) {
+      D v[8];
+      load_vec<8>(v, x + r * C + c);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float f = to_float(v[k]);
+        m = max(m, abs_bits(f));
+        q[k] = to_fp8(f * s, t);
+      }
+      if (out) *reinterpret_cast<uint2*>(out + r * C + c) = *reinterpret_cast<const uint2*>(q);
+    } else {
+      for (int k = 0; k < 8 && c + k < C; ++k) {
+        const float f = to_float(x[r * C + c + k]);
+        m = max(m, abs_bits(f));
+        q[k] = to_fp8(f * s, t);
+        if (out) out[r * C + c + k] = q[k];
+      }
     }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) tile[lr][lc + k] = q[k];  // entries past the edge are never read
   }
   if (out_t) {
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t c = c0 + threadIdx.y + 8 * j, r = r0 + threadIdx.x;
-      if (r < R && c < C) out_t[c * R + r] = tile[threadIdx.x][threadIdx.y + 8 * j];
+    for (int j = 0; j < 2; ++j) {
+      const int id = threadIdx.x + 256 * j, lc = id / 8, lr = (id % 8) * 8;
+      const int64_t c = c0 + lc, r = r0 + lr;
+      if (c >= C || r >= R) continue;
+      uint8_t q[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) q[k] = tile[lr + k][lc];
+      if (vec_out && r + 8 <= R) {
+        *reinterpret_cast<uint2*>(out_t + c * R + r) = *reinterpret_cast<const uint2*>(q);
+      } else {
+        for (int k = 0; k < 8 && r + k < R; ++k) out_t[c * R + r + k] = q[k];
+      }
     }
   }
   if (amax_accum) {
     m = block_max_u(m, scratch);
-    if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(reinterpret_cast<unsigned int*>(amax_accum), m);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax_accum), m);
   }
 }
 
@@ -280,9 +309,11 @@ void fp8_quantize_tensor_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, co
     MT_CUDA_CHECK_LAUNCH("fp8_cast_rows_kernel");
     return;
   }
-  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>((R + 31) / 32)), block(32, 8);
-  fp8_cast_transpose_kernel<<<grid, block, 0, s>>>(out, out_t, scale_inv, dev(x), R, C, amax, scale, amax_accum,
-                                                   margin, t);
+  MT_CHECK(aligned(x, 16) && (!out || aligned(out, 8)) && (!out_t || aligned(out_t, 8)),
+           "fp8_quantize_tensor_cuda: x must be 16-byte and the codes 8-byte aligned");
+  const dim3 grid(static_cast<unsigned>((C + kT - 1) / kT), static_cast<unsigned>((R + kT - 1) / kT));
+  fp8_cast_transpose_kernel<<<grid, 256, 0, s>>>(out, out_t, scale_inv, dev(x), R, C, amax, scale, amax_accum, margin,
+                                                 t);
   MT_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");
 }
 

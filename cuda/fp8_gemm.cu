@@ -5,8 +5,10 @@
 // our b, its B our a; m = N, n = M, k = K; fp32 accumulation, out bf16 or fp32 (C = D; beta 1 accumulates).
 // Scales: cuBLASLt multiplies by A/B "scale" pointers, our scale_inv (value = code * scale_inv):
 //   tensor:  CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, one float each.
-//   blocks:  VEC128_32F (1x128 tiles) and BLK128x128_32F (cuBLAS 12.9+, Hopper); our compact scale tensors are
-//            rewritten into cuBLASLt's layout first (fp8_gemm_scale_kernel; see Note [FP8 block scale layout]).
+//   blocks:  VEC128_32F (1x128 tiles) and BLK128x128_32F (cuBLAS 12.9+, Hopper), our compact scale tensors as they
+//            are (Note [FP8 block scale layout]); no fast accumulation with them. If cuBLASLt has no fp32-output
+//            kernel for a scaling pair, the product goes through a bf16 scratch added in fp32.
+// fast_accum (CUBLASLT_MATMUL_DESC_FAST_ACCUM, tensor scaling only): TransformerEngine's choice for the forward GEMM.
 #include <array>
 #include <map>
 #include <mutex>
@@ -21,19 +23,21 @@ using namespace ::mt::cuda;
 namespace {
 
 // Note [FP8 block scale layout]
-// Our scale tensors are "compact": tiles (R, ceil(K/128)) and blocks (ceil(R/128), ceil(K/128)), row-major. cuBLASLt
-// (as TransformerEngine's GEMM-ready format) reads 1x128 tile scales MN-major, (ceil(K/128), roundup(R, 4)) row-major,
-// and 128x128 block scales (ceil(R/128), roundup(ceil(K/128), 4)) row-major. The layout is a parameter here only so
-// that test/cuda can check the GEMM against its reference for each candidate and name the one that matches.
+// Our scale tensors are "compact": tiles (R, ceil(K/128)) and blocks (ceil(R/128), ceil(K/128)), row-major, i.e.
+// column-major with the K blocks innermost, the orientation of the K-major data itself: that is what cuBLASLt reads
+// for VEC128_32F and BLK128x128_32F (layout 0: handed over as they are). Other candidates (TransformerEngine's
+// GEMM-ready MN-major 1D scales, padded to 4, ...) stay selectable only so that test/cuda can check each against the
+// reference and show that layout 0 is the one that matches.
 struct ScaleLayout {
-  bool tile_mn_major = true, tile_pad4 = true;    // tiles: (kb, R4) if mn_major else (R, kb)
-  bool block_k_major = true, block_pad4 = true;   // blocks: (rb, kb4) if k_major else (kb, rb4)
+  bool compact = true;                              // layout 0: no rewrite
+  bool tile_mn_major = false, tile_pad4 = false;    // tiles: (kb, R4) if mn_major else (R, kb)
+  bool block_k_major = true, block_pad4 = false;    // blocks: (rb, kb4) if k_major else (kb, rb4)
 };
 ScaleLayout layout_variant(int v) {
   switch (v) {
-    case 1: return {false, false, true, false};
-    case 2: return {true, false, false, false};
-    case 3: return {true, true, false, true};
+    case 1: return {false, true, true, true, true};
+    case 2: return {false, true, false, false, false};
+    case 3: return {false, true, true, false, true};
     default: return {};
   }
 }
@@ -52,7 +56,7 @@ __global__ void fp8_gemm_scale_kernel(float* dst, const float* src, int64_t rows
 
 // The scale tensor cuBLASLt reads for an operand, in `buf` (or the operand's own for tensor scaling).
 const float* gemm_scales(const Fp8GemmOperand& o, const ScaleLayout& L, Scratch*& buf, cudaStream_t s) {
-  if (o.scaling == 0) return o.scale_inv;
+  if (o.scaling == 0 || L.compact) return o.scale_inv;
   const int64_t kb = cdiv(o.k, 128);
   int64_t rows_s, cols_s, dst_rows, dst_ld;
   bool transposed;
@@ -85,11 +89,15 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool usable = false;  // false: cuBLASLt has no algorithm (the caller may try another output type)
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
 };
 using Key = std::array<int64_t, 12>;
 
 // cuBLASLt's A = our b (N, K), its B = our a (M, K); D (N, M) column-major.
-Plan make_plan(const Key& key, const Fp8GemmOperand& a, const Fp8GemmOperand& b, cudaDataType_t out_type, bool bias) {
+// Block scale modes need the scale pointers set before the heuristic is asked (null ones are an invalid value).
+Plan make_plan(const Fp8GemmOperand& a, const Fp8GemmOperand& b, const float* scale_a, const float* scale_b,
+               cudaDataType_t out_type, bool bias, bool fast_accum) {
   const Context& ctx = context();
   const int64_t M = a.rows, N = b.rows, K = a.k;
   Plan p;
@@ -101,6 +109,14 @@ Plan make_plan(const Key& key, const Fp8GemmOperand& a, const Fp8GemmOperand& b,
     const cublasLtMatmulMatrixScale_t ma = scale_mode(b.scaling), mb = scale_mode(a.scaling);
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+  }
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a));
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b));
+  if (fast_accum) {
+    const int8_t on = 1;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof on));
   }
   if (bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
@@ -119,65 +135,95 @@ Plan make_plan(const Key& key, const Fp8GemmOperand& a, const Fp8GemmOperand& b,
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  MT_CHECK(hs == CUBLAS_STATUS_SUCCESS && found > 0, "fp8_gemm_cuda: cuBLASLt has no FP8 algorithm for M=", M,
-           " N=", N, " K=", K, " (scalings a ", a.scaling, " b ", b.scaling, ", out type ", static_cast<int>(out_type),
-           ", bias ", bias, ", status ", static_cast<int>(hs),
-           "); FP8 GEMMs need K and the leading dimensions multiples of 16 (blockwise: of 128)");
-  (void)key;
+  p.status = hs;
+  p.usable = hs == CUBLAS_STATUS_SUCCESS && found > 0;
   p.algo = result.algo;
   return p;
 }
 
-template <typename T>
-void fp8_gemm_impl(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
-                   int layout) {
-  const int64_t M = a.rows, N = b.rows, K = a.k;
-  if (M == 0 || N == 0) return;
-  constexpr cudaDataType_t out_type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
-  const Key key{M, N, K, static_cast<int64_t>(a.dtype), static_cast<int64_t>(b.dtype), a.scaling, b.scaling,
-                out_type, bias != nullptr, 0, 0, 0};
+// out (M, N) of cuda type out_type (= or += with beta 1), through a cached plan; false: no algorithm.
+bool run_gemm(void* out, cudaDataType_t out_type, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const void* bias,
+              bool accumulate, bool fast_accum, const float* scale_a, const float* scale_b) {
+  const Key key{a.rows, b.rows, a.k, static_cast<int64_t>(a.dtype), static_cast<int64_t>(b.dtype), a.scaling,
+                b.scaling, out_type, bias != nullptr, fast_accum, 0, 0};
   static std::mutex mu;
   static std::map<Key, Plan> cache;
   Plan plan;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, make_plan(key, a, b, out_type, bias != nullptr)).first;
+    if (it == cache.end())
+      it = cache.emplace(key, make_plan(a, b, scale_a, scale_b, out_type, bias != nullptr, fast_accum)).first;
     plan = it->second;
+    if (!plan.usable) return false;
+    // The cached descriptor carries the last call's pointers.
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a,
+                                                   sizeof scale_a));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b,
+                                                   sizeof scale_b));
+    if (bias)
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   }
+  const Context& ctx = context();
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, b.data, plan.a, a.data, plan.b, &beta, out, plan.c, out,
+                                 plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
+  return true;
+}
+
+__global__ void fp8_gemm_add_bf16_kernel(float* out, const __nv_bfloat16* in, int64_t n, bool accumulate) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = (accumulate ? out[i] : 0.0f) + __bfloat162float(in[i]);
+}
+
+template <typename T>
+void fp8_gemm_impl(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
+                   bool fast_accum, int layout) {
+  const int64_t M = a.rows, N = b.rows;
+  if (M == 0 || N == 0) return;
+  constexpr cudaDataType_t out_type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
   const Context& ctx = context();
   const ScaleLayout L = layout_variant(layout);
   Scratch *sa = nullptr, *sb = nullptr;
   const float* scale_a = gemm_scales(b, L, sa, ctx.stream);  // cuBLASLt's A is our b
   const float* scale_b = gemm_scales(a, L, sb, ctx.stream);
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a,
-                                                 sizeof scale_a));
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b,
-                                                 sizeof scale_b));
-  if (bias)
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, b.data, plan.a, a.data, plan.b, &beta, out, plan.c, out,
-                                 plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
+  bool done = run_gemm(out, out_type, a, b, bias, accumulate, fast_accum, scale_a, scale_b);
+  if (!done && out_type == CUDA_R_32F && !bias) {
+    // No fp32-output kernel for these scalings: the product in bf16, added (or written) in fp32.
+    Scratch tmp(sizeof(mt::bf16) * static_cast<size_t>(M * N));
+    done = run_gemm(tmp.as<void>(), CUDA_R_16BF, a, b, nullptr, false, fast_accum, scale_a, scale_b);
+    if (done) {
+      fp8_gemm_add_bf16_kernel<<<static_cast<unsigned>(cdiv(M * N, 256)), 256, 0, ctx.stream>>>(
+          reinterpret_cast<float*>(out), tmp.as<__nv_bfloat16>(), M * N, accumulate);
+      MT_CUDA_CHECK_LAUNCH("fp8_gemm_add_bf16_kernel");
+    }
+  }
   delete sa;  // stream-ordered reuse (kernel_utils.cuh Scratch)
   delete sb;
+  MT_CHECK(done, "fp8_gemm_cuda: cuBLASLt has no FP8 algorithm for M=", M, " N=", N, " K=", a.k, " (scalings a ",
+           a.scaling, " b ", b.scaling, ", dtypes a ", static_cast<int>(a.dtype), " b ", static_cast<int>(b.dtype),
+           ", output ", out_type == CUDA_R_32F ? "fp32" : "bf16", ", bias ", bias != nullptr,
+           "); FP8 GEMMs need K and the leading dimensions multiples of 16 (blockwise: of 128)");
 }
 
 }  // namespace
 
 template <typename T>
-void fp8_gemm_cuda(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate) {
-  fp8_gemm_impl(out, a, b, bias, accumulate, 0);
+void fp8_gemm_cuda(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
+                   bool fast_accum) {
+  fp8_gemm_impl(out, a, b, bias, accumulate, fast_accum, 0);
 }
 
 template <typename T>
 void fp8_gemm_cuda_scale_layout(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, bool accumulate,
                                 int layout) {
-  fp8_gemm_impl<T>(out, a, b, nullptr, accumulate, layout);
+  fp8_gemm_impl<T>(out, a, b, nullptr, accumulate, false, layout);
 }
 
-template void fp8_gemm_cuda<float>(float*, const Fp8GemmOperand&, const Fp8GemmOperand&, const float*, bool);
-template void fp8_gemm_cuda<mt::bf16>(mt::bf16*, const Fp8GemmOperand&, const Fp8GemmOperand&, const mt::bf16*, bool);
+template void fp8_gemm_cuda<float>(float*, const Fp8GemmOperand&, const Fp8GemmOperand&, const float*, bool, bool);
+template void fp8_gemm_cuda<mt::bf16>(mt::bf16*, const Fp8GemmOperand&, const Fp8GemmOperand&, const mt::bf16*, bool,
+                                      bool);
 template void fp8_gemm_cuda_scale_layout<float>(float*, const Fp8GemmOperand&, const Fp8GemmOperand&, bool, int);
 
 }  // namespace mt::ops::cuda

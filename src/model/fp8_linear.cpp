@@ -84,7 +84,7 @@ void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tenso
                         const ParallelState& ps) const {
   Quantized qx;
   quantize(qx, x, Fp8Role::Input, true, false, split_.input, ps);
-  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false);
+  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true);
 }
 
 void Fp8Linear::backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,

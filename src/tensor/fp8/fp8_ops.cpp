@@ -209,7 +209,8 @@ void fp8_dequantize(Tensor& out, const Fp8Tensor& q) {
   });
 }
 
-void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate) {
+void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate,
+              bool fast_accum) {
   const char* op = "fp8_gemm";
   check_operand(op, a, out.device());
   check_operand(op, b, out.device());
@@ -220,6 +221,7 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
   MT_INTERNAL_ASSERT(!(a.dtype == fp8::Fp8Dtype::E5M2 && b.dtype == fp8::Fp8Dtype::E5M2), "op ", op,
                      ": e5m2 x e5m2 has no FP8 GEMM");
   if (bias) MT_INTERNAL_ASSERT(bias->numel() == N && bias->dtype() == out.dtype(), "op ", op, ": bias ", bias->str());
+  (void)fast_accum;
   dispatch(op, out, [&](auto z) {
     using T = decltype(z);
     if (out.device() == Device::CPU) {
@@ -241,7 +243,7 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
 #if defined(MEGATRAIN_HAVE_CUDA)
     if constexpr (!std::is_same_v<T, double>)
       cuda::fp8_gemm_cuda<T>(out.data<T>(), gemm_operand(a), gemm_operand(b), bias ? bias->data<T>() : nullptr,
-                             accumulate);
+                             accumulate, fast_accum && a.scaling == Fp8Scaling::Tensor);
 #endif
   });
 }

@@ -54,6 +54,9 @@ void fp8_dequantize(Tensor& out, const Fp8Tensor& q);
 // out (M, N) = deq(a) (M, K) @ deq(b) (N, K)^T [+ bias (N)]; accumulate: out += (bias must be null).
 // CPU: dequantize both, then the fp32/fp64 GEMM. CUDA: cuBLASLt FP8 GEMM, fp32 accumulation, out bf16 or fp32.
 // (a, b) scalings: (Tensor, Tensor), (Tile1x128, Block128x128), (Tile1x128, Tile1x128), (Block128x128, Tile1x128).
-void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate);
+// fast_accum (tensor scaling): CUDA may accumulate in the tensor cores' faster, less precise mode (the forward GEMM's
+// choice in TransformerEngine); the CPU ignores it (its reference is exact either way).
+void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate,
+              bool fast_accum = false);
 
 }  // namespace mt::ops
