@@ -164,7 +164,13 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
   uint64_t seed = 500;
   for (const Case& c : cases) {
     INFO(c.name);
-    const Tensor a = f32(wide(M, K, ++seed, 3)), b = f32(wide(N, K, ++seed, 3));
+    Tensor a = f32(wide(M, K, ++seed, 3)), b = f32(wide(N, K, ++seed, 3));
+    // Every 128x128 block of b (and every 128-column block of a) at its own power of 2, so that each block and
+    // tile has its own scale: a scale read from the wrong place is then a wrong value, never a coincidence.
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) b.data<float>()[n * K + k] *= std::ldexp(1.0f, int((n / 128) * 3 + (k / 128)));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) a.data<float>()[m * K + k] *= std::ldexp(1.0f, -int(2 * (k / 128)));
     auto quantize = [](const Tensor& x, fp8::Fp8Dtype t, Fp8Scaling s) {
       Fp8Tensor q = Fp8Tensor::empty(x.size(0), x.size(1), t, s, Device::CPU);
       if (s == Fp8Scaling::Tensor) {
@@ -199,7 +205,8 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
       check_close(std::string("fp8_gemm bias bf16 ") + c.name, out_b, ref_b, DType::BF16);
     } else {
       // Every candidate block-scale layout (cuda/fp8_gemm.cu, Note [FP8 block scale layout]): layout 0, the one
-      // fp8_gemm uses, must match the reference; the others are printed to show that the check can tell them apart.
+      // fp8_gemm uses, must match the reference, and the others must not where they differ from it for this pair
+      // (the check tells layouts apart).
       double err0 = -1;
       for (int layout = 0; layout < 4; ++layout) {
         Tensor o = Tensor::zeros({M, N}, DType::F32, Device::CUDA);
@@ -218,6 +225,8 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
         const double e = ok ? rel_err(to_host64(o), ref) : -1;
         std::printf("fp8 block-scale layout %d for %s: relative error %.3e\n", layout, c.name, e);
         if (layout == 0) err0 = e;
+        // layout 1 (compact tiles) differs from 0 in the tiles; 2 and 3 only in the blocks' orientation.
+        if (layout == 1 || c.sb == Fp8Scaling::Block128x128) CHECK(!(e >= 0 && e <= kTolFp8Gemm));
       }
       CHECK(err0 >= 0);
       CHECK(err0 <= kTolFp8Gemm);
