@@ -6,9 +6,36 @@
 
 namespace mt {
 
+namespace {
+// cuBLASLt's FP8 GEMMs take K and the leading dimensions in multiples of 16 bytes; block scaling whole 128-blocks.
+// Every GEMM dimension of the linears: the widths per TP rank and the tokens of a micro-batch (the weight gradient's K).
+void check_gpu_shapes(const Config& cfg, const DerivedConfig& d, const Fp8Options& o) {
+  const int64_t unit = o.recipe == Fp8Recipe::Blockwise ? 128 : 16;
+  const ModelConfig& m = cfg.model;
+  const int64_t tp = cfg.parallel.tensor;
+  const int64_t heads = static_cast<int64_t>(m.num_attention_heads) * d.head_dim / tp;
+  const int64_t kv = static_cast<int64_t>(d.num_query_groups) * d.head_dim / tp;
+  const int64_t tokens = static_cast<int64_t>(cfg.training.micro_batch_size) * m.seq_length / cfg.parallel.context;
+  const struct {
+    const char* what;
+    int64_t v;
+  } dims[] = {{"model.hidden_size", m.hidden_size},
+              {"ffn_hidden_size / parallel.tensor", d.ffn_hidden_size / tp},
+              {"num_attention_heads x head dim / parallel.tensor", heads},
+              {"num_query_groups x head dim / parallel.tensor", kv},
+              {"micro_batch_size x seq_length / parallel.context", tokens}};
+  for (const auto& dim : dims)
+    MT_CHECK(dim.v % unit == 0, "training.fp8 ", fp8_recipe_name(o.recipe), " on the GPU needs every FP8 GEMM dimension "
+             "to be a multiple of ", unit, " (cuBLASLt", unit == 128 ? " block scaling" : "'s FP8 GEMMs", "), but ",
+             dim.what, " is ", dim.v, "; change it, or set training.fp8: ",
+             unit == 128 ? "tensorwise or delayed" : "none");
+}
+}  // namespace
+
 std::unique_ptr<Fp8Context> make_fp8_context(const Config& cfg, const DerivedConfig& d, ModelContext& ctx, bool log) {
   const Fp8Options o = Fp8Options::from_config(cfg.training, d);
   if (!o.enabled()) return nullptr;
+  if (ctx.device == Device::CUDA) check_gpu_shapes(cfg, d, o);
   auto fp8 = std::make_unique<Fp8Context>(o, ctx.device);
   ctx.fp8 = fp8.get();
   if (log)

@@ -123,3 +123,44 @@ TEST_CASE("FP8 under TP2 (sequence parallel) x DP2 equals one rank in FP8", "[fp
     }
   }
 }
+
+TEST_CASE("FP8 settings a run cannot honour are refused before training, naming the key", "[fp8][errors]") {
+  struct Bad {
+    const char* args;
+    const char* expect;
+  } bad[] = {
+      {"--set training.fp8=tensorwise --set training.device=auto",
+       "FP8 training on the GPU needs training.precision: bf16"},
+      {"--set training.fp8=delayed --set parallel.pipeline=2 --set checkpoint.dir=x",
+       "with parallel.pipeline > 1 cannot checkpoint its amax histories yet"},
+      {"--set training.fp8=fast", "training.fp8"},
+      {"--set training.fp8_format=e5m2", "training.fp8_format"},
+  };
+  int i = 0;
+  for (const Bad& b : bad) {
+    const std::string name = "fp8-bad-" + std::to_string(i++);
+    const RunResult r = run_megatrain(tiny(name, b.args), name);
+    INFO(b.args << "\n" << r.err.substr(0, 2000));
+    CHECK(r.code != 0);
+    CHECK(r.err.find(b.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("plan counts the FP8 weight copies", "[fp8][plan]") {
+  // llama-1b: 16 layers x (qkv 2048 x 3072 + proj 2048 x 2048 + fc1 2 x 8192 x 2048 + fc2 2048 x 8192) = 973,078,528
+  // weights in FP8 linears, 2 bytes each (row-wise and transposed copy): 1.81 GiB; 14 layers with the first and last
+  // kept in bf16: 1.59 GiB.
+  const std::string plan = "plan --config " + source_path("configs/llama-1b.yaml") + " --gpus 1";
+  const RunResult off = run_megatrain(plan, "plan-fp8-off");
+  const RunResult on = run_megatrain(plan + " --set training.fp8=tensorwise", "plan-fp8-on");
+  const RunResult kept = run_megatrain(plan + " --set training.fp8=tensorwise --set training.fp8_first_last_layers_bf16=true",
+                                       "plan-fp8-kept");
+  REQUIRE(off.code == 0);
+  REQUIRE(on.code == 0);
+  REQUIRE(kept.code == 0);
+  INFO(on.out.substr(0, 6000));
+  CHECK(off.out.find("fp8 copies") == std::string::npos);
+  CHECK(on.out.find("fp8 copies") != std::string::npos);
+  CHECK(on.out.find(" 1.81 ") != std::string::npos);
+  CHECK(kept.out.find(" 1.59 ") != std::string::npos);
+}

@@ -67,6 +67,7 @@ class Fp8Context {
   const Fp8Options& options() const { return opts_; }
   int add_linear(const std::string& name);  // -> index; before the first scales() / amax()
   int num_linears() const { return static_cast<int>(names_.size()); }
+  const std::vector<std::string>& linear_names() const { return names_; }
   // delayed: the scale (1 element, F32, on the device) of a role, and its pending amax (max over the step so far).
   Tensor scale(int linear, Fp8Role r);
   Tensor amax(int linear, Fp8Role r);
