@@ -101,6 +101,15 @@ struct TrainingConfig {
   int64_t nan_max_skips = 10;          // skip: this many non-finite iterations in a row stop the run
   int64_t exit_interval = 0;           // stop (with a checkpoint) after this many iterations; 0 = off
   double collective_timeout_s = 600;   // hang watchdog: a collective pending this long aborts the job; 0 = off
+  // ---- FP8 linear layers (issue #18; Megatron's fp8_recipe / fp8_format / ... names)
+  std::string fp8 = "none";            // none | tensorwise | delayed | blockwise
+  std::string fp8_format = "e4m3";     // e4m3 | hybrid (e4m3 forward, e5m2 gradients)
+  int fp8_amax_history_len = 1;        // delayed: steps of amax history
+  std::string fp8_amax_compute_algo = "most_recent";  // delayed: max | most_recent
+  int fp8_margin = 0;                  // scale = fp8_max / amax / 2^margin
+  bool fp8_first_last_layers_bf16 = false;  // keep the first / last layers' linears out of FP8
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
 };
 
 struct OptimizerConfig {
@@ -174,6 +183,9 @@ enum class NanPolicy { Stop, Skip };                      // training.nan_policy
 enum class DecayStyle { Cosine, Linear, Constant };       // optimizer.decay_style
 enum class TokenizerType { None, Gpt2Bpe, HfJson };       // data.tokenizer_type
 enum class CpCommType { P2P, A2A };                       // parallel.cp_comm_type
+enum class Fp8Recipe { None, Tensorwise, Delayed, Blockwise };  // training.fp8
+enum class Fp8Format { E4M3, Hybrid };                    // training.fp8_format
+enum class Fp8AmaxAlgo { Max, MostRecent };               // training.fp8_amax_compute_algo
 
 // The model's features, resolved once from the model section (arch preset + explicit keys) by
 // resolve_model_features (model_features.cpp): the single place the model code asks.
@@ -222,6 +234,9 @@ struct DerivedConfig {
   DecayStyle decay_style = DecayStyle::Cosine;
   TokenizerType tokenizer_type = TokenizerType::None;
   CpCommType cp_comm_type = CpCommType::P2P;
+  Fp8Recipe fp8 = Fp8Recipe::None;
+  Fp8Format fp8_format = Fp8Format::E4M3;
+  Fp8AmaxAlgo fp8_amax_compute_algo = Fp8AmaxAlgo::MostRecent;
   ModelFeatures features;              // resolved model features
 };
 

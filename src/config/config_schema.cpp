@@ -252,6 +252,27 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(training, collective_timeout_s).min(0)
           .doc("hang watchdog: a collective not completed after this many seconds makes every rank log where it is and exit; 0 = off")
           .megatron({"distributed_timeout_minutes"}),
+      MT_CONFIG_KEY(training, fp8).one_of({"none", "tensorwise", "delayed", "blockwise"})
+          .doc("FP8 GEMMs in the transformer layers' linears (forward, input and weight gradient; attention core, "
+               "norms, embedding and output layer stay in training.precision): tensorwise = one scale per tensor from "
+               "its current amax, delayed = scales from an amax history of past steps, blockwise = 1x128 tiles for "
+               "activations and gradients and 128x128 blocks for weights, power-of-2 scales (DeepSeek-V3). GPU: "
+               "needs precision bf16; CPU: emulated (exact FP8 rounding around the fp32 reference)")
+          .megatron({"fp8_recipe"}),
+      MT_CONFIG_KEY(training, fp8_format).one_of({"e4m3", "hybrid"})
+          .doc("FP8 formats: e4m3 for every tensor, or hybrid = e4m3 for activations and weights, e5m2 for gradients"),
+      MT_CONFIG_KEY(training, fp8_amax_history_len).min(1).doc("fp8 delayed: steps of amax history kept per tensor"),
+      MT_CONFIG_KEY(training, fp8_amax_compute_algo).one_of({"max", "most_recent"})
+          .doc("fp8 delayed: the amax a scale is made from: the history's max, or the most recent step's"),
+      MT_CONFIG_KEY(training, fp8_margin).min(0).doc("fp8: scales are fp8_max / amax / 2^fp8_margin"),
+      MT_CONFIG_KEY(training, fp8_first_last_layers_bf16)
+          .doc("fp8: the first num_layers_at_start_in_bf16 and last num_layers_at_end_in_bf16 transformer layers "
+               "keep their linears in training.precision")
+          .megatron({"first_last_layers_bf16"}),
+      MT_CONFIG_KEY(training, num_layers_at_start_in_bf16).min(0)
+          .doc("fp8_first_last_layers_bf16: leading transformer layers kept out of FP8"),
+      MT_CONFIG_KEY(training, num_layers_at_end_in_bf16).min(0)
+          .doc("fp8_first_last_layers_bf16: trailing transformer layers kept out of FP8"),
       // ------------------------------------------------------------------ optimizer
       MT_CONFIG_KEY(optimizer, lr).min(0).doc("peak learning rate (reached at the end of warmup)"),
       MT_CONFIG_KEY(optimizer, min_lr).min(0).doc("learning rate at the end of the decay (<= lr)"),

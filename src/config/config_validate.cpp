@@ -47,6 +47,10 @@ void resolve_options(const Config& cfg, DerivedConfig& d) {
   d.tokenizer_type = resolve_option<TokenizerType>("data.tokenizer_type", cfg.data.tokenizer_type,
                                                    {"none", "gpt2-bpe", "hf-json"});
   d.cp_comm_type = resolve_option<CpCommType>("parallel.cp_comm_type", cfg.parallel.cp_comm_type, {"p2p", "a2a"});
+  d.fp8 = resolve_option<Fp8Recipe>("training.fp8", t.fp8, {"none", "tensorwise", "delayed", "blockwise"});
+  d.fp8_format = resolve_option<Fp8Format>("training.fp8_format", t.fp8_format, {"e4m3", "hybrid"});
+  d.fp8_amax_compute_algo =
+      resolve_option<Fp8AmaxAlgo>("training.fp8_amax_compute_algo", t.fp8_amax_compute_algo, {"max", "most_recent"});
 }
 
 // What this build can run: training.device: cuda in a build without the CUDA backend is refused
@@ -111,6 +115,14 @@ void validate_config(const Config& cfg) {
   const ModelFeatures features = resolve_model_features(cfg);  // the feature keys and their combinations
   MT_CHECK(!(t.device == "cpu" && t.precision != "fp32"), pre, "training.precision is ", t.precision,
            " but training.device is cpu: the CPU backend runs fp32; set training.precision: fp32");
+  // FP8 (Megatron: bf16 only): on the GPU the FP8 GEMMs read and write bf16 around them; the CPU emulates the
+  // FP8 rounding around its fp32 reference (training.device cpu needs fp32 anyway, checked above).
+  MT_CHECK(t.fp8 == "none" || t.precision == "bf16" || t.device == "cpu", pre, "training.fp8 is ", t.fp8,
+           " but training.precision is ", t.precision, ": FP8 training on the GPU needs training.precision: bf16 (on "
+           "the CPU, training.device: cpu with fp32, it is emulated)");
+  MT_CHECK(!(t.fp8 == "delayed" && p.pipeline > 1 && !cfg.checkpoint.dir.empty()), pre, "training.fp8 delayed "
+           "with parallel.pipeline > 1 cannot checkpoint its amax histories yet (only the first stage's would be "
+           "saved); use training.fp8: tensorwise or blockwise, parallel.pipeline: 1, or no checkpoint.dir");
   if (t.attention_backend == "cudnn") {  // what cuDNN's attention runs (cuda/attention_cudnn.cu shape_ok)
     const std::string fix = "; set training.attention_backend: auto (cuDNN where it can, else our kernels) or own";
     const int64_t head_dim = features.kv_channels;

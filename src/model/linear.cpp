@@ -34,6 +34,8 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, int64_t in, 
     : ctx_(&ctx) {
   weight_ = add_param(store, name + ".weight", {out, in}, 0, chunks, init, ParamKind::Weight);
   if (bias) bias_ = add_param(store, name + ".bias", {out}, 0, chunks, ParamInit::Zeros, ParamKind::Bias);
+  // X replicated (gathered under SP), W and dY split by output features.
+  fp8_ = Fp8Linear::make(ctx, name, {false, ctx.ps->tp_size > 1, ctx.ps->tp_size > 1});
 }
 
 ColumnParallelLinear::ColumnParallelLinear(const std::string&, Param* shared_weight, const ModelContext& ctx)
@@ -46,7 +48,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   // Without SP, CopyToTP::forward is the identity: X is already replicated on every TP rank.
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   Tensor y = ctx_->empty({xf.size(0), local_out()});
-  ops::linear_forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr);
+  if (fp8_)
+    fp8_->forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr, ps);
+  else
+    ops::linear_forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr);
   return y;
 }
 
@@ -55,19 +60,29 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, Tensor* pre) const {
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   *pre = ctx_->empty({xf.size(0), local_out()});
   Tensor y = ctx_->empty({xf.size(0), local_out()});
+  if (fp8_) {
+    fp8_->forward(*pre, xf, weight_->value, bias_ ? &bias_->value : nullptr, ps);
+    ops::gelu_forward(y, *pre);
+    return y;
+  }
   ops::linear_gelu_forward(y, *pre, xf, weight_->value, bias_ ? &bias_->value : nullptr);
   return y;
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx) const {
   const ParallelState& ps = *ctx_->ps;
-  if (ctx_->tp_comm_overlap && ps.tp_size > 1) return backward_overlapped(dy, x, need_dx);
+  // FP8: the plain order (its GEMMs re-quantize their operands; no overlap variant yet).
+  if (ctx_->tp_comm_overlap && ps.tp_size > 1 && !fp8_) return backward_overlapped(dy, x, need_dx);
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   Tensor dxf;
   if (need_dx) dxf = ctx_->empty(xf.shape());
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
-  ops::linear_backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf,
-                       weight_->value, ops::GradMode::Overwrite, wmode);
+  if (fp8_)
+    fp8_->backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf, weight_->value,
+                   wmode, ps);
+  else
+    ops::linear_backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf,
+                         weight_->value, ops::GradMode::Overwrite, wmode);
   if (!need_dx) return Tensor();
   if (ps.sequence_parallel) return GatherFromSP::backward(dxf, ps);
   CopyToTP::backward(dxf, ps);
@@ -109,18 +124,36 @@ RowParallelLinear::RowParallelLinear(const std::string& name, int64_t in, int64_
     : ctx_(&ctx) {
   weight_ = add_param(store, name + ".weight", {out, in}, 1, 1, init, ParamKind::Weight);
   if (bias) bias_ = add_param(store, name + ".bias", {out}, -1, 1, ParamInit::Zeros, ParamKind::Bias);
+  // X and W split by input features, dY replicated (gathered under SP).
+  fp8_ = Fp8Linear::make(ctx, name, {ctx.ps->tp_size > 1, ctx.ps->tp_size > 1, false});
 }
+
+// The FP8 GEMMs of a row-parallel backward into dx (rows_full, in_local), from the full dy.
+namespace {
+void fp8_row_backward(const Fp8Linear& f, Tensor& dx, Param* weight, Param* bias, const Tensor& dyf, const Tensor& x,
+                      const ParallelState& ps) {
+  const ops::GradMode wmode = weight_grad_mode(weight, bias);
+  f.backward(&dx, &weight->grad, bias ? &bias->grad : nullptr, dyf, x, weight->value, wmode, ps);
+}
+}  // namespace
 
 Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual) const {
   const ParallelState& ps = *ctx_->ps;
   // The replicated bias is added by TP rank 0 only, before the sum over ranks.
   const Tensor* b = (bias_ && ps.tp_rank == 0) ? &bias_->value : nullptr;
   Tensor y = ctx_->empty({x.size(0), weight_->local_shape[0]});
-  if (ps.tp_size == 1) {
+  if (fp8_) {
+    fp8_->forward(y, x, weight_->value, b, ps);
+  } else if (ps.tp_size == 1) {
     ops::linear_forward(y, x, weight_->value, b, residual);
     return y;
+  } else {
+    ops::linear_forward(y, x, weight_->value, b);
   }
-  ops::linear_forward(y, x, weight_->value, b);
+  if (ps.tp_size == 1) {
+    if (residual) ops::add(y, y, *residual);
+    return y;
+  }
   if (ps.sequence_parallel) {
     y = ReduceScatterToSP::forward(y, ps);
   } else {
@@ -136,6 +169,10 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) const {
   // from the full dy on every rank, so the replicated bias stays identical across TP ranks.
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
   Tensor dx = ctx_->empty(x.shape());
+  if (fp8_) {
+    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps);
+    return dx;
+  }
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
   ops::linear_backward(&dx, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value,
                        ops::GradMode::Overwrite, wmode);
@@ -146,6 +183,12 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
   const ParallelState& ps = *ctx_->ps;
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
   Tensor dpre = ctx_->empty(x.shape());
+  if (fp8_) {  // the FP8 dgrad, then the GELU's backward
+    Tensor dx = ctx_->empty(x.shape());
+    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps);
+    ops::gelu_backward(dpre, dx, pre);
+    return dpre;
+  }
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
   ops::linear_backward_gelu(dpre, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, x, weight_->value, pre,
                             wmode);
@@ -155,6 +198,16 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
 Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h) const {
   const ParallelState& ps = *ctx_->ps;
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
+  if (fp8_) {  // x = swiglu(h) recomputed for the FP8 GEMMs, then the SwiGLU's backward
+    Tensor x = ctx_->empty({h.size(0), h.size(1) / 2});
+    ops::swiglu_forward(x, h);
+    Tensor dx = ctx_->empty(x.shape());
+    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps);
+    Tensor dh = ctx_->empty(h.shape());
+    ops::swiglu_backward(dh, dx, h);
+    h = Tensor();
+    return dh;
+  }
   Tensor dh = h;  // in place: h is read before each of its elements is overwritten
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
   ops::linear_backward_swiglu(dh, &weight_->grad, bias_ ? &bias_->grad : nullptr, dyf, weight_->value, h, wmode);

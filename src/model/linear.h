@@ -11,10 +11,14 @@
 // parallel layer all-gathers its input rows (GatherFromSP) and the row-parallel layer
 // reduce-scatters its output rows (ReduceScatterToSP); without it, CopyToTP / ReduceFromTP.
 // Backward re-gathers the saved (split) input instead of keeping the gathered copy.
+// training.fp8: a transformer layer's linears run their three GEMMs through Fp8Linear (model/fp8_linear.h); the
+// fused GELU / SwiGLU epilogues are then separate ops around the FP8 GEMMs.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "model/fp8_linear.h"
 #include "model/model_context.h"
 #include "params/param_store.h"
 
@@ -40,6 +44,7 @@ class ColumnParallelLinear {
   const ModelContext* ctx_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
+  std::shared_ptr<Fp8Linear> fp8_;  // null: GEMMs in the activation dtype
 };
 
 class RowParallelLinear {
@@ -62,6 +67,7 @@ class RowParallelLinear {
   const ModelContext* ctx_;
   Param* weight_ = nullptr;
   Param* bias_ = nullptr;
+  std::shared_ptr<Fp8Linear> fp8_;  // null: GEMMs in the activation dtype
 };
 
 // LayerNorm (weight + bias) or RMSNorm (weight) over the last dim, replicated over TP.

@@ -11,6 +11,8 @@
 
 namespace mt {
 
+class Fp8Context;  // tensor/fp8/fp8_recipe.h
+
 // Activation recompute (training.recompute*): what forward drops and backward recomputes.
 //   selective: each layer's attention core output (recomputed from q, k, v);
 //   full/uniform: the layers in groups of `num_layers`, keeping only each group's input;
@@ -34,6 +36,7 @@ struct ModelContext {
   RecomputePolicy recompute;
   ParamSyncHooks* hooks = nullptr;  // null: nobody listens (single rank, inference)
   bool tp_comm_overlap = false;     // parallel.tp_comm_overlap (column-parallel backward)
+  Fp8Context* fp8 = nullptr;        // training.fp8: the recipe's state (null: no FP8)
   // The model's features, resolved once (config/model_features.h): the only thing model code asks.
   const ModelFeatures& features() const { return derived->features; }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }

@@ -19,6 +19,7 @@
 #include "model/moe/moe_options.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/rank_generator.h"
+#include "tensor/fp8/fp8_recipe.h"
 #include "train/metrics.h"
 
 namespace mt {
@@ -67,6 +68,8 @@ RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stag
   ctx.ps = &ps;
   ctx.dtype = activation_dtype(d.precision);
   ctx.device = Device::Meta;
+  Fp8Context fp8(Fp8Options::from_config(cfg.training, d), Device::Meta);  // the linears that run in FP8 register
+  if (fp8.options().enabled()) ctx.fp8 = &fp8;
 
   RankParams out;
   ParamStore store(tp_rank, par.tensor);
@@ -86,6 +89,10 @@ RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stag
     if (prm->spec.tied_copy) out.tied_copies += shape_numel(prm->local_shape);
     out.params.push_back({prm->spec.name, prm->spec.global_shape, prm->local_shape, prm->spec.partition_dim});
   }
+  const std::set<std::string> fp8_linears(fp8.linear_names().begin(), fp8.linear_names().end());
+  for (const Param* prm : store.params())
+    if (fp8_linears.count(prm->spec.name.substr(0, prm->spec.name.rfind('.'))) && prm->spec.name.ends_with(".weight"))
+      out.fp8_weight += shape_numel(prm->local_shape);
   return out;
 }
 
@@ -279,6 +286,7 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   const bool has_layers = std::any_of(st.chunks.begin(), st.chunks.end(),
                                       [](const PlanChunk& c) { return c.layers.end > c.layers.begin; });
   if (has_layers) st.attention_scratch = attention_backward_scratch_bytes(cfg, d, cfg.model.num_attention_heads / r.tp, B, T);
+  st.fp8_copy_bytes = 2 * rp.fp8_weight;  // 1 B per element, row-wise and transposed
   schedule_peaks(r, st);
   return st;
 }
@@ -572,6 +580,8 @@ std::string format_plan(const PlanReport& r) {
                                  : "")
      << "; activations in " << dtype_name(r.activation_dtype) << " for the micro-batches in flight)\n";
   rows = {{"stage", "in flight", "weights", "grads", "optimizer", "logits"}};
+  const bool fp8 = !r.stages.empty() && r.stages[0].fp8_copy_bytes + r.stages.back().fp8_copy_bytes > 0;
+  if (fp8) rows[0].push_back("fp8 copies");
   for (const char* what : {"act ", "total "})
     for (RecomputePolicy::Mode m : kRecomputeModes)
       rows[0].push_back(str_cat(what, recompute_mode_name(m), r.recompute_mode == m ? "*" : ""));
@@ -583,6 +593,7 @@ std::string format_plan(const PlanReport& r) {
     }
     rows.push_back({std::to_string(st.stage), flight, gib(st.weight_bytes), gib(st.grad_bytes), gib(st.optimizer_bytes),
                     gib(st.logits_bytes)});
+    if (fp8) rows.back().push_back(gib(st.fp8_copy_bytes));
     for (int i = 0; i < kNumRecomputeModes; ++i) rows.back().push_back(gib(st.activation[i]));
     for (int i = 0; i < kNumRecomputeModes; ++i) rows.back().push_back(gib(st.total(i)));
   }
@@ -605,6 +616,9 @@ std::string format_plan(const PlanReport& r) {
             "this sequence length; training.deterministic: false accumulates dQ in fp32 instead\n";
   }
   os << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"
+     << (fp8 ? "  fp8 copies: FP8 copies of the FP8 linears' weights (row-wise and transposed, 2 B/param), kept "
+               "for a step (training.fp8)\n"
+             : "")
      << "  not counted: other transient buffers inside one forward/backward (and the layers being recomputed),\n"
      << "  communication buffers, allocator fragmentation, the CUDA context\n\n";
 

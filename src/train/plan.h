@@ -55,6 +55,7 @@ struct RankParams {
   int64_t tied_copies = 0;          // of which copies of another stage's parameter (gpt2's word embeddings on the last stage)
   std::vector<int64_t> per_chunk;   // local elements per model chunk
   std::vector<PlanParam> params;    // every parameter (layer names kept)
+  int64_t fp8_weight = 0;           // local elements of the weights of linears running in FP8 (training.fp8)
 };
 RankParams count_rank_params(const Config& cfg, const DerivedConfig& d, int stage, int tp_rank);
 
@@ -117,6 +118,7 @@ struct PlanStage {
   std::vector<PlanChunk> chunks;
   int64_t params = 0, replicated_params = 0;  // per rank
   int64_t weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  int64_t fp8_copy_bytes = 0;  // training.fp8: the FP8 weight copies (row-wise and transposed), kept for a step
   int64_t activation[kNumRecomputeModes] = {};  // peak over the schedule per recompute mode, without logits
   int64_t logits_bytes = 0;                      // peak logits kept
   // mixture of experts (0 when dense)
@@ -125,7 +127,7 @@ struct PlanStage {
   int64_t a2a_bytes = 0, a2a_leaving_bytes = 0;  // all-to-all bytes per iteration per rank (moe_a2a_bytes)
   int64_t attention_scratch = 0;                 // one layer's attention backward scratch (transient)
   int64_t total(int mode) const {
-    return weight_bytes + grad_bytes + optimizer_bytes + activation[mode] + std::max(logits_bytes, attention_scratch);
+    return weight_bytes + grad_bytes + optimizer_bytes + fp8_copy_bytes + activation[mode] + std::max(logits_bytes, attention_scratch);
   }
 };
 

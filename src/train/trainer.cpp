@@ -35,6 +35,7 @@
 #include "train/metrics.h"
 #include "train/moe_step.h"
 #include "train/pipeline_executor.h"
+#include "train/fp8_training.h"
 #include "train/preflight.h"
 #include "train/checkpoint_snapshot.h"
 #include "train/train_checkpoint.h"
@@ -186,6 +187,7 @@ struct Run {
   std::unique_ptr<PipelineExecutor> exec;
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<GradSync> grad_sync;
+  std::unique_ptr<Fp8Context> fp8;  // training.fp8 (null: none)
   data::Datasets data;
   std::string config_yaml;
   int64_t flops_per_token = 0;
@@ -313,6 +315,7 @@ TrainResult run_training(const Config& cfg) {
 #endif
   run.ctx.recompute = recompute_policy(cfg.training, d);
   run.ctx.tp_comm_overlap = cfg.parallel.tp_comm_overlap;
+  run.fp8 = make_fp8_context(cfg, d, run.ctx, ps.world_rank == 0);
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
   std::vector<const GPTModel*> chunk_ptrs;
   for (int c = 0; c < cfg.parallel.virtual_pipeline; ++c) {
@@ -370,6 +373,7 @@ TrainResult run_training(const Config& cfg) {
       skipped_total = st.skipped_iterations;
       run.opt->set_step_count(st.optimizer_step);
       scaler.load_state(ck.state);
+      fp8_load_state(run.fp8.get(), ck.state);
       log::info("resumed from {} at iteration {} ({} samples consumed)", ck.path, iteration, consumed);
       last_checkpoint = ck.path;
     }
@@ -425,6 +429,7 @@ TrainResult run_training(const Config& cfg) {
                             {"skipped_iterations", skipped_total},
                             {"seed", cfg.training.seed}};
     if (run.ctx.dtype == DType::F16) scaler.save_state(state);
+    fp8_save_state(run.fp8.get(), state);
     if (!cfg.checkpoint.async_save) {
       std::string path = save_training_checkpoint(cfg.checkpoint.dir, it, cfg.checkpoint.keep_last, *run.store,
                                                   *run.opt, gps, state, run.config_yaml, moe.state_buffers());
@@ -496,9 +501,11 @@ TrainResult run_training(const Config& cfg) {
     const bool fp16 = run.ctx.dtype == DType::F16;
     const double loss_scale = fp16 ? scaler.scale() : 1.0;
     moe.before_iteration(loss_scale);
+    fp8_begin_step(run.fp8.get());
     const double loss_sum =
         run.exec->train(batches, run.dropout_seed(it), loss_scale / static_cast<double>(d.tokens_per_iteration));
     run.grad_sync->finish();
+    fp8_end_step(run.fp8.get(), ps);
     const double loss = run.global_mean(loss_sum);
     const double gnorm = global_grad_norm(*run.store, gps, run.opt->shard(), run.opt->distributed()) / loss_scale;
     const double lr = learning_rate(cfg.optimizer, d.decay_style, decay_iters, it);

@@ -102,6 +102,14 @@ training:
   nan_max_skips: 3
   exit_interval: 77
   collective_timeout_s: 45.5
+  fp8: tensorwise
+  fp8_format: hybrid
+  fp8_amax_history_len: 16
+  fp8_amax_compute_algo: max
+  fp8_margin: 1
+  fp8_first_last_layers_bf16: true
+  num_layers_at_start_in_bf16: 2
+  num_layers_at_end_in_bf16: 0
 optimizer:
   lr: 6.0e-4
   min_lr: 6.0e-5

@@ -1,0 +1,55 @@
+// The FP8 path of a linear layer Y = X W^T + b (training.fp8; model/linear.h's layers call it when their layer
+// runs in FP8). Its three GEMMs take FP8 operands, each K-major (Hopper's FP8 GEMMs are "TN" only):
+//   forward  Y  (N, OC)  = X (N, IC) . W (OC, IC)^T           operands X, W
+//   dgrad    dX (N, IC)  = dY (N, OC) . (W^T) (IC, OC)^T      operands dY, W^T   (a transposed FP8 copy of W)
+//   wgrad    dW (OC, IC) (+)= (dY^T) (OC, N) . (X^T) (IC, N)^T operands dY^T, X^T (transposed copies)
+// Formats and scales by the recipe (tensor/fp8/fp8_recipe.h): X, W e4m3; dY e4m3 or e5m2 (hybrid). The amax of a
+// tensor split over TP is reduced over TP (parallel/fp8_amax_reduce.h) before its scale is made. GEMM outputs are
+// in the activation dtype (dW: the fp32 main grad on CUDA); biases and master weights as in the bf16 path.
+// Backward quantizes X again (the same codes: same input, same scale) rather than keeping an FP8 copy; W's FP8 copies
+// (row-wise for forward, transposed for dgrad) are made once per step and kept (Fp8Context::weight_version).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/model_context.h"
+#include "tensor/fp8/fp8_ops.h"
+#include "tensor/fp8/fp8_recipe.h"
+#include "tensor/ops.h"
+
+namespace mt {
+
+class Fp8Linear {
+ public:
+  // *_split: whether that tensor is split over the TP ranks (its amax then reduced over TP).
+  struct Split {
+    bool input = false, weight = true, grad = false;
+  };
+  Fp8Linear(Fp8Context& fp8, const std::string& name, Split split);
+  ~Fp8Linear();
+  // The FP8 path for linear `name` of ctx's model, or null when it stays in the activation dtype (fp8 off, not a
+  // transformer layer's linear, or a layer fp8_first_last_layers_bf16 keeps out).
+  static std::shared_ptr<Fp8Linear> make(const ModelContext& ctx, const std::string& name, Split split);
+
+  // y (N, OC) = x (N, IC) W^T + bias
+  void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps) const;
+  // dx (N, IC) = dy W (when dx), dw (+= with Accumulate) = dy^T x (when dw), db += column sums of dy.
+  void backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                ops::GradMode dw_mode, const ParallelState& ps) const;
+
+ private:
+  struct Quantized;
+  // Row-wise (R, C) and/or transposed (C, R) FP8 copies of t (R, C) in role r, by the recipe.
+  void quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise, bool transposed, bool split,
+                const ParallelState& ps) const;
+  // W's FP8 copies (rows, or transposed) under the weight version they were made in.
+  const ops::Fp8Tensor& weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const;
+  Fp8Context* fp8_;
+  int index_;
+  Split split_;
+  mutable std::unique_ptr<Quantized> w_cache_[2];
+  mutable uint64_t w_version_[2] = {~0ull, ~0ull};
+};
+
+}  // namespace mt
