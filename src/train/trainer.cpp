@@ -238,8 +238,8 @@ struct Run {
 int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
   int64_t n = 0;
   for (Param* p : store.params())
-    if (p->spec.name != "embedding.position_embeddings.weight" && !p->spec.tied_copy)
-      n += shape_numel(p->spec.global_shape);
+    if (p->spec.name != "embedding.position_embeddings.weight" && !p->spec.tied_copy && !is_expert_param(p->spec.name))
+      n += shape_numel(p->spec.global_shape);  // the active experts are added by model_flops_per_token
   if (ps.pp_size > 1) n = ps.pp->all_reduce_int(n, ReduceOp::Sum);
   return n;
 }

@@ -129,6 +129,13 @@ TEST_CASE("qwen3-like features on the GPU match the CPU backend (fp32 1e-4, bf16
           "qwen3");
 }
 
+// Mixture of experts (issue #16): routing in fp32, dispatch, grouped expert GEMMs, the balancing losses; an 8-expert
+// top-2 model with aux and z losses, and a shared expert with sigmoid routing and expert bias.
+TEST_CASE("MoE on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][moe]") {
+  compare("configs/ci/moe-tiny-8x-top2.yaml", "--set model.moe_ffn_hidden_size=128", "moe8");
+  compare("configs/ci/moe-tiny-shared-sigmoid.yaml", "--set model.moe_ffn_hidden_size=128", "moeshared");
+}
+
 TEST_CASE("gpt2 features on the llama preset on the GPU match the CPU backend", "[cuda][training][features]") {
   compare("configs/ci/llama-gpt2features-tiny.yaml", "", "gpt2features");
 }

@@ -32,7 +32,7 @@ namespace {
 
 // If one of these fails, the MoE layer keeps a new tensor per micro-batch: describe it in model/kept_tensors.cpp
 // moe_kept and count it in the "activation bytes of an MoE layer" test below.
-static_assert(sizeof(Router::Saved) == 7 * sizeof(Tensor));
+static_assert(sizeof(Router::Saved) == 7 * sizeof(Tensor) + sizeof(ops::AuxLossGroup));  // aux_group: host-side sums
 static_assert(sizeof(Experts::Saved) == sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor));
 static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + 2 * sizeof(Tensor) + sizeof(std::vector<int64_t>) +
                                              sizeof(TokenDispatcher::Plan) + sizeof(Tensor) + sizeof(Experts::Saved) +

@@ -96,7 +96,6 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   return dx;
 }
 
-double MoELayer::last_aux_loss(const Saved& s) const { return scalar(s.router.aux_loss); }
-double MoELayer::last_z_loss(const Saved& s) const { return scalar(s.router.z_loss); }
+double MoELayer::loss_value(const Tensor& loss) { return scalar(loss); }
 
 }  // namespace mt

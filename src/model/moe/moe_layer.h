@@ -51,8 +51,8 @@ class MoELayer {
   const TokenDispatcher& dispatcher() const { return dispatcher_; }
   // Metrics of the last forward: the balancing losses' values (0 when off; reads the device) and the slots this
   // rank routed to each global expert.
-  double last_aux_loss(const Saved& s) const;
-  double last_z_loss(const Saved& s) const;
+  // A balancing loss's value (s.router.aux_loss / z_loss; 0 when off). Reads the device: call once per step.
+  static double loss_value(const Tensor& loss);
   const std::vector<int64_t>& tokens_per_expert(const Saved& s) const { return s.counts; }
 
  private:

@@ -40,8 +40,9 @@ Tensor MoEMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, cons
   const int64_t slots = x.size(0) * opt_.topk;
   stats_.slots += slots;
   stats_.dropped += slots - routed;
-  stats_.aux_loss += layer_impl_.last_aux_loss(s);
-  stats_.z_loss += layer_impl_.last_z_loss(s);
+  // the loss values stay on the device until take_stats (no synchronization inside the step)
+  if (s.router.aux_loss.defined()) pending_aux_.push_back(s.router.aux_loss);
+  if (s.router.z_loss.defined()) pending_z_.push_back(s.router.z_loss);
   ++stats_.microbatches;
   if (opt_.expert_bias) {
     std::vector<int64_t>& load = layer_impl_.router().expert_load();
@@ -53,6 +54,10 @@ Tensor MoEMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, cons
 }
 
 MoEStepStats MoEMLP::take_stats() {
+  for (const Tensor& t : pending_aux_) stats_.aux_loss += MoELayer::loss_value(t);
+  for (const Tensor& t : pending_z_) stats_.z_loss += MoELayer::loss_value(t);
+  pending_aux_.clear();
+  pending_z_.clear();
   MoEStepStats out = stats_;
   stats_ = MoEStepStats{};
   stats_.tokens_per_expert.assign(static_cast<size_t>(opt_.num_experts), 0);

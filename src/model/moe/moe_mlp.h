@@ -43,7 +43,8 @@ class MoEMLP final : public MLPModule {
   int layer_;
   MoEOptions opt_;
   MoELayer layer_impl_;
-  mutable MoEStepStats stats_;  // counted by backward (const, like every module's backward)
+  mutable MoEStepStats stats_;
+  mutable std::vector<Tensor> pending_aux_, pending_z_;  // the micro-batches' balancing-loss values (1 element each)  // counted by backward (const, like every module's backward)
 };
 
 }  // namespace mt
