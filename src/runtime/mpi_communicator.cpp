@@ -4,10 +4,6 @@
 
 #include <cstdlib>
 #include <limits>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "core/check.h"
 #include "runtime/watchdog.h"
@@ -27,28 +23,6 @@ namespace {
                                       " failed at ", __FILE__, ":", __LINE__, ": ", std::string(buf_, len_))); \
     }                                                                                                 \
   } while (0)
-
-// The requests of one batch_p2p_async; waited for in wait(), or at destruction (no request outlives the call's
-// owner, whose buffers it uses).
-class P2PWork final : public Work {
- public:
-  P2PWork(std::vector<MPI_Request> reqs, std::string group, int64_t bytes)
-      : reqs_(std::move(reqs)), group_(std::move(group)), bytes_(bytes) {}
-  ~P2PWork() override {
-    if (!reqs_.empty()) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
-  }
-  void wait() override {
-    if (reqs_.empty()) return;
-    watchdog::Scope wd("batched send/recv", group_, bytes_);
-    MT_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), group_);
-    reqs_.clear();
-  }
-
- private:
-  std::vector<MPI_Request> reqs_;
-  std::string group_;
-  int64_t bytes_;
-};
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -178,13 +152,11 @@ class MpiCommunicator final : public Communicator {
     watchdog::Scope wd("barrier", name_, 0);
     MT_MPI_CHECK(MPI_Barrier(comm_), name_);
   }
-  void batch_p2p(const std::vector<P2POp>& ops) override { batch_p2p_async(ops)->wait(); }
-  // MPI_Isend / MPI_Irecv of every op; the Work waits for them (computation between the call and wait() overlaps the
-  // transfers as far as MPI progresses them: context-parallel attention's ring, pipeline transfers).
-  std::unique_ptr<Work> batch_p2p_async(const std::vector<P2POp>& ops) override {
+  void batch_p2p(const std::vector<P2POp>& ops) override {
     std::vector<MPI_Request> reqs(ops.size());
     int64_t bytes_total = 0;
     for (const P2POp& op : ops) bytes_total += op.tensor->nbytes();
+    watchdog::Scope wd("batched send/recv", name_, bytes_total);
     for (size_t i = 0; i < ops.size(); ++i) {
       const P2POp& op = ops[i];
       check_host(*op.tensor);
@@ -194,7 +166,8 @@ class MpiCommunicator final : public Communicator {
       else
         MT_MPI_CHECK(MPI_Irecv(op.tensor->raw(), bytes, MPI_BYTE, op.peer, op.tag, comm_, &reqs[i]), name_);
     }
-    return std::make_unique<P2PWork>(std::move(reqs), name_, bytes_total);
+    if (!reqs.empty())
+      MT_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), name_);
   }
 
  private:
