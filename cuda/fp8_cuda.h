@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "tensor/fp8/fp8_format.h"
+#include "core/fp8_format.h"
 
 namespace mt::ops::cuda {
 

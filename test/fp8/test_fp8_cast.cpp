@@ -1,4 +1,4 @@
-// The FP8 casts (tensor/fp8/fp8_format.h) against references written here from the formats' definitions (OCP
+// The FP8 casts (core/fp8_format.h) against references written here from the formats' definitions (OCP
 // FP8: e4m3 "fn" without infinities, e5m2 IEEE-like): every one of the 256 codes of each format decodes to the value
 // the definition gives, and the encoder agrees with a brute-force nearest-value search (ties to the even code,
 // saturation to the largest finite value) on every code's value, every midpoint between neighbours and its two
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "catch.h"
-#include "tensor/fp8/fp8_format.h"
+#include "core/fp8_format.h"
 
 using namespace mt::fp8;
 

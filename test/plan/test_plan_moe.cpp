@@ -409,7 +409,7 @@ TEST_CASE("plan moe: active parameters, FLOPs, memory under expert-data sharding
   // an expert group that does not divide data x context is refused, naming the fix
   cfg.parallel.expert = 4;
   cfg.model.num_experts = 4;
-  CHECK_THROWS_WITH(plan_of(cfg, 2), Catch::Contains("parallel.expert (4) must divide data x context"));
+  CHECK_THROWS_WITH(plan_of(cfg, 2), Catch::Contains("parallel.expert (4) must divide data-parallel"));
 }
 
 TEST_CASE("plan moe: the plan-only configs plan on their layouts", "[plan][moe]") {

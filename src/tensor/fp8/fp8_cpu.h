@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "tensor/fp8/fp8_format.h"
+#include "core/fp8_format.h"
 
 namespace mt::ops::fp8cpu {
 

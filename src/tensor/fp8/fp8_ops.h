@@ -10,7 +10,7 @@
 // Scales come from amaxes by fp8::scale_from_amax (fp8_format.h); blockwise scales are powers of 2.
 #pragma once
 
-#include "tensor/fp8/fp8_format.h"
+#include "core/fp8_format.h"
 #include "tensor/tensor.h"
 
 namespace mt::ops {

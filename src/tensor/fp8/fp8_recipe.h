@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "tensor/fp8/fp8_format.h"
+#include "core/fp8_format.h"
 #include "tensor/tensor.h"
 
 namespace mt {
