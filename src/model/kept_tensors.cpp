@@ -37,21 +37,16 @@ std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const Laye
       if (!swiglu || keep_norm_act) out.push_back({"mlp.a", N * d.ffn});     // GELU's; SwiGLU's unless recomputed
       return out;
     }
-    case MLPKind::MoE: {
-      const int64_t N = d.rows, NE = N * d.experts, Nk = N * d.topk;
-      const bool swiglu = activation == Activation::SwiGLU;
-      std::vector<KeptTensor> out = {{"mlp.router.logits", NE, true}, {"mlp.router.scores", NE, true},
-                                     {"mlp.router.choice", Nk, true}, {"mlp.router.weights", Nk, true},
-                                     {"mlp.slot_of_row", Nk, true},   {"mlp.row_of_slot", Nk, true},
-                                     {"mlp.xl", Nk * d.hidden},       {"mlp.experts.h", Nk * d.moe_ffn * (swiglu ? 2 : 1)},
-                                     {"mlp.experts.a", Nk * d.moe_ffn}, {"mlp.yp", Nk * d.hidden}};
-      if (d.capacity) out.push_back({"mlp.router.indices", Nk, true});
-      if (d.shared_ffn > 0) {
-        const int64_t NB = d.B * d.T;  // the shared expert is tensor-parallel like the dense MLP
-        out.push_back({"mlp.shared_h", NB * d.shared_ffn * (swiglu ? 2 : 1)});
-        out.push_back({"mlp.shared_a", NB * d.shared_ffn});
-      }
-      return out;
+    case MLPKind::MoE: {  // moe_kept with LayerDims' MoE fields, dropless and balanced
+      MoEDims m;
+      m.experts = d.experts;
+      m.topk = d.topk;
+      m.ffn = d.moe_ffn;
+      m.shared_ffn = d.shared_ffn;
+      m.recv_rows = d.rows * d.topk;
+      m.swiglu = activation == Activation::SwiGLU;
+      m.capacity = d.capacity;
+      return moe_kept(m, d);
     }
   }
   return {};
