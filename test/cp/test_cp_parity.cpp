@@ -4,21 +4,16 @@
 // attention); a checkpoint written under context 2 resumes under context 1 (and the reverse) on the uninterrupted
 // run's loss curve; layouts context parallelism cannot run are refused naming the key.
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "catch.h"
-#include "common/run_binary.h"
+#include "common/layout_parity.h"
 
 using namespace mt::test;
 
 namespace {
-
-struct Layout {
-  const char* name;
-  int np;
-  const char* args;
-};
 
 const Layout kLayouts[] = {
     {"cp2", 2, "--set parallel.context=2"},
@@ -31,34 +26,9 @@ const Layout kLayouts[] = {
     {"cp2-recompute-full", 2, "--set parallel.context=2 --set training.recompute=full"},
 };
 
-std::string args(const std::string& config, const std::string& name, const std::string& extra) {
-  return "train --config " + source_path(config) +
-         " --set model.num_layers=4 --set training.train_iters=10 --set logging.log_interval=1"
-         " --set training.eval_iters=0 --set checkpoint.dir= --set logging.metrics_file=" +
-         (temp_dir() / (name + ".jsonl")).string() + " " + extra;
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
-
 void check_layouts(const std::string& config, const std::string& tag) {
-  RunResult ref = run_megatrain(args(config, tag + "-single", ""), tag + "-single");
-  REQUIRE(ref.code == 0);
-  auto single = read_metrics(temp_dir() / (tag + "-single.jsonl"));
-  REQUIRE(single.size() == 10);
-  for (const Layout& l : kLayouts) {
-    const std::string name = tag + "-" + l.name;
-    RunResult r = run_megatrain(args(config, name, l.args), name, l.np);
-    INFO(name << " (" << l.np << " ranks)\n" << r.err.substr(0, 2000));
-    REQUIRE(r.code == 0);
-    auto m = read_metrics(temp_dir() / (name + ".jsonl"));
-    REQUIRE(m.size() == 10);
-    for (auto& [it, s] : single) {
-      INFO("iteration " << it << ": loss " << m[it].loss << " vs " << s.loss << ", grad norm " << m[it].grad_norm
-                        << " vs " << s.grad_norm);
-      CHECK(rel(m[it].loss, s.loss) < 1e-5);
-      CHECK(rel(m[it].grad_norm, s.grad_norm) < 1e-5);
-    }
-  }
+  check_layouts_match_single(config, "--set model.num_layers=4", tag,
+                             std::vector<Layout>(std::begin(kLayouts), std::end(kLayouts)));
 }
 
 }  // namespace

@@ -15,17 +15,11 @@
 #include <vector>
 
 #include "catch.h"
-#include "common/run_binary.h"
+#include "common/layout_parity.h"
 
 using namespace mt::test;
 
 namespace {
-
-struct Layout {
-  const char* name;
-  int np;
-  const char* args;
-};
 
 // global batch 8 = 4 micro-batches of 2 sequences; np 4 = data 4 (EP4), data 4 = expert 2 x expert-data 2, ...
 const Layout kLayouts[] = {
@@ -66,20 +60,11 @@ std::map<int64_t, MoEStep> read_moe_metrics(const fs::path& file) {
   return m;
 }
 
-std::string args(const std::string& config, const std::string& name, const std::string& extra) {
-  return "train --config " + source_path(config) +
-         " --set training.train_iters=10 --set logging.log_interval=1 --set training.eval_iters=0"
-         " --set checkpoint.dir= --set logging.metrics_file=" +
-         (temp_dir() / (name + ".jsonl")).string() + " " + extra;
-}
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
-
 // Runs the single-rank reference and each layout; `slots`: routed slots per MoE layer and iteration (tokens of the
 // global batch x topk), which the dropless metrics must account for exactly (0: a capacity drops some).
 void check_layouts(const std::string& config, const std::string& model_args, const std::string& tag,
                    const std::vector<Layout>& layouts, int64_t experts, double slots) {
-  RunResult ref = run_megatrain(args(config, tag + "-single", model_args), tag + "-single");
+  RunResult ref = run_megatrain(parity_train_args(config, tag + "-single", model_args), tag + "-single");
   INFO(ref.err.substr(0, 2000));
   REQUIRE(ref.code == 0);
   auto single = read_moe_metrics(temp_dir() / (tag + "-single.jsonl"));
@@ -92,7 +77,7 @@ void check_layouts(const std::string& config, const std::string& model_args, con
   }
   for (const Layout& l : layouts) {
     const std::string name = tag + "-" + l.name;
-    RunResult r = run_megatrain(args(config, name, model_args + " " + l.args), name, l.np);
+    RunResult r = run_megatrain(parity_train_args(config, name, model_args + " " + l.args), name, l.np);
     INFO(name << " (" << l.np << " ranks)\n" << r.err.substr(0, 2000));
     REQUIRE(r.code == 0);
     auto m = read_moe_metrics(temp_dir() / (name + ".jsonl"));
@@ -150,9 +135,9 @@ TEST_CASE("moe checkpoint saved under EP4 resumes under EP2, EP1 and EP2 x exper
   const std::string cfg = "configs/ci/moe-tiny-shared-sigmoid.yaml";
   const std::string common = " --set parallel.distributed_optimizer=true";
   const fs::path ck = temp_dir() / "moe-ck-ep4";
-  RunResult straight = run_megatrain(args(cfg, "moe-straight", common + " --set parallel.expert=4"), "moe-straight", 4);
+  RunResult straight = run_megatrain(parity_train_args(cfg, "moe-straight", common + " --set parallel.expert=4"), "moe-straight", 4);
   REQUIRE(straight.code == 0);
-  RunResult saved = run_megatrain(args(cfg, "moe-saved", common + " --set parallel.expert=4 --set training.exit_interval=5"
+  RunResult saved = run_megatrain(parity_train_args(cfg, "moe-saved", common + " --set parallel.expert=4 --set training.exit_interval=5"
                                                                   " --set checkpoint.dir=" + ck.string()),
                                   "moe-saved", 4);
   REQUIRE(saved.code == 0);
@@ -164,7 +149,7 @@ TEST_CASE("moe checkpoint saved under EP4 resumes under EP2, EP1 and EP2 x exper
                             {"ep2-edp2", 4, "--set parallel.expert=2"}};
   for (const Layout& l : resumes) {
     const std::string name = std::string("moe-resumed-") + l.name;
-    RunResult r = run_megatrain(args(cfg, name, common + " " + l.args + " --set checkpoint.load=" + ck.string() +
+    RunResult r = run_megatrain(parity_train_args(cfg, name, common + " " + l.args + " --set checkpoint.load=" + ck.string() +
                                                     " --set checkpoint.dir=" + (temp_dir() / name).string()),
                                 name, l.np);
     INFO(name << "\n" << r.err.substr(0, 2000));
