@@ -2,17 +2,6 @@
 // (../shared/reference/torch_moe.py), the MoE layer's parameters against an MoELayer built on Device::Meta, its
 // activation bytes against what a real forward keeps, memory under expert / expert-data sharding, FLOPs and
 // all-to-all bytes against hand computation, and the MoE configs of configs/.
-//
-// Until the decoder layer builds MoE layers, validation refuses model.num_experts > 0 (config_validate_moe.cpp's
-// "not wired into the model yet"): load_moe_config then loads the file without its MoE keys (everything else
-// validated as usual), derives the layout from that, and sets the MoE keys from the YAML; the plan is made from
-// the derived layout (make_plan(cfg, d, world)). Once the refusal is gone it loads the file as `megatrain plan`
-// does, and the same checks run on it.
-#include <yaml-cpp/yaml.h>
-
-#include <fstream>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,104 +27,12 @@ static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + 2 * sizeof(Tens
                                              sizeof(TokenDispatcher::Plan) + sizeof(Tensor) + sizeof(Experts::Saved) +
                                              3 * sizeof(Tensor));
 
-// The dense twin's model keys: every MoE key at its default.
-ModelConfig without_moe(ModelConfig m) {
-  const ModelConfig d;
-  m.num_experts = d.num_experts;
-  m.moe_router_topk = d.moe_router_topk;
-  m.moe_ffn_hidden_size = d.moe_ffn_hidden_size;
-  m.moe_layer_freq = d.moe_layer_freq;
-  m.moe_shared_expert_intermediate_size = d.moe_shared_expert_intermediate_size;
-  m.moe_router_score_function = d.moe_router_score_function;
-  m.moe_router_pre_softmax = d.moe_router_pre_softmax;
-  m.moe_router_topk_scaling_factor = d.moe_router_topk_scaling_factor;
-  m.moe_router_load_balancing_type = d.moe_router_load_balancing_type;
-  m.moe_aux_loss_coeff = d.moe_aux_loss_coeff;
-  m.moe_z_loss_coeff = d.moe_z_loss_coeff;
-  m.moe_router_enable_expert_bias = d.moe_router_enable_expert_bias;
-  m.moe_router_bias_update_rate = d.moe_router_bias_update_rate;
-  m.moe_expert_capacity_factor = d.moe_expert_capacity_factor;
-  return m;
-}
-
-// The layout of an MoE config: derive_config itself once MoE configs validate, else that of its dense twin.
-DerivedConfig derive_moe(const Config& cfg, int world) {
-  Config dense = cfg;
-  dense.model = without_moe(cfg.model);
-  dense.parallel.expert = 1;
-  try {
-    return derive_config(cfg, world);
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("not wired into the model yet") == std::string::npos &&
-        std::string(e.what()).find("parallel.expert > 1 needs a mixture-of-experts model") == std::string::npos)
-      throw;
-  }
-  return derive_config(dense, world);
-}
-
 Config tiny_moe();
 
-// Whether validation accepts MoE models (the decoder layer builds MoE layers).
-bool moe_wired() {
-  try {
-    validate_config(tiny_moe());
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("not wired into the model yet") != std::string::npos) return false;
-    throw;
-  }
-  return true;
-}
+// A config file of the repository, loaded as `megatrain plan` loads it.
+Config load_repo_config(const std::string& rel) { return load_config(std::string(MT_SOURCE_DIR) + "/" + rel); }
 
-struct MoEConfigFile {
-  Config cfg;
-  bool wired = false;  // loaded by load_config itself
-};
-
-// An MoE config file (see the top of the file).
-MoEConfigFile load_moe_config(const std::string& rel) {
-  const std::string path = std::string(MT_SOURCE_DIR) + "/" + rel;
-  MoEConfigFile out;
-  if (moe_wired()) {
-    out.cfg = load_config(path);
-    out.wired = true;
-    return out;
-  }
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::ostringstream text;
-  text << in.rdbuf();
-  // drop the MoE keys (model.num_experts, model.moe_*, parallel.expert) and load the rest
-  static const std::regex moe_key(R"(^\s+(num_experts|moe_[a-z_]+|expert):.*$)");
-  std::istringstream lines(text.str());
-  std::string line, dense;
-  for (std::string l; std::getline(lines, l);)
-    if (!std::regex_match(l, moe_key)) dense += l + "\n";
-  out.cfg = load_config_from_string(dense, path);
-  const YAML::Node y = YAML::Load(text.str());
-  const YAML::Node m = y["model"];
-  ModelConfig& mc = out.cfg.model;
-  auto get = [&](const char* key, auto& field) {
-    if (m[key]) field = m[key].as<std::remove_reference_t<decltype(field)>>();
-  };
-  get("num_experts", mc.num_experts);
-  get("moe_router_topk", mc.moe_router_topk);
-  get("moe_ffn_hidden_size", mc.moe_ffn_hidden_size);
-  get("moe_layer_freq", mc.moe_layer_freq);
-  get("moe_shared_expert_intermediate_size", mc.moe_shared_expert_intermediate_size);
-  get("moe_router_score_function", mc.moe_router_score_function);
-  get("moe_router_pre_softmax", mc.moe_router_pre_softmax);
-  get("moe_router_topk_scaling_factor", mc.moe_router_topk_scaling_factor);
-  get("moe_router_load_balancing_type", mc.moe_router_load_balancing_type);
-  get("moe_aux_loss_coeff", mc.moe_aux_loss_coeff);
-  get("moe_z_loss_coeff", mc.moe_z_loss_coeff);
-  get("moe_router_enable_expert_bias", mc.moe_router_enable_expert_bias);
-  get("moe_router_bias_update_rate", mc.moe_router_bias_update_rate);
-  get("moe_expert_capacity_factor", mc.moe_expert_capacity_factor);
-  if (y["parallel"] && y["parallel"]["expert"]) out.cfg.parallel.expert = y["parallel"]["expert"].as<int>();
-  return out;
-}
-
-PlanReport plan_of(const Config& cfg, int world) { return make_plan(cfg, derive_moe(cfg, world), world); }
+PlanReport plan_of(const Config& cfg, int world) { return make_plan(cfg, derive_config(cfg, world), world); }
 
 // torch_moe.py's CONFIGS and its parameter count: MoEGPT's modules summed by hand (Linear without biases, RMSNorm
 // one weight, untied embedding and head), n_active = N - experts + experts * topk / E.
@@ -232,8 +129,7 @@ TEST_CASE("plan moe: total and active parameters and FLOPs are torch_moe.py's fo
 TEST_CASE("plan moe: configs/moe-8x-top2.yaml and moe-64x-top8.yaml have the reference's shapes", "[plan][moe]") {
   for (const auto& [file, ref] : {std::pair{"configs/moe-8x-top2.yaml", kRef8x2},
                                   std::pair{"configs/moe-64x-top8.yaml", kRef64x8}}) {
-    const MoEConfigFile f = load_moe_config(file);
-    const Config& c = f.cfg;
+    const Config c = load_repo_config(file);
     CHECK(c.model.num_layers == ref.layers);
     CHECK(c.model.hidden_size == ref.hidden);
     CHECK(c.model.num_attention_heads == ref.heads);
@@ -387,7 +283,7 @@ TEST_CASE("plan moe: active parameters, FLOPs, memory under expert-data sharding
   CHECK(st.a2a_bytes == 2 * r.moe_a2a.total);
   CHECK(st.a2a_leaving_bytes == 2 * r.moe_a2a.leaving);
   // activations: the dense layer + the two MoE layers, the extra bytes of an MoE layer by hand (bf16, fp32 router)
-  const DerivedConfig d = derive_moe(cfg, world);
+  const DerivedConfig d = derive_config(cfg, world);
   const int64_t dense_layer = layer_activation_bytes(cfg.model, d, 1, false, 2, 8, DType::BF16,
                                                      RecomputePolicy::Mode::None);
   const int64_t dense_mlp_kept = rows * 48 * 2 * 2;  // SwiGLU fc1 output (the activation recomputed)
@@ -422,8 +318,7 @@ TEST_CASE("plan moe: the plan-only configs plan on their layouts", "[plan][moe]"
                         Case{"configs/plan/qwen3-30b-a3b.yaml", 16, 30.5, 3.3},
                         Case{"configs/plan/deepseek-v3-like.yaml", 512, 0, 0}}) {
     INFO(c.file);
-    const MoEConfigFile f = load_moe_config(c.file);
-    const PlanReport r = plan_of(f.cfg, c.world);
+    const PlanReport r = plan_of(load_repo_config(c.file), c.world);
     if (c.total_b > 0) {
       CHECK(static_cast<double>(r.total_params) / 1e9 == Approx(c.total_b).margin(0.06));
       CHECK(static_cast<double>(r.active_params) / 1e9 == Approx(c.active_b).margin(0.06));
