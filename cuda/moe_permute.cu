@@ -24,9 +24,8 @@ constexpr int kHistThreads = 256;
 
 int64_t tiles(int64_t slots) { return ceil_div(slots, int64_t{kTile}); }
 
-// counts (E) += the tile's histogram (counts zeroed before)
-__global__ void counts_kernel(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E) {
-  extern __shared__ int32_t hist[];
+// hist (E, shared memory) = the histogram of this block's tile of indices (-1 = dropped, not counted)
+__device__ void tile_histogram(int32_t* hist, const int32_t* indices, int64_t slots, int64_t E) {
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
   __syncthreads();
   const int64_t s0 = int64_t(blockIdx.x) * kTile, s1 = min(slots, s0 + kTile);
@@ -35,6 +34,12 @@ __global__ void counts_kernel(int32_t* counts, const int32_t* indices, int64_t s
     if (i >= 0) atomicAdd(&hist[i], 1);
   }
   __syncthreads();
+}
+
+// counts (E) += the tile's histogram (counts zeroed before)
+__global__ void counts_kernel(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E) {
+  extern __shared__ int32_t hist[];
+  tile_histogram(hist, indices, slots, E);
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
     if (hist[e]) atomicAdd(&counts[e], hist[e]);
 }
@@ -42,14 +47,7 @@ __global__ void counts_kernel(int32_t* counts, const int32_t* indices, int64_t s
 // tile_counts (tiles, E): the histogram of each tile
 __global__ void tile_counts_kernel(int32_t* tile_counts, const int32_t* indices, int64_t slots, int64_t E) {
   extern __shared__ int32_t hist[];
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
-  __syncthreads();
-  const int64_t s0 = int64_t(blockIdx.x) * kTile, s1 = min(slots, s0 + kTile);
-  for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
-    const int32_t i = indices[s];
-    if (i >= 0) atomicAdd(&hist[i], 1);
-  }
-  __syncthreads();
+  tile_histogram(hist, indices, slots, E);
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) tile_counts[int64_t(blockIdx.x) * E + e] = hist[e];
 }
 
