@@ -10,6 +10,7 @@
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/fp8/fp8_cpu.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_ops.h"
 #include "cuda/fp8_cuda.h"
 #endif
 
@@ -87,6 +88,7 @@ void fp8_amax(Tensor& amax, const Tensor& x) {
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(op, x.numel());
     if constexpr (!std::is_same_v<T, double>) cuda::fp8_amax_cuda<T>(amax.data<float>(), x.data<T>(), x.numel());
 #endif
   });
@@ -126,6 +128,9 @@ void fp8_quantize_tensor(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x, cons
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(out && out_t ? "fp8_quantize_tensor rows+t" : out ? "fp8_quantize_tensor rows"
+                                                                              : "fp8_quantize_tensor t",
+                              R, C);
     if constexpr (!std::is_same_v<T, double>) {
       cuda::fp8_quantize_tensor_cuda<T>(out ? out->data.data<uint8_t>() : nullptr,
                                         out_t ? out_t->data.data<uint8_t>() : nullptr,
@@ -153,6 +158,7 @@ void fp8_quantize_tiles(Fp8Tensor& out, const Tensor& x, bool transpose) {
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(transpose ? "fp8_quantize_tiles t" : "fp8_quantize_tiles rows", R, C);
     if constexpr (!std::is_same_v<T, double>)
       cuda::fp8_quantize_tiles_cuda<T>(out.data.data<uint8_t>(), out.scale_inv.data<float>(), x.data<T>(), R, C,
                                        transpose, out.dtype);
@@ -183,6 +189,7 @@ void fp8_quantize_blocks(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x) {
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(op, R, C);
     if constexpr (!std::is_same_v<T, double>) cuda::fp8_quantize_blocks_cuda<T>(o, ot, s, st, x.data<T>(), R, C, t);
 #endif
   });
@@ -241,6 +248,10 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const bool fast = fast_accum && a.scaling == Fp8Scaling::Tensor;
+    const cuda::OpTimer timer(a.scaling == Fp8Scaling::Tensor ? (fast ? "fp8_gemm tensor fast" : "fp8_gemm tensor")
+                                                              : "fp8_gemm blocks",
+                              M, N, K);
     if constexpr (!std::is_same_v<T, double>)
       cuda::fp8_gemm_cuda<T>(out.data<T>(), gemm_operand(a), gemm_operand(b), bias ? bias->data<T>() : nullptr,
                              accumulate, fast_accum && a.scaling == Fp8Scaling::Tensor);
