@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "core/check.h"
 #include "parallel/fp8_amax_reduce.h"
 #include "tensor/fp8/fp8_ops.h"
 
@@ -25,13 +26,12 @@ Fp8Linear::Fp8Linear(Fp8Context& fp8, const std::string& name, Split split)
 Fp8Linear::~Fp8Linear() = default;
 
 const ops::Fp8Tensor& Fp8Linear::weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const {
-  const int i = transposed ? 1 : 0;
-  if (!w_cache_[i] || w_version_[i] != fp8_->weight_version()) {
-    w_cache_[i] = std::make_unique<Quantized>();
-    quantize(*w_cache_[i], w, Fp8Role::Weight, !transposed, transposed, split_.weight, ps);
-    w_version_[i] = fp8_->weight_version();
+  if (!w_cache_ || w_version_ != fp8_->weight_version()) {
+    w_cache_ = std::make_unique<Quantized>();
+    quantize(*w_cache_, w, Fp8Role::Weight, true, true, split_.weight, ps);
+    w_version_ = fp8_->weight_version();
   }
-  return transposed ? w_cache_[i]->col : w_cache_[i]->row;
+  return transposed ? w_cache_->col : w_cache_->row;
 }
 
 std::shared_ptr<Fp8Linear> Fp8Linear::make(const ModelContext& ctx, const std::string& name, Split split) {
@@ -80,24 +80,30 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
   ops::fp8_quantize_tensor(row, col, t, &amax, nullptr, nullptr, o.margin);
 }
 
-void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
-                        const ParallelState& ps) const {
+void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
+                        Fp8Saved* keep) const {
   Quantized qx;
-  quantize(qx, x, Fp8Role::Input, true, false, split_.input, ps);
+  quantize(qx, x, Fp8Role::Input, true, keep != nullptr, split_.input, ps);
   ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true);
+  if (keep) keep->xt = std::move(qx.col);
 }
 
 void Fp8Linear::backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         ops::GradMode dw_mode, const ParallelState& ps) const {
+                         ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept) const {
+  const bool have_kept = kept && kept->defined();
+  MT_INTERNAL_ASSERT(have_kept || x.defined(), "Fp8Linear::backward: neither x nor its kept FP8 copy");
   Quantized qdy;
   quantize(qdy, dy, Fp8Role::Grad, dx != nullptr, dw != nullptr, split_.grad, ps);
   if (dx) ops::fp8_gemm(*dx, qdy.row, weight_copy(w, true, ps), nullptr, false);
   if (dw) {
     Quantized qx;
-    quantize(qx, x, Fp8Role::Input, false, true, split_.input, ps);
-    ops::fp8_gemm(*dw, qdy.col, qx.col, nullptr, dw_mode == ops::GradMode::Accumulate);
+    if (!have_kept) quantize(qx, x, Fp8Role::Input, false, true, split_.input, ps);
+    ops::fp8_gemm(*dw, qdy.col, have_kept ? kept->xt : qx.col, nullptr, dw_mode == ops::GradMode::Accumulate);
   }
-  if (db) ops::linear_backward(nullptr, nullptr, db, dy, x, w);  // the column sums of dy only
+  if (db) {  // the column sums of dy only: linear_backward reads x for its shape, not its values
+    const Tensor shape_of_x = x.defined() ? x : Tensor::empty({dy.size(0), w.size(1)}, dy.dtype(), dy.device());
+    ops::linear_backward(nullptr, nullptr, db, dy, shape_of_x, w);
+  }
 }
 
 }  // namespace mt
