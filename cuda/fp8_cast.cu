@@ -8,6 +8,7 @@
 //   fp8_cast_transpose_kernel       per-tensor codes (R, C) and/or (C, R) through a 64x64 shared tile; amax fused
 //   fp8_tiles_rows_kernel           1x128 tiles along rows: a warp per tile
 //   fp8_tiles_cols_kernel           1x128 tiles along columns, written transposed (C, R): 128 x 32 patch a block
+//   fp8_tiles_both_kernel           both of the above from one read of x: 128 x 128 patch a block through shared memory
 //   fp8_blocks_kernel               128x128 blocks: amax, then codes (R, C) and (C, R) from a shared tile
 #include <cuda_fp8.h>
 
@@ -229,6 +230,78 @@ __global__ void fp8_tiles_cols_kernel(uint8_t* out, float* scale_inv, const D* x
   }
 }
 
+// 256 threads (8 warps) over the 128 x 128 patch of x at (r0, c0) = (128 blockIdx.y, 128 blockIdx.x), which holds
+// 128 row tiles and 128 column tiles. Pass 1: warp w takes rows w, w + 8, ...; lane l columns 4 l .. 4 l + 3 (one
+// vector load): the row tile's amax (a warp max), its codes into out (R, C), 4 bytes a lane, and the values into
+// shared memory. Pass 2: warp w takes columns w, w + 8, ...; lane l rows l, l + 32, l + 64, l + 96 (the odd row
+// stride keeps the 32 lanes in 32 banks): the column tile's amax and its codes into out_t (C, R), 32 consecutive
+// bytes a store. Values past the edges read as 0 and are not written.
+constexpr int kTilesStride = kB + 1;  // floats per shared row
+template <typename D>
+__global__ void __launch_bounds__(256) fp8_tiles_both_kernel(uint8_t* out, float* scale_inv, uint8_t* out_t,
+                                                             float* scale_inv_t, const D* x, int64_t R, int64_t C,
+                                                             fp8::Fp8Dtype t) {
+  extern __shared__ float patch[];  // [kB][kTilesStride]
+  const int64_t r0 = int64_t(blockIdx.y) * kB, c0 = int64_t(blockIdx.x) * kB;
+  const int64_t tiles_c = (C + kB - 1) / kB, tiles_r = (R + kB - 1) / kB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool vec = C % 4 == 0;
+  for (int j = warp; j < kB; j += 8) {
+    const int64_t r = r0 + j, c = c0 + lane * 4;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (r < R) {
+      if (vec && c + 4 <= C) {
+        D d[4];
+        load_vec<4>(d, x + r * C + c);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = to_float(d[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (c + k < C) v[k] = to_float(x[r * C + c + k]);
+      }
+    }
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      m = max(m, abs_bits(v[k]));
+      patch[j * kTilesStride + lane * 4 + k] = v[k];
+    }
+    m = warp_max_u(m);
+    if (r >= R) continue;
+    const float s = fp8::scale_from_amax(__uint_as_float(m), fp8::fp8_max(t), 0, true);
+    if (lane == 0) scale_inv[r * tiles_c + blockIdx.x] = 1.0f / s;
+    uint8_t q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q[k] = to_fp8(v[k] * s, t);
+    if (vec && c + 4 <= C) {
+      *reinterpret_cast<uint32_t*>(out + r * C + c) = *reinterpret_cast<const uint32_t*>(q);
+    } else {
+      for (int k = 0; k < 4 && c + k < C; ++k) out[r * C + c + k] = q[k];
+    }
+  }
+  __syncthreads();
+  for (int cc = warp; cc < kB; cc += 8) {
+    const int64_t c = c0 + cc;
+    float v[4];
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = patch[(lane + 32 * k) * kTilesStride + cc];
+      m = max(m, abs_bits(v[k]));
+    }
+    m = warp_max_u(m);
+    if (c >= C) continue;
+    const float s = fp8::scale_from_amax(__uint_as_float(m), fp8::fp8_max(t), 0, true);
+    if (lane == 0) scale_inv_t[c * tiles_r + blockIdx.y] = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t r = r0 + lane + 32 * k;
+      if (r < R) out_t[c * R + r] = to_fp8(v[k] * s, t);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- 128x128 blocks
 // Block (32, 8) per 128 x 128 block: its amax, then the codes into a shared tile, written row-wise and transposed.
 template <typename D>
@@ -335,6 +408,24 @@ void fp8_quantize_tiles_cuda(uint8_t* out, float* scale_inv, const T* x, int64_t
 }
 
 template <typename T>
+void fp8_quantize_tiles_both_cuda(uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, const T* x,
+                                  int64_t R, int64_t C, fp8::Fp8Dtype t) {
+  if (R * C == 0) return;
+  MT_CHECK(C % 4 != 0 || (aligned(x, 4 * sizeof(T)) && aligned(out, 4)),
+           "fp8_quantize_tiles_both_cuda: x and the codes must be aligned to 4 elements");
+  constexpr size_t smem = sizeof(float) * kB * kTilesStride;  // 66 KB: above the 48 KB default
+  static const bool attr = [] {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(fp8_tiles_both_kernel<dev_t<T>>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>((C + kB - 1) / kB), static_cast<unsigned>((R + kB - 1) / kB));
+  fp8_tiles_both_kernel<<<grid, 256, smem, current_stream()>>>(out, scale_inv, out_t, scale_inv_t, dev(x), R, C, t);
+  MT_CUDA_CHECK_LAUNCH("fp8_tiles_both_kernel");
+}
+
+template <typename T>
 void fp8_quantize_blocks_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, float* scale_inv_t, const T* x,
                               int64_t R, int64_t C, fp8::Fp8Dtype t) {
   if (R * C == 0) return;
@@ -357,6 +448,8 @@ void fp8_dequantize_cuda(T* out, const uint8_t* codes, const float* scale_inv, i
   template void fp8_quantize_tensor_cuda<T>(uint8_t*, uint8_t*, float*, const T*, int64_t, int64_t, const float*, \
                                             const float*, float*, int, fp8::Fp8Dtype);                            \
   template void fp8_quantize_tiles_cuda<T>(uint8_t*, float*, const T*, int64_t, int64_t, bool, fp8::Fp8Dtype);    \
+  template void fp8_quantize_tiles_both_cuda<T>(uint8_t*, float*, uint8_t*, float*, const T*, int64_t, int64_t,   \
+                                                fp8::Fp8Dtype);                                                   \
   template void fp8_quantize_blocks_cuda<T>(uint8_t*, uint8_t*, float*, float*, const T*, int64_t, int64_t,       \
                                             fp8::Fp8Dtype);                                                       \
   template void fp8_dequantize_cuda<T>(T*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int64_t,      \

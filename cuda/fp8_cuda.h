@@ -21,6 +21,10 @@ void fp8_quantize_tensor_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, co
 template <typename T>
 void fp8_quantize_tiles_cuda(uint8_t* out, float* scale_inv, const T* x, int64_t R, int64_t C, bool transpose,
                              fp8::Fp8Dtype t);
+// Both of the above in one pass: out (R, C) tiles along rows, out_t (C, R) tiles along x's columns.
+template <typename T>
+void fp8_quantize_tiles_both_cuda(uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, const T* x,
+                                  int64_t R, int64_t C, fp8::Fp8Dtype t);
 // 128x128 blocks: out (R, C) and/or out_t (C, R), scale_inv (ceil(R/128), ceil(C/128)) and/or its transpose.
 template <typename T>
 void fp8_quantize_blocks_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, float* scale_inv_t, const T* x,

@@ -54,14 +54,14 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
       ops::fp8_quantize_blocks(rowwise ? &q.row : nullptr, transposed ? &q.col : nullptr, t);
       return;
     }
-    if (rowwise) {
-      q.row = ops::Fp8Tensor::empty(R, C, dt, ops::Fp8Scaling::Tile1x128, dev);
+    if (rowwise) q.row = ops::Fp8Tensor::empty(R, C, dt, ops::Fp8Scaling::Tile1x128, dev);
+    if (transposed) q.col = ops::Fp8Tensor::empty(C, R, dt, ops::Fp8Scaling::Tile1x128, dev);
+    if (rowwise && transposed)
+      ops::fp8_quantize_tiles(q.row, q.col, t);  // one read of t
+    else if (rowwise)
       ops::fp8_quantize_tiles(q.row, t, false);
-    }
-    if (transposed) {
-      q.col = ops::Fp8Tensor::empty(C, R, dt, ops::Fp8Scaling::Tile1x128, dev);
+    else
       ops::fp8_quantize_tiles(q.col, t, true);
-    }
     return;
   }
   if (rowwise) q.row = ops::Fp8Tensor::empty(R, C, dt, ops::Fp8Scaling::Tensor, dev);

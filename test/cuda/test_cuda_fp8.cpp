@@ -1,9 +1,9 @@
 // FP8 on the GPU against the CPU emulation (tensor/fp8): the hardware casts of cuda/fp8_cast.cu give the CPU's codes
 // bit for bit (per-tensor current and delayed scaling with the fused amax, transposed copies, 1x128 tiles along rows
-// and columns, 128x128 blocks) and the same scales and amaxes; the cuBLASLt FP8 GEMM equals the fp64 GEMM of the
-// dequantized operands within accumulation tolerance (kTolFp8Gemm below; bf16 output: the bf16 tolerance), for
-// tensor scaling (e4m3 x e4m3, e5m2 x e4m3), for blockwise scaling (tiles x blocks, tiles x tiles), with a bias and
-// accumulating into fp32.
+// and columns, both tile orientations from one pass, 128x128 blocks) and the same scales and amaxes; the cuBLASLt FP8
+// GEMM equals the fp64 GEMM of the dequantized operands within accumulation tolerance (kTolFp8Gemm below; bf16
+// output: the bf16 tolerance), for tensor scaling (e4m3 x e4m3, e5m2 x e4m3), for blockwise scaling (tiles x blocks,
+// tiles x tiles), with a bias and accumulating into fp32.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -100,6 +100,21 @@ TEST_CASE("cuda FP8 casts give the CPU emulation's codes, scales and amaxes bit 
         ops::fp8_quantize_tiles(th, xh, tr);
         ops::fp8_quantize_tiles(td, xd, tr);
         require_same(tr ? "tiles along columns" : "tiles along rows", to_host(td), th);
+      }
+      // both orientations from one pass (bf16 and fp32 input): the same codes and scales as each on its own
+      {
+        Fp8Tensor th = Fp8Tensor::empty(R, C, t, Fp8Scaling::Tile1x128, Device::CPU);
+        Fp8Tensor tth = Fp8Tensor::empty(C, R, t, Fp8Scaling::Tile1x128, Device::CPU);
+        ops::fp8_quantize_tiles(th, xh, false);
+        ops::fp8_quantize_tiles(tth, xh, true);
+        for (const Tensor& xin : {xd, to_device(x64, DType::F32)}) {
+          INFO("input " << xin.str());
+          Fp8Tensor td = Fp8Tensor::empty(R, C, t, Fp8Scaling::Tile1x128, Device::CUDA);
+          Fp8Tensor ttd = Fp8Tensor::empty(C, R, t, Fp8Scaling::Tile1x128, Device::CUDA);
+          ops::fp8_quantize_tiles(td, ttd, xin);
+          require_same("tiles both: rows", to_host(td), th);
+          require_same("tiles both: columns", to_host(ttd), tth);
+        }
       }
       Fp8Tensor bh = Fp8Tensor::empty(R, C, t, Fp8Scaling::Block128x128, Device::CPU);
       Fp8Tensor bth = Fp8Tensor::empty(C, R, t, Fp8Scaling::Block128x128, Device::CPU);

@@ -166,6 +166,34 @@ void fp8_quantize_tiles(Fp8Tensor& out, const Tensor& x, bool transpose) {
   });
 }
 
+void fp8_quantize_tiles(Fp8Tensor& out, Fp8Tensor& out_t, const Tensor& x) {
+  const char* op = "fp8_quantize_tiles";
+  const int64_t R = x.size(0), C = x.size(1);
+  MT_INTERNAL_ASSERT(out.scaling == Fp8Scaling::Tile1x128 && out_t.scaling == Fp8Scaling::Tile1x128 &&
+                         out.rows() == R && out.k() == C && out_t.rows() == C && out_t.k() == R,
+                     "op ", op, ": out ", out.data.str(), ", out_t ", out_t.data.str(), " vs x ", x.str());
+  if (x.device() == Device::CPU) {  // the reference: each orientation on its own
+    fp8_quantize_tiles(out, x, false);
+    fp8_quantize_tiles(out_t, x, true);
+    return;
+  }
+  check_operand(op, out, x.device());
+  check_operand(op, out_t, x.device());
+  MT_INTERNAL_ASSERT(out.dtype == out_t.dtype, "op ", op, ": both copies in one format");
+  dispatch(op, x, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer("fp8_quantize_tiles rows+t", R, C);
+    if constexpr (!std::is_same_v<T, double>)
+      cuda::fp8_quantize_tiles_both_cuda<T>(out.data.data<uint8_t>(), out.scale_inv.data<float>(),
+                                            out_t.data.data<uint8_t>(), out_t.scale_inv.data<float>(), x.data<T>(), R,
+                                            C, out.dtype);
+#else
+    (void)sizeof(T);
+#endif
+  });
+}
+
 void fp8_quantize_blocks(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x) {
   const char* op = "fp8_quantize_blocks";
   const int64_t R = x.size(0), C = x.size(1);

@@ -44,6 +44,8 @@ void fp8_quantize_tensor(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x, cons
 // 1x128 tiles: transpose false: out (R, C), tiles along each row; true: out (C, R) = x^T, tiles along x's columns
 // (128 consecutive rows of x). Each tile's scale from its own amax (power of 2).
 void fp8_quantize_tiles(Fp8Tensor& out, const Tensor& x, bool transpose);
+// Both at once (one read of x on CUDA): out (R, C) as transpose false, out_t (C, R) as transpose true.
+void fp8_quantize_tiles(Fp8Tensor& out, Fp8Tensor& out_t, const Tensor& x);
 
 // 128x128 blocks of x (R, C): out (R, C) and/or out_t (C, R); out_t's scale_inv is out's transposed.
 void fp8_quantize_blocks(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x);
