@@ -41,8 +41,10 @@ std::shared_ptr<Fp8Linear> Fp8Linear::make(const ModelContext& ctx, const std::s
   return std::make_shared<Fp8Linear>(*ctx.fp8, name, split);
 }
 
+bool Fp8Linear::current_scaling() const { return fp8_->options().recipe == Fp8Recipe::Tensorwise; }
+
 void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise, bool transposed, bool split,
-                         const ParallelState& ps) const {
+                         const ParallelState& ps, Tensor* given_amax) const {
   const Fp8Options& o = fp8_->options();
   const fp8::Fp8Dtype dt = o.dtype(r);
   const int64_t R = t.size(0), C = t.size(1);
@@ -73,27 +75,29 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
     ops::fp8_quantize_tensor(row, col, t, nullptr, &scale, &amax, o.margin);
     return;
   }
-  // tensorwise: the current amax of the whole tensor, then the cast with the scale made from it.
-  Tensor amax = Tensor::empty({1}, DType::F32, dev);
-  ops::fp8_amax(amax, t);
+  // tensorwise: the current amax of the whole tensor (taken by its producer, or a pass here), then the cast with
+  // the scale made from it.
+  Tensor amax = given_amax ? *given_amax : Tensor::empty({1}, DType::F32, dev);
+  if (!given_amax) ops::fp8_amax(amax, t);
   if (split) reduce_amax_over_tp(amax, ps);
   ops::fp8_quantize_tensor(row, col, t, &amax, nullptr, nullptr, o.margin);
 }
 
 void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
-                        Fp8Saved* keep) const {
+                        Fp8Saved* keep, Tensor* x_amax) const {
   Quantized qx;
-  quantize(qx, x, Fp8Role::Input, true, keep != nullptr, split_.input, ps);
+  quantize(qx, x, Fp8Role::Input, true, keep != nullptr, split_.input, ps, x_amax);
   ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true);
   if (keep) keep->xt = std::move(qx.col);
 }
 
 void Fp8Linear::backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept) const {
+                         ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept,
+                         Tensor* dy_amax) const {
   const bool have_kept = kept && kept->defined();
   MT_INTERNAL_ASSERT(have_kept || x.defined(), "Fp8Linear::backward: neither x nor its kept FP8 copy");
   Quantized qdy;
-  quantize(qdy, dy, Fp8Role::Grad, dx != nullptr, dw != nullptr, split_.grad, ps);
+  quantize(qdy, dy, Fp8Role::Grad, dx != nullptr, dw != nullptr, split_.grad, ps, dy_amax);
   if (dx) ops::fp8_gemm(*dx, qdy.row, weight_copy(w, true, ps), nullptr, false);
   if (dw) {
     Quantized qx;

@@ -41,19 +41,24 @@ class Fp8Linear {
   // transformer layer's linear, or a layer fp8_first_last_layers_bf16 keeps out).
   static std::shared_ptr<Fp8Linear> make(const ModelContext& ctx, const std::string& name, Split split);
 
+  // Whether the recipe scales each tensor by its current amax (tensorwise): a producer that can take the amax of
+  // its output in its own pass hands it over as x_amax / dy_amax below (this rank's part: reduced here over TP).
+  bool current_scaling() const;
   // y (N, OC) = x (N, IC) W^T + bias; keep (if given): X's transposed FP8 copy for backward, same pass.
   void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
-               Fp8Saved* keep = nullptr) const;
+               Fp8Saved* keep = nullptr, Tensor* x_amax = nullptr) const;
   // dx (N, IC) = dy W (when dx), dw (+= with Accumulate) = dy^T x (when dw), db += column sums of dy. With a kept
   // copy (kept defined) x is not read and may be undefined.
   void backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept = nullptr) const;
+                ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept = nullptr,
+                Tensor* dy_amax = nullptr) const;
 
  private:
   struct Quantized;
   // Row-wise (R, C) and/or transposed (C, R) FP8 copies of t (R, C) in role r, by the recipe.
+  // amax: t's max |x| when its producer took it (tensorwise), else null.
   void quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise, bool transposed, bool split,
-                const ParallelState& ps) const;
+                const ParallelState& ps, Tensor* amax = nullptr) const;
   // W's FP8 copy (rows, or transposed) under the weight version it was made in (both made together).
   const ops::Fp8Tensor& weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const;
   Fp8Context* fp8_;

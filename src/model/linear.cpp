@@ -69,7 +69,8 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, Tensor* pre) const {
   return y;
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx, const Fp8Saved* fp8_kept) const {
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx, const Fp8Saved* fp8_kept,
+                                      Tensor* dy_amax) const {
   const ParallelState& ps = *ctx_->ps;
   // FP8: the plain order (no overlap variant yet).
   if (ctx_->tp_comm_overlap && ps.tp_size > 1 && !fp8_) return backward_overlapped(dy, x, need_dx);
@@ -81,7 +82,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool ne
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
   if (fp8_)
     fp8_->backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf, weight_->value,
-                   wmode, ps, fp8_kept);
+                   wmode, ps, fp8_kept, dy_amax);
   else
     ops::linear_backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf,
                          weight_->value, ops::GradMode::Overwrite, wmode);
@@ -139,13 +140,13 @@ void fp8_row_backward(const Fp8Linear& f, Tensor& dx, Param* weight, Param* bias
 }
 }  // namespace
 
-Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual, Fp8Saved* fp8_keep) const {
+Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual, Fp8Saved* fp8_keep, Tensor* x_amax) const {
   const ParallelState& ps = *ctx_->ps;
   // The replicated bias is added by TP rank 0 only, before the sum over ranks.
   const Tensor* b = (bias_ && ps.tp_rank == 0) ? &bias_->value : nullptr;
   Tensor y = ctx_->empty({x.size(0), weight_->local_shape[0]});
   if (fp8_) {
-    fp8_->forward(y, x, weight_->value, b, ps, fp8_keep);
+    fp8_->forward(y, x, weight_->value, b, ps, fp8_keep, x_amax);
   } else if (ps.tp_size == 1) {
     ops::linear_forward(y, x, weight_->value, b, residual);
     return y;
@@ -197,7 +198,8 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
   return dpre;
 }
 
-Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h, const Fp8Saved* fp8_kept) const {
+Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h, const Fp8Saved* fp8_kept,
+                                         Tensor* dh_amax) const {
   const ParallelState& ps = *ctx_->ps;
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
   if (fp8_) {  // the FP8 GEMMs (x = swiglu(h) recomputed unless its FP8 copy was kept), then the SwiGLU's backward
@@ -209,7 +211,7 @@ Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h, const Fp8
     Tensor dx = ctx_->empty({h.size(0), h.size(1) / 2});
     fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps, fp8_kept);
     Tensor dh = ctx_->empty(h.shape());
-    ops::swiglu_backward(dh, dx, h);
+    ops::swiglu_backward(dh, dx, h, dh_amax);
     h = Tensor();
     return dh;
   }

@@ -21,8 +21,10 @@ Tensor DenseMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, cons
   if (swiglu_) {
     s->h = linear_fc1_.forward(x, &s->fc1_x);
     Tensor a = c.empty({s->h.size(0), ffn_local_});
-    ops::swiglu_forward(a, s->h);
-    Tensor y = linear_fc2_.forward(a, residual, &s->fc2_x);
+    // FP8 tensorwise: a's amax taken in the SwiGLU's pass instead of one of its own before fc2's cast.
+    Tensor a_amax = linear_fc2_.fp8_current_scaling() ? Tensor::empty({1}, DType::F32, c.device) : Tensor();
+    ops::swiglu_forward(a, s->h, a_amax.defined() ? &a_amax : nullptr);
+    Tensor y = linear_fc2_.forward(a, residual, &s->fc2_x, a_amax.defined() ? &a_amax : nullptr);
     // Kept for fc2's backward unless recomputed from h or (FP8) its FP8 copy was kept.
     if (!c.recompute.norm_act && !s->fc2_x.defined()) s->a = a;
     return y;
@@ -39,8 +41,13 @@ Tensor DenseMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, co
   MT_INTERNAL_ASSERT(state, "DenseMLP::backward without a forward");
   Saved& s = static_cast<Saved&>(*state);  // made by forward above
   Tensor dh;
+  // FP8 tensorwise: dh's amax taken in the SwiGLU backward's pass for fc1's cast (FP8 fc2 path only).
+  Tensor dh_amax;
+  if (swiglu_ && !s.a.defined() && linear_fc2_.fp8() && linear_fc1_.fp8_current_scaling())
+    dh_amax = Tensor::empty({1}, DType::F32, ctx_->device);
   if (swiglu_ && !s.a.defined()) {
-    dh = linear_fc2_.backward_swiglu(dy, s.h, &s.fc2_x);  // SwiGLU output recomputed (or FP8 kept), dh over h
+    // SwiGLU output recomputed (or FP8 kept), dh written over h
+    dh = linear_fc2_.backward_swiglu(dy, s.h, &s.fc2_x, dh_amax.defined() ? &dh_amax : nullptr);
   } else if (swiglu_) {
     Tensor da = linear_fc2_.backward(dy, s.a);
     s.a = Tensor();
@@ -51,7 +58,7 @@ Tensor DenseMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, co
   }
   Fp8Saved fc1_x = std::move(s.fc1_x);
   state.reset();
-  return linear_fc1_.backward(dh, x, true, &fc1_x);
+  return linear_fc1_.backward(dh, x, true, &fc1_x, dh_amax.defined() ? &dh_amax : nullptr);
 }
 
 }  // namespace mt

@@ -3,12 +3,13 @@
 // and columns, both tile orientations from one pass, 128x128 blocks) and the same scales and amaxes; the cuBLASLt FP8
 // GEMM equals the fp64 GEMM of the dequantized operands within accumulation tolerance (kTolFp8Gemm below; bf16
 // output: the bf16 tolerance), for tensor scaling (e4m3 x e4m3, e5m2 x e4m3), for blockwise scaling (tiles x blocks,
-// tiles x tiles), with a bias and accumulating into fp32.
+// tiles x tiles), with a bias and accumulating into fp32. The SwiGLU passes' fused amaxes equal fp8_amax's.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "cuda/fp8_cuda.h"
 #include "tensor/fp8/fp8_ops.h"
+#include "tensor/ops.h"
 #include "test_cuda_util.h"
 
 using namespace mt;
@@ -125,6 +126,31 @@ TEST_CASE("cuda FP8 casts give the CPU emulation's codes, scales and amaxes bit 
       require_same("blocks", to_host(bd), bh);
       require_same("blocks transposed", to_host(btd), bth);
     }
+}
+
+TEST_CASE("cuda SwiGLU passes take their output's FP8 amax: fp8_amax's, bit for bit, and the same output",
+          "[cuda][fp8]") {
+  init();
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{64, 512}, {37, 301}}) {  // 16-byte chunks; one column at a time
+    INFO("N " << N << " F " << F);
+    const Tensor h = to_device(wide(N, 2 * F, 70 + F, 4), DType::BF16);
+    const Tensor dy = to_device(wide(N, F, 80 + F, 4), DType::BF16);
+    Tensor a = Tensor::empty({N, F}, DType::BF16, Device::CUDA), a_ref = Tensor::empty({N, F}, DType::BF16, Device::CUDA);
+    Tensor amax = Tensor::empty({1}, DType::F32, Device::CUDA), amax_ref = Tensor::empty({1}, DType::F32, Device::CUDA);
+    ops::swiglu_forward(a_ref, h);
+    ops::swiglu_forward(a, h, &amax);
+    ops::fp8_amax(amax_ref, a_ref);
+    CHECK(bitwise_equal(a, a_ref));
+    CHECK(bitwise_equal(amax, amax_ref));
+    CHECK(to_host(amax).data<float>()[0] > 0.0f);
+    Tensor dh = Tensor::empty({N, 2 * F}, DType::BF16, Device::CUDA);
+    Tensor dh_ref = Tensor::empty({N, 2 * F}, DType::BF16, Device::CUDA);
+    ops::swiglu_backward(dh_ref, dy, h);
+    ops::swiglu_backward(dh, dy, h, &amax);
+    ops::fp8_amax(amax_ref, dh_ref);
+    CHECK(bitwise_equal(dh, dh_ref));
+    CHECK(bitwise_equal(amax, amax_ref));
+  }
 }
 
 TEST_CASE("cuda FP8 hardware casts round like the emulation at every midpoint and beyond the range", "[cuda][fp8]") {
