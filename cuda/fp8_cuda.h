@@ -41,11 +41,11 @@ struct Fp8GemmOperand {
   int scaling;
   int64_t rows, k;
 };
-// out (M, N) row-major (= or +=) = deq(a) (M, K) deq(b) (N, K)^T [+ bias (N)]; T = float or bf16 (bias: T);
-// fast_accum: cuBLASLt's fast FP8 accumulation (tensor scaling only).
+// out (M, N) row-major (= or +=) = deq(a) (M, K) deq(b) (N, K)^T [+ bias (N)] [+ residual (M, N): cuBLASLt's C];
+// T = float or bf16 (bias, residual: T); fast_accum: cuBLASLt's fast FP8 accumulation (tensor scaling only).
 template <typename T>
 void fp8_gemm_cuda(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
-                   bool fast_accum);
+                   bool fast_accum, const T* residual = nullptr);
 // test/cuda only: the same with candidate `layout` (0 = the one fp8_gemm_cuda uses) of the block scales handed to
 // cuBLASLt (cuda/fp8_gemm.cu, Note [FP8 block scale layout]); T = float.
 template <typename T>

@@ -84,10 +84,10 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
 }
 
 void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
-                        Fp8Saved* keep, Tensor* x_amax) const {
+                        Fp8Saved* keep, Tensor* x_amax, const Tensor* residual) const {
   Quantized qx;
   quantize(qx, x, Fp8Role::Input, true, keep != nullptr, split_.input, ps, x_amax);
-  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true);
+  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true, residual);
   if (keep) keep->xt = std::move(qx.col);
 }
 

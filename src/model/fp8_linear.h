@@ -44,9 +44,10 @@ class Fp8Linear {
   // Whether the recipe scales each tensor by its current amax (tensorwise): a producer that can take the amax of
   // its output in its own pass hands it over as x_amax / dy_amax below (this rank's part: reduced here over TP).
   bool current_scaling() const;
-  // y (N, OC) = x (N, IC) W^T + bias; keep (if given): X's transposed FP8 copy for backward, same pass.
+  // y (N, OC) = x (N, IC) W^T + bias [+ residual (N, OC), in the GEMM's epilogue]; keep (if given): X's
+  // transposed FP8 copy for backward, same pass.
   void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
-               Fp8Saved* keep = nullptr, Tensor* x_amax = nullptr) const;
+               Fp8Saved* keep = nullptr, Tensor* x_amax = nullptr, const Tensor* residual = nullptr) const;
   // dx (N, IC) = dy W (when dx), dw (+= with Accumulate) = dy^T x (when dw), db += column sums of dy. With a kept
   // copy (kept defined) x is not read and may be undefined.
   void backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,

@@ -146,7 +146,9 @@ Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual, Fp8Sa
   const Tensor* b = (bias_ && ps.tp_rank == 0) ? &bias_->value : nullptr;
   Tensor y = ctx_->empty({x.size(0), weight_->local_shape[0]});
   if (fp8_) {
-    fp8_->forward(y, x, weight_->value, b, ps, fp8_keep, x_amax);
+    // tp 1: the residual in the GEMM's epilogue, as in the bf16 path
+    fp8_->forward(y, x, weight_->value, b, ps, fp8_keep, x_amax, ps.tp_size == 1 ? residual : nullptr);
+    if (ps.tp_size == 1) return y;
   } else if (ps.tp_size == 1) {
     ops::linear_forward(y, x, weight_->value, b, residual);
     return y;

@@ -244,6 +244,14 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
       const Tensor bias_d = to_device(bias64, DType::BF16);
       ops::fp8_gemm(out_b, da, db, &bias_d, false);
       check_close(std::string("fp8_gemm bias bf16 ") + c.name, out_b, ref_b, DType::BF16);
+      // bf16 output with a bias and a residual (the row-parallel layer's, in the epilogue), fast accumulation
+      const Tensor res64 = rounded(randn64({M, N}, ++seed, 8.0), DType::BF16);
+      Tensor ref_r = Tensor::empty({M, N}, DType::F64);
+      ops::fp8_gemm(ref_r, qa, qb, &bias64, false, false, &res64);
+      Tensor out_r = poisoned({M, N}, DType::BF16);
+      const Tensor res_d = to_device(res64, DType::BF16);
+      ops::fp8_gemm(out_r, da, db, &bias_d, false, /*fast_accum=*/true, &res_d);
+      check_close(std::string("fp8_gemm bias residual bf16 ") + c.name, out_r, ref_r, DType::BF16);
     } else {
       // Every candidate block-scale layout (cuda/fp8_gemm.cu, Note [FP8 block scale layout]): layout 0, the one
       // fp8_gemm uses, must match the reference, and the others must not where they differ from it for this pair

@@ -245,7 +245,7 @@ void fp8_dequantize(Tensor& out, const Fp8Tensor& q) {
 }
 
 void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate,
-              bool fast_accum) {
+              bool fast_accum, const Tensor* residual) {
   const char* op = "fp8_gemm";
   check_operand(op, a, out.device());
   check_operand(op, b, out.device());
@@ -256,6 +256,11 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
   MT_INTERNAL_ASSERT(!(a.dtype == fp8::Fp8Dtype::E5M2 && b.dtype == fp8::Fp8Dtype::E5M2), "op ", op,
                      ": e5m2 x e5m2 has no FP8 GEMM");
   if (bias) MT_INTERNAL_ASSERT(bias->numel() == N && bias->dtype() == out.dtype(), "op ", op, ": bias ", bias->str());
+  MT_INTERNAL_ASSERT(!(accumulate && residual), "op ", op, ": a residual with accumulate");
+  if (residual)
+    MT_INTERNAL_ASSERT(residual->numel() == M * N && residual->dtype() == out.dtype() &&
+                           residual->device() == out.device(),
+                       "op ", op, ": residual ", residual->str(), " vs out ", out.str());
   (void)fast_accum;
   dispatch(op, out, [&](auto z) {
     using T = decltype(z);
@@ -266,12 +271,13 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
         fp8_dequantize(da, a);
         fp8_dequantize(db, b);
         T* o = out.data<T>();
-        const bool add_bias = bias != nullptr;
-        if (add_bias)
+        const bool add = bias != nullptr || residual != nullptr;  // out = bias + residual, then += the product
+        if (add)
           for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < N; ++n) o[m * N + n] = bias->data<T>()[n];
+            for (int64_t n = 0; n < N; ++n)
+              o[m * N + n] = (bias ? bias->data<T>()[n] : T(0)) + (residual ? residual->data<T>()[m * N + n] : T(0));
         cpu::gemm_cpu<T>(false, true, M, N, K, T(1), da.data<T>(), K, db.data<T>(), K,
-                         (accumulate || add_bias) ? T(1) : T(0), o, N);
+                         (accumulate || add) ? T(1) : T(0), o, N);
       }
       return;
     }
@@ -282,7 +288,7 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
                               M, N, K);
     if constexpr (!std::is_same_v<T, double>)
       cuda::fp8_gemm_cuda<T>(out.data<T>(), gemm_operand(a), gemm_operand(b), bias ? bias->data<T>() : nullptr,
-                             accumulate, fast_accum && a.scaling == Fp8Scaling::Tensor);
+                             accumulate, fast, residual ? residual->data<T>() : nullptr);
 #endif
   });
 }
