@@ -87,7 +87,12 @@ void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tenso
                         Fp8Saved* keep, Tensor* x_amax, const Tensor* residual) const {
   Quantized qx;
   quantize(qx, x, Fp8Role::Input, true, keep != nullptr, split_.input, ps, x_amax);
-  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true, residual);
+  // The residual in the GEMM's epilogue with tensor scaling; blockwise adds it after (its cuBLASLt kernels are only
+  // known to run with C = D).
+  const bool fuse_residual = fp8_->options().recipe != Fp8Recipe::Blockwise;
+  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true,
+                fuse_residual ? residual : nullptr);
+  if (residual && !fuse_residual) ops::add(y, y, *residual);
   if (keep) keep->xt = std::move(qx.col);
 }
 
