@@ -75,8 +75,10 @@ void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp,
 // ---------------------------------------------------------------- activation.cu
 template <typename T> void gelu_forward_cuda(T* out, const T* inp, int64_t n);
 template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n);
-template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F);
-template <typename T> void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F);
+// amax (if set): = max |x| over the output written (out, dinp), fused into the pass (FP8 tensorwise scaling).
+template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F, float* out_amax = nullptr);
+template <typename T>
+void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F, float* dinp_amax = nullptr);
 // dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += (= unless accumulate_dweight) dout^T @ swiglu(h), dbias
 // (fp32) += column sums of dout;
 // swiglu(h) is recomputed in the SwiGLU backward's pass (one extra write), never kept. dh may alias h.
