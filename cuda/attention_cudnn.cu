@@ -10,7 +10,7 @@
 //                multi-head attention, {T 3HD, 3D, 3HD, 1} at offsets 0, D, 2D. K is passed as K^T by
 //                swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (lse).
 // Context-parallel blocks (s.causal false): K, V have Tk rows (Tk may differ from T), scores [B, H, T, Tk], no mask
-// (built, but not used yet: shape_ok).
+// (and no -inf scalar: the variant pack binds only the tensors a graph has, see Graph::execute).
 // Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
 //   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (io type); O = P V.
 // Backward graph (21 ops, + 2 head reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats)
@@ -515,11 +515,13 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
   return c.plans.emplace(key, std::move(g)).first->second.get();
 }
 
-// cuDNN for bf16 and fp16 when T is a multiple of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the backward,
-// see the notes; the same rule for the forward keeps one path per shape) and D is one of ours.
-// Context-parallel blocks (non-causal, Tk != T) are not sent to cuDNN yet: the graphs build, but on an H100 with
-// cuDNN 9.14 the first execution of the non-causal forward failed with CUDNN_STATUS_BAD_PARAM_NULL_POINTER (not
-// investigated yet); they run on our fp32 kernels (bf16/fp16 on fp32 copies), exact but slow.
+// cuDNN for bf16 and fp16 when T and Tk are multiples of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the
+// backward, see the notes; the same rule for the forward keeps one path per shape) and D is one of ours: causal
+// square attention, and the context-parallel blocks (non-causal, Tk may differ from T). Those blocks once failed at
+// their first execution with CUDNN_STATUS_BAD_PARAM_NULL_POINTER: the variant pack bound the causal mask's -inf
+// scalar, a uid the non-causal graph does not have; binding only the graph's own tensors fixed it (cuDNN 9.14, H100:
+// a CP2 block at 32K, T 8192 x Tk 16384, 2.0 ms forward and 11.0 ms deterministic backward vs 142 / 403 ms on our
+// fp32 kernels).
 bool shape_ok(const AttnShape& s) {
   return (!s.causal || s.keys() == s.T) && s.T % 128 == 0 && s.keys() % 128 == 0 && (s.D == 64 || s.D == 128) &&
          s.H % s.G == 0;
