@@ -157,6 +157,15 @@ void dropout_forward_cuda(T* out, const T* inp, int64_t n, double p, uint64_t se
 template <typename T>
 void dropout_backward_cuda(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t offset);
 
+// ---------------------------------------------------------------- attention_cudnn.cu (benchmarks only)
+// Every engine configuration cuDNN offers for bf16 attention of shape s (separate q, k, v): heuristics modes A and B,
+// and every value of each knob of their engines; each that finalizes runs `iters` times on the operands given, and
+// one line per configuration goes to stdout ("CUDNN-SWEEP": finalize time, workspace, median ms, max |difference|
+// of out (forward) or dq, dk (backward) from the first). Stops starting new ones after budget_s seconds.
+void cudnn_attention_sweep(const AttnShape& s, bool backward, bool deterministic, const mt::bf16* q,
+                           const mt::bf16* k, const mt::bf16* v, mt::bf16* out, float* lse, const mt::bf16* dout,
+                           mt::bf16* dq, mt::bf16* dk, mt::bf16* dv, int iters, double budget_s);
+
 // ---------------------------------------------------------------- op_profile.cpp (MT_OP_PROFILE)
 // True when MT_OP_PROFILE is set (1: report to stderr at exit; else the file to append the report to).
 bool op_profile_enabled();
