@@ -87,6 +87,7 @@ struct TrainingConfig {
   int64_t train_iters = 0;             // required
   int64_t eval_interval = 0;           // 0 = evaluate only at the end
   int64_t eval_iters = 10;             // 0 = no evaluation
+  bool skip_train = false;             // evaluate the loaded weights (valid, test) and exit
   uint64_t seed = 1234;
   std::string precision = "fp32";      // fp32 | bf16 | fp16
   std::string device = "auto";         // auto | cpu | cuda

@@ -214,6 +214,10 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(training, train_iters).required().min(1).doc("optimizer steps to train for"),
       MT_CONFIG_KEY(training, eval_interval).min(0).doc("evaluate every this many steps; 0 = only at the end"),
       MT_CONFIG_KEY(training, eval_iters).min(0).doc("validation batches per evaluation; 0 = no evaluation"),
+      MT_CONFIG_KEY(training, skip_train)
+          .doc("evaluate the loaded checkpoint (checkpoint.load) on the validation and test splits and exit: nothing "
+               "is trained or saved; the recipe (precision, fp8) may differ from the one the checkpoint was trained with")
+          .megatron({"skip_train"}),
       MT_CONFIG_KEY(training, seed).doc("random seed (initialization, data order, dropout)"),
       MT_CONFIG_KEY(training, precision).one_of({"fp32", "bf16", "fp16"})
           .doc("compute precision (master weights and optimizer state stay fp32); the CPU backend runs fp32")

@@ -150,6 +150,9 @@ void validate_config(const Config& cfg) {
            ") / decoder_last_pipeline_num_layers (", p.decoder_last_pipeline_num_layers,
            ") need parallel.pipeline > 1; set them to 0");
 
+  MT_CHECK(!t.skip_train || t.eval_iters > 0, pre, "training.skip_train evaluates and trains nothing, but "
+           "training.eval_iters is 0; set eval_iters > 0 (the batches to evaluate) or skip_train: false");
+
   MT_CHECK(o.min_lr <= o.lr, pre, "optimizer.min_lr (", format_double(o.min_lr), ") must be <= optimizer.lr (",
            format_double(o.lr), ")");
   const int64_t decay_iters = o.lr_decay_iters > 0 ? o.lr_decay_iters : t.train_iters;

@@ -233,6 +233,29 @@ struct Run {
   }
 };
 
+// training.skip_train (Megatron's --skip-train): the validation and test losses of the loaded weights (or of the
+// initial model when nothing was loaded), logged and written to the metrics file at the loaded iteration; nothing
+// is trained or saved. The same first eval_iters batches as every evaluation of a training run, so a checkpoint's
+// value equals the one its run logged at that iteration (under the same precision and FP8 recipe), and the weights
+// of one recipe can be evaluated under another.
+template <typename Metrics, typename Summary>
+TrainResult evaluate_only(Run& run, Metrics& metrics, int64_t iteration, const std::string& loaded, Summary& summary) {
+  log::info("training.skip_train: evaluating {} without training (precision {}, fp8 {})",
+            loaded.empty() ? std::string("the initial model (no checkpoint loaded)") : str_cat("the checkpoint ", loaded),
+            run.cfg.training.precision, run.cfg.training.fp8);
+  TrainResult result;
+  result.last_iteration = iteration;
+  result.last_val_loss = run.evaluate();
+  if (result.last_val_loss >= 0) metrics.eval(iteration, result.last_val_loss);
+  const bool has_test = run.data.test != nullptr;
+  if (has_test) {
+    result.last_test_loss = run.evaluate(run.data.test);
+    if (result.last_test_loss >= 0) metrics.test(iteration, result.last_test_loss);
+  }
+  summary("evaluated (training.skip_train)", has_test && result.last_test_loss >= 0, result.last_test_loss);
+  return result;
+}
+
 // Model FLOPs count every parameter of the whole model once (all stages), except learned
 // position embeddings; the tied table once.
 int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
@@ -378,7 +401,8 @@ TrainResult run_training(const Config& cfg) {
       last_checkpoint = ck.path;
     }
   }
-  if (!cfg.checkpoint.dir.empty()) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
+  // skip_train writes nothing, so an existing checkpoint directory is no reason to refuse.
+  if (!cfg.checkpoint.dir.empty() && !cfg.training.skip_train) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
   const int64_t first_iteration = iteration, first_consumed = consumed;
 
   // Data.
@@ -480,6 +504,7 @@ TrainResult run_training(const Config& cfg) {
     result.stopped_by_signal = true;
     return result;
   }
+  if (cfg.training.skip_train) return evaluate_only(run, metrics, iteration, last_checkpoint, summary);
   IterationRecord rec;
   double interval_loss = 0, interval_ms = 0;
   int interval_iters = 0, interval_steps = 0;  // steps counted in the loss / all steps since the last log line
