@@ -88,6 +88,7 @@ training:
   train_iters: 100
   eval_interval: 50
   eval_iters: 5
+  skip_train: true
   seed: 18446744073709551615
   precision: bf16
   device: cuda
