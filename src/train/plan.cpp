@@ -571,7 +571,7 @@ void format_moe(std::ostream& os, const PlanReport& r) {
 std::string attention_workspace_warning(const PlanReport& r) {
   const AttnBwdChunks& c = r.attention_chunks;
   if (!r.deterministic || !c.over_cap()) return "";
-  return str_cat("warning: one query head of the deterministic attention backward needs ", mib(c.workspace),
+  return str_cat("one query head of the deterministic attention backward needs ", mib(c.workspace),
                  " of workspace, above training.attention_bwd_workspace_mib (", c.cap / 1048576, "); it runs at ",
                  mib(c.workspace), " per call: raise training.attention_bwd_workspace_mib to ",
                  (c.workspace + 1048575) / 1048576, " to plan for it, or set training.deterministic: false (dQ "
@@ -685,7 +685,7 @@ std::string format_plan(const PlanReport& r) {
          << cut << (c.over_cap() ? ", above" : ", within") << " training.attention_bwd_workspace_mib ("
          << c.cap / 1048576 << ")\n";
       const std::string warning = attention_workspace_warning(r);
-      if (!warning.empty()) os << "  " << warning << "\n";
+      if (!warning.empty()) os << "  warning: " << warning << "\n";
     }
   }
   os << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"

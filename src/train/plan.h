@@ -188,7 +188,8 @@ PlanReport make_plan(const Config& cfg, int world_size);
 PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size);
 // Readable tables for stdout.
 // One line when the deterministic attention backward (r.deterministic) needs more than
-// training.attention_bwd_workspace_mib even at one query head per call (a warning naming the key), else "".
+// training.attention_bwd_workspace_mib even at one query head per call (a warning naming the key, without a
+// "warning:" prefix: format_plan and train's preflight log add theirs), else "".
 std::string attention_workspace_warning(const PlanReport& r);
 std::string format_plan(const PlanReport& r);
 
