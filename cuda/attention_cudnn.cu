@@ -15,9 +15,10 @@
 //   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (io type); O = P V.
 // Backward graph (21 ops, + 2 head reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats)
 //   (masked); dV = P^T dO; dS = P (dO V^T - delta) c; dK = dS^T Q; dQ = dS K. Deterministic form (the default:
-//   no dQ accumulator, no float atomics): its workspace grows as B H T^2, so it runs in batch chunks
-//   (backward_batch_chunk). Under ops::set_deterministic(false), dQ is accumulated in fp32 with atomics
-//   (dQ_accum, one more op converting it), faster and without the B H T^2 workspace.
+//   no dQ accumulator, no float atomics): its workspace grows as B H T Tk, so it runs in chunks of samples, KV
+//   groups or single query heads (backward_chunks, core/attention_chunks.h). Under ops::set_deterministic(false),
+//   dQ is accumulated in fp32 with atomics (dQ_accum, one more op converting it), faster and without the B H T Tk
+//   workspace.
 // Plans are built once per shape (heuristics mode A, first configuration that finalizes) and cached;
 // the first build of a kernel variant compiles it with NVRTC (~0.5-1 s). A shape cuDNN refuses is
 // remembered and runs on our kernels (the caller falls back). training.attention_backend
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "cuda/attention_common.cuh"
+#include "core/attention_chunks.h"
 #include "core/op_policy.h"
 
 namespace mt::ops::cuda::attn {
@@ -348,6 +350,12 @@ Dims kv_dims(const AttnShape& s) { return {s.B, s.G, s.keys(), s.D}; }
 Dims t_dims(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }  // swap the last two
 Dims stat_dims(const AttnShape& s) { return {s.B, s.H, s.T, 1}; }
 Dims stat_strides(const AttnShape& s) { return {s.H * s.T, s.T, 1, 1}; }
+// Strides of out/dout and of dk/dv in a backward call: o_strides(s) and lay.kv, except for a call on a head range of
+// larger tensors (out/dout keep the full tensor's row stride) or one writing its dk/dv to scratch (single heads).
+struct BwdStrides {
+  Dims o, dkv;
+};
+BwdStrides default_bwd_strides(const AttnShape& s, const CudnnLayout& lay) { return {o_strides(s), lay.kv}; }
 
 // io: the data type of q, k, v, out and their gradients (CUDNN_DATA_BFLOAT16 or CUDNN_DATA_HALF).
 // with_plan false: the finalized operation graph without a plan (the benchmark sweep picks its own).
@@ -387,11 +395,14 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const 
 
 // deterministic: dQ = dS K written straight into dQ (cuDNN materializes dS: B H T^2 io-type workspace); else
 // accumulated with fp32 atomics into dQ_accum (B, H, T, D) (bound to scratch memory), then converted into dQ.
+// bs: strides of out/dout and dk/dv (default_bwd_strides when null). Stats and delta are packed (B, H, T): a call
+// on a head range runs on one sample (backward_chunks), where the range of lse is contiguous.
 std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
-                                      bool deterministic, bool with_plan = true) {
+                                      bool deterministic, bool with_plan = true, const BwdStrides* bs = nullptr) {
   auto g = std::make_unique<Graph>(h);
   const bool gqa = s.G != s.H;
-  const Dims qd = q_dims(s), qs = lay.q, kd = kv_dims(s), ks = lay.kv, os = o_strides(s);
+  const BwdStrides st = bs ? *bs : default_bwd_strides(s, lay);
+  const Dims qd = q_dims(s), qs = lay.q, kd = kv_dims(s), ks = lay.kv, os = st.o;
   auto Q = g->tensor(io, qd, qs, kQ);
   auto KT = g->tensor(io, t_dims(kd), t_dims(ks), kK);
   auto VT = g->tensor(io, t_dims(kd), t_dims(ks), kV);
@@ -399,8 +410,8 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
   auto dO = g->tensor(io, qd, os, kDO);
   auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
   auto dQ = g->tensor(io, qd, qs, kDQ);
-  auto dK = g->tensor(io, kd, ks, kDK);
-  auto dV = g->tensor(io, kd, ks, kDV);
+  auto dK = g->tensor(io, kd, st.dkv, kDK);
+  auto dV = g->tensor(io, kd, st.dkv, kDV);
   auto scale = g->scalar(kScale);
   auto one = g->scalar(kOne);
   const int64_t Tk = s.keys();
@@ -473,7 +484,7 @@ struct Cache {
   cudnnHandle_t handle = nullptr;
   std::string unusable;      // why cuDNN cannot run attention at all; "" = it can
   std::string last_refusal;  // the last graph cuDNN refused, and why
-  std::map<std::array<int64_t, 18>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
+  std::map<std::array<int64_t, 26>, std::unique_ptr<Graph>> plans;  // null: this shape falls back
 };
 
 Cache& cache() {
@@ -490,20 +501,22 @@ Cache& cache() {
   return *c;
 }
 
-// The cached plan for (direction, shape, determinism), built on first use; null when cuDNN cannot run it.
+// The cached plan for (direction, shape, strides, determinism), built on first use; null when cuDNN cannot run it.
 const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
-                      bool deterministic = true) {
+                      bool deterministic = true, const BwdStrides* bs = nullptr) {
   Cache& c = cache();
   if (!c.unusable.empty()) return nullptr;
   std::lock_guard<std::mutex> lock(c.mu);
-  const std::array<int64_t, 18> key{backward,  s.B,       s.T,       s.H,       s.G,  s.D,
-                                    lay.q[0],  lay.q[1],  lay.q[2],  lay.q[3],  lay.kv[0], lay.kv[1],
-                                    lay.kv[2], lay.kv[3], io,        deterministic, s.keys(), s.causal};
+  const BwdStrides st = bs ? *bs : default_bwd_strides(s, lay);
+  const std::array<int64_t, 26> key{backward,  s.B,       s.T,       s.H,       s.G,       s.D,      lay.q[0],
+                                    lay.q[1],  lay.q[2],  lay.q[3],  lay.kv[0], lay.kv[1], lay.kv[2], lay.kv[3],
+                                    io,        deterministic, s.keys(), s.causal, st.o[0], st.o[1], st.o[2],
+                                    st.o[3],   st.dkv[0], st.dkv[1], st.dkv[2], st.dkv[3]};
   auto it = c.plans.find(key);
   if (it != c.plans.end()) return it->second.get();
   std::unique_ptr<Graph> g;
   try {
-    g = backward ? build_backward(c.handle, s, lay, io, deterministic) : build_forward(c.handle, s, lay, io);
+    g = backward ? build_backward(c.handle, s, lay, io, deterministic, true, &st) : build_forward(c.handle, s, lay, io);
   } catch (const BuildError& e) {
     std::fprintf(stderr,
                  "megatrain: cuDNN attention %s (B %lld, T %lld, Tk %lld, H %lld, G %lld, D %lld%s) unavailable, "
@@ -579,55 +592,100 @@ bool cudnn_attention_forward(E* out, float* lse, const E* q, const E* k, const E
   return true;
 }
 
-// The deterministic backward's workspace is B H T^2 2 bytes (2 GiB at B 8, H 32, T 2048), so the batch runs in
-// chunks of Bc samples (one plan, executed B / Bc times on pointers offset by whole samples: every tensor has the
-// batch outermost): Bc is the largest divisor of B whose workspace fits in ops::attention_bwd_workspace_mib()
-// (training.attention_bwd_workspace_mib, default 1024; at least one sample). Each extra chunk costs ~0.15 ms per
-// layer on an H200 (its 5 kernels run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per
-// iteration in 1 / 2 / 4 chunks), so the default keeps chunks large: llama-1b runs in 2 (1 GiB instead of 2),
-// llama-3b in 1 (768 MiB).
+// The deterministic backward's workspace is B H T Tk 2 bytes (2 GiB at B 8, H 32, T 2048; 2 GiB per query head
+// of one llama-1b sample at T 32768), so it runs in chunks (core/attention_chunks.h) bounded by
+// ops::attention_bwd_workspace_mib() (training.attention_bwd_workspace_mib, default 1024): whole samples while one
+// fits (one plan executed B / Bc times on pointers offset by whole samples: every tensor has the batch outermost),
+// else KV groups of one sample, else single query heads. Each extra chunk costs ~0.15 ms per layer on an H200 (its 5
+// kernels run once more, smaller: llama-1b, 16 layers, 216.0 / 216.8 / 218.3 ms per iteration in 1 / 2 / 4 sample
+// chunks), so the default keeps chunks large: llama-1b at T 2048 runs in 2 (1 GiB instead of 2), llama-3b in 1.
 namespace {
-int64_t backward_batch_chunk(const AttnShape& s) {
-  const double cap = static_cast<double>(::mt::ops::attention_bwd_workspace_mib()) * 1048576.0;
-  const double per_sample = 2.0 * static_cast<double>(s.H) * static_cast<double>(s.T) * static_cast<double>(s.keys());
-  int64_t bc = 1;
-  for (int64_t b = 2; b <= s.B; ++b)
-    if (s.B % b == 0 && static_cast<double>(b) * per_sample <= cap) bc = b;
-  return bc;
+AttnBwdChunks backward_chunks(const AttnShape& s) {
+  return attention_bwd_chunks(s.B, s.H, s.G, s.T, s.keys(), ::mt::ops::attention_bwd_workspace_mib() * 1048576);
+}
+
+// dst[t, :] = sum over j < R of src[j][t, :] (R partial dK or dV of one KV group, packed (R, Tk, D)), summed in fp32
+// in order j = 0.. and rounded once; dst rows `row_stride` apart. Deterministic: no atomics, a fixed order.
+template <typename E>
+__global__ void sum_head_partials(E* dst, int64_t row_stride, const E* src, int64_t R, int64_t rows, int64_t D) {
+  const int64_t n = rows * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < R; ++j) acc += to_float(src[j * n + i]);
+    dst[(i / D) * row_stride + i % D] = from_float<E>(acc);
+  }
 }
 }  // namespace
 
-// Scratch: delta (fp32 (Bc, H, T)), then, non-deterministic, dQ_accum (fp32 (B, H, T, D)), then the plan's
-// workspace. The non-deterministic graph has no B H T^2 workspace and runs the whole batch at once.
+// Scratch: delta (fp32 (Bc, Hc, T)), then, non-deterministic, dQ_accum (fp32 (B, H, T, D)), or, single query heads,
+// the group's R partial dK and dV (R, Tk, D) each; then the plan's workspace. The non-deterministic graph has no
+// B H T Tk workspace and runs the whole batch at once.
 template <typename E>
 bool cudnn_attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
                               const float* lse, const AttnShape& s, const CudnnLayout& lay) {
   if (!cudnn_allowed() || !shape_ok(s)) return false;
   const bool det = ::mt::ops::deterministic();  // the process-wide policy (training.deterministic)
+  const int64_t R = s.H / s.G, Tk = s.keys();
+  AttnBwdChunks ch;
+  ch.samples = s.B;
+  ch.groups = s.G;
+  ch.heads = s.H;
+  if (det) ch = backward_chunks(s);
   AttnShape cs = s;
-  cs.B = det ? backward_batch_chunk(s) : s.B;
-  const Graph* g = plan_for(true, cs, lay, io_type<E>(), det);
+  cs.B = ch.samples;
+  cs.H = ch.heads;
+  cs.G = ch.single_heads ? 1 : ch.groups;
+  const Dims o_full = o_strides(s);
+  const BwdStrides bs{o_full, ch.single_heads ? Dims{Tk * s.D, Tk * s.D, s.D, 1} : lay.kv};
+  const Graph* g = plan_for(true, cs, lay, io_type<E>(), det, &bs);
   if (!g) return false;
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY, one = 1.f;
   auto round256 = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t delta_bytes = round256(sizeof(float) * static_cast<size_t>(cs.B * s.H * s.T));
+  const size_t delta_bytes = round256(sizeof(float) * static_cast<size_t>(cs.B * cs.H * s.T));
   const size_t acc_bytes = det ? 0 : round256(sizeof(float) * static_cast<size_t>(s.B * s.H * s.T * s.D));
-  Scratch ws(delta_bytes + acc_bytes + static_cast<size_t>(g->workspace()));
+  const int64_t part_n = Tk * s.D;  // elements of one head's partial dK (or dV)
+  const size_t part_bytes = ch.single_heads ? round256(sizeof(E) * static_cast<size_t>(R * part_n)) : 0;
+  Scratch ws(delta_bytes + acc_bytes + 2 * part_bytes + static_cast<size_t>(g->workspace()));
   char* base = ws.as<char>();
-  const int64_t o_sample = o_strides(s)[0], lse_sample = s.H * s.T;
-  for (int64_t b0 = 0; b0 < s.B; b0 += cs.B) {
-    const int64_t oq = b0 * lay.q[0], okv = b0 * lay.kv[0], oo = b0 * o_sample;
+  E* dk_part = reinterpret_cast<E*>(base + delta_bytes + acc_bytes);
+  E* dv_part = reinterpret_cast<E*>(base + delta_bytes + acc_bytes + part_bytes);
+  void* plan_ws = base + delta_bytes + acc_bytes + 2 * part_bytes;
+  // One execution on samples [b0, b0 + Bc) and query heads [h0, h0 + Hc) (KV groups from h0 / R), dK/dV to dkc, dvc.
+  auto run = [&](int64_t b0, int64_t h0, E* dkc, E* dvc) {
+    const int64_t oq = b0 * lay.q[0] + h0 * lay.q[1], oo = b0 * o_full[0] + h0 * o_full[1];
+    const int64_t okv = b0 * lay.kv[0] + (h0 / R) * lay.kv[1];
     std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum};
     std::vector<void*> ptrs{const_cast<E*>(q + oq),  const_cast<E*>(k + okv),  const_cast<E*>(v + okv),
-                            const_cast<E*>(out + oo), const_cast<E*>(dout + oo), const_cast<float*>(lse + b0 * lse_sample),
-                            dq + oq,                 dk + okv,                 dv + okv,
+                            const_cast<E*>(out + oo), const_cast<E*>(dout + oo),
+                            const_cast<float*>(lse + (b0 * s.H + h0) * s.T),
+                            dq + oq,                 dkc,                      dvc,
                             &scale,                  &one,                     &neg_inf,
                             base};
     if (!det) {
       uids.push_back(kDQAccum);
       ptrs.push_back(base + delta_bytes);
     }
-    g->execute(uids, ptrs, base + delta_bytes + acc_bytes);
+    g->execute(uids, ptrs, plan_ws);
+  };
+  for (int64_t b0 = 0; b0 < s.B; b0 += cs.B) {
+    if (!ch.single_heads) {
+      for (int64_t h0 = 0; h0 < s.H; h0 += cs.H) {
+        const int64_t okv = b0 * lay.kv[0] + (h0 / R) * lay.kv[1];
+        run(b0, h0, dk + okv, dv + okv);
+      }
+      continue;
+    }
+    for (int64_t grp = 0; grp < s.G; ++grp) {  // the group's R heads into scratch, then their sum into dk, dv
+      for (int64_t j = 0; j < R; ++j) run(b0, grp * R + j, dk_part + j * part_n, dv_part + j * part_n);
+      const int64_t okv = b0 * lay.kv[0] + grp * lay.kv[1];
+      constexpr int kThreads = 256;
+      sum_head_partials<E><<<grid_for(part_n, kThreads), kThreads, 0, current_stream()>>>(dk + okv, lay.kv[2], dk_part,
+                                                                                          R, Tk, s.D);
+      MT_CUDA_CHECK(cudaGetLastError());
+      sum_head_partials<E><<<grid_for(part_n, kThreads), kThreads, 0, current_stream()>>>(dv + okv, lay.kv[2], dv_part,
+                                                                                          R, Tk, s.D);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
   }
   return true;
 }

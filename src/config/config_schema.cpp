@@ -236,8 +236,10 @@ std::vector<ConfigField> build_schema() {
           .megatron({"attention_backend"}),
       MT_CONFIG_KEY(training, attention_bwd_workspace_mib).min(1)
           .doc("cuDNN's deterministic attention backward needs micro_batch_size x (this rank's heads) x "
-               "seq_length^2 x 2 bytes of workspace: it runs in batch chunks of the most samples that fit in this "
-               "many MiB (at least one sample); more = fewer, faster chunks, more memory"),
+               "seq_length^2 x 2 bytes of workspace: it runs in chunks that fit in this many MiB: the most samples, "
+               "else the most KV groups of one sample, else one query head at a time (seq_length^2 x 2 bytes: 2048 "
+               "MiB at 32768 tokens, used even above this cap; megatrain plan says the workspace used and warns); "
+               "more = fewer, faster chunks, more memory"),
       MT_CONFIG_KEY(training, recompute).one_of({"none", "selective", "full"})
           .doc("activation recomputation: selective = the attention core, full = whole layers")
           .megatron({"recompute_granularity"}),

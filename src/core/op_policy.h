@@ -21,7 +21,8 @@ enum class AttentionBackend { Auto, Cudnn, Own };
 void set_attention_backend(AttentionBackend backend);
 AttentionBackend attention_backend();
 // Workspace cap of cuDNN's deterministic attention backward, MiB (training.attention_bwd_workspace_mib, default
-// 1024): its B H T^2 2-byte workspace runs in batch chunks of the most samples that fit (at least one).
+// 1024): its B H T Tk 2-byte workspace runs in chunks of the most samples that fit, else KV groups of one sample,
+// else single query heads (core/attention_chunks.h).
 void set_attention_bwd_workspace_mib(int64_t mib);
 int64_t attention_bwd_workspace_mib();
 

@@ -176,19 +176,38 @@ int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType
   return B * T * (d.padded_vocab_size / tp) * static_cast<int64_t>(dtype_size(act));
 }
 
-int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int64_t B, int64_t T) {
+int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int groups, int64_t B,
+                                         int64_t T, AttnBwdChunks* chunks) {
   const int64_t D = d.head_dim;
   const bool cudnn = d.precision != Precision::FP32 && cfg.training.attention_backend != "own" && T % 128 == 0 &&
                      (D == 64 || D == 128);
+  if (chunks) *chunks = AttnBwdChunks{};
   if (!cudnn || heads <= 0 || B <= 0) return 0;
+  groups = std::max(1, std::min(groups, heads));
   auto round256 = [](int64_t b) { return (b + 255) / 256 * 256; };
   if (!cfg.training.deterministic) return round256(4 * B * heads * T) + round256(4 * B * heads * T * D);
-  const int64_t per_sample = 2 * heads * T * T, cap = cfg.training.attention_bwd_workspace_mib * 1048576;
-  int64_t bc = 1;
-  for (int64_t b = 2; b <= B; ++b)
-    if (B % b == 0 && b * per_sample <= cap) bc = b;
-  return round256(4 * bc * heads * T) + bc * per_sample;
+  const AttnBwdChunks c =
+      attention_bwd_chunks(B, heads, groups, T, T, cfg.training.attention_bwd_workspace_mib * 1048576);
+  if (chunks) *chunks = c;
+  // delta, the partial dK and dV of a group's query heads (single heads only), dS
+  const int64_t partials = c.single_heads ? 2 * round256(2 * (heads / groups) * T * D) : 0;
+  return round256(4 * c.samples * c.heads * T) + partials + c.workspace;
 }
+
+namespace {
+// Query heads, KV groups and sequence length of one rank's largest attention call.
+void attention_rank_shape(const Config& cfg, const DerivedConfig& d, int tp, int cp, int64_t seq_length, int& heads,
+                          int& groups, int64_t& T) {
+  heads = cfg.model.num_attention_heads / tp;
+  groups = std::max(1, static_cast<int>(d.num_query_groups / tp));
+  T = seq_length / cp;  // p2p: the largest block is the causal diagonal one of the rank's own tokens
+  if (cp > 1 && d.cp_comm_type == CpCommType::A2A) {  // all-to-all over heads: the whole sequence, heads / cp
+    heads /= cp;
+    groups = std::max(1, groups / cp);
+    T = seq_length;
+  }
+}
+}  // namespace
 
 void context_parallel_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int cp, CpCommType type, int64_t B,
                             int64_t T, DType act, int64_t& forward, int64_t& backward) {
@@ -304,7 +323,12 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   st.a2a_leaving_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.leaving;
   const bool has_layers = std::any_of(st.chunks.begin(), st.chunks.end(),
                                       [](const PlanChunk& c) { return c.layers.end > c.layers.begin; });
-  if (has_layers) st.attention_scratch = attention_backward_scratch_bytes(cfg, d, cfg.model.num_attention_heads / r.tp, B, T);
+  if (has_layers) {
+    int heads = 0, groups = 0;
+    int64_t Ta = 0;
+    attention_rank_shape(cfg, d, r.tp, r.cp, r.seq_length, heads, groups, Ta);
+    st.attention_scratch = attention_backward_scratch_bytes(cfg, d, heads, groups, B, Ta);
+  }
   st.fp8_copy_bytes = 2 * rp.fp8_weight;  // 1 B per element, row-wise and transposed
   schedule_peaks(r, st);
   return st;
@@ -433,10 +457,18 @@ PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size) 
                                             !cfg.training.recompute_norm_act);
   r.logits_per_microbatch = logits_bytes(d, r.tp, B, T, r.activation_dtype);
   r.deterministic = cfg.training.deterministic;
-  r.attention_scratch = attention_backward_scratch_bytes(cfg, d, cfg.model.num_attention_heads / r.tp, B, T);
-  Config other = cfg;
-  other.training.deterministic = !cfg.training.deterministic;
-  r.attention_scratch_other = attention_backward_scratch_bytes(other, d, cfg.model.num_attention_heads / r.tp, B, T);
+  {
+    int heads = 0, groups = 0;
+    int64_t Ta = 0;
+    attention_rank_shape(cfg, d, r.tp, r.cp, r.seq_length, heads, groups, Ta);
+    r.attention_scratch = attention_backward_scratch_bytes(cfg, d, heads, groups, B, Ta, &r.attention_chunks);
+    Config other = cfg;
+    other.training.deterministic = !cfg.training.deterministic;
+    r.attention_scratch_other = attention_backward_scratch_bytes(other, d, heads, groups, B, Ta,
+                                                                 r.deterministic ? nullptr : &r.attention_chunks);
+    r.attention_heads = heads;
+    r.attention_batch = B;
+  }
   r.cp_comm_type = par.cp_comm_type;
   context_parallel_bytes(cfg.model, d, r.tp, r.cp, d.cp_comm_type, B, r.seq_length, r.activation_dtype,
                          r.cp_bytes_forward, r.cp_bytes_backward);
@@ -536,6 +568,16 @@ void format_moe(std::ostream& os, const PlanReport& r) {
 
 }  // namespace
 
+std::string attention_workspace_warning(const PlanReport& r) {
+  const AttnBwdChunks& c = r.attention_chunks;
+  if (!r.deterministic || !c.over_cap()) return "";
+  return str_cat("one query head of the deterministic attention backward needs ", mib(c.workspace),
+                 " of workspace, above training.attention_bwd_workspace_mib (", c.cap / 1048576, "); it runs at ",
+                 mib(c.workspace), " per call: raise training.attention_bwd_workspace_mib to ",
+                 (c.workspace + 1048575) / 1048576, " to plan for it, or set training.deterministic: false (dQ "
+                 "accumulated in fp32, no such workspace)");
+}
+
 std::string format_plan(const PlanReport& r) {
   std::ostringstream os;
   os << "megatrain plan: " << (r.config_file.empty() ? "config" : r.config_file) << " on " << r.world_size
@@ -630,9 +672,21 @@ std::string format_plan(const PlanReport& r) {
     os << "  attention backward scratch (cuDNN, one layer, transient; the total counts the larger of it and the logits): "
        << mib(r.attention_scratch) << " with training.deterministic " << (r.deterministic ? "true" : "false") << ", "
        << mib(r.attention_scratch_other) << " with " << (r.deterministic ? "false" : "true") << "\n";
-    if (r.deterministic && r.attention_scratch > 2 * r.logits_per_microbatch)
-      os << "  note: the deterministic attention backward's scores (heads x seq_length^2 x 2 bytes per sample) dominate at "
-            "this sequence length; training.deterministic: false accumulates dQ in fp32 instead\n";
+    const AttnBwdChunks& c = r.attention_chunks;
+    if (c.workspace > 0) {
+      const std::string cut =
+          c.heads == r.attention_heads
+              ? str_cat(c.samples, " of ", r.attention_batch, " sample(s) per call")
+              : c.single_heads ? str_cat("one query head per call (", c.calls(r.attention_batch, r.attention_heads),
+                                         " calls; a KV group's dK/dV summed over its heads)")
+                               : str_cat(c.groups, " KV group(s) (", c.heads, " query heads) of one sample per call (",
+                                         c.calls(r.attention_batch, r.attention_heads), " calls)");
+      os << "  deterministic attention backward workspace (scores' gradient of one call): " << mib(c.workspace) << ", "
+         << cut << (c.over_cap() ? ", above" : ", within") << " training.attention_bwd_workspace_mib ("
+         << c.cap / 1048576 << ")\n";
+      const std::string warning = attention_workspace_warning(r);
+      if (!warning.empty()) os << "  warning: " << warning << "\n";
+    }
   }
   os << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"
      << (fp8 ? "  fp8 copies: FP8 copies of the FP8 linears' weights (row-wise and transposed, 2 B/param), kept "

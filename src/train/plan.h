@@ -19,7 +19,9 @@
 //   attention backward scratch (bf16/fp16 on cuDNN): transient in each layer's backward, counted at the
 //               last layer's (the logits are freed by then): the peak adds the larger of the two. It
 //               decides long sequences: cuDNN's deterministic backward materializes B H T^2 scores
-//               (64 GiB for one llama-1b sample at T 32768), the non-deterministic one B H T D floats
+//               (64 GiB for one llama-1b sample at T 32768), cut into samples, KV groups or single query
+//               heads to fit training.attention_bwd_workspace_mib (2 GiB per head there); the
+//               non-deterministic one B H T D floats
 // Mixture of experts (train/plan_moe.h): an MoE layer's router, local experts (E / parallel.expert) and shared
 // expert replace what the Meta model holds in its MLP slot; expert optimizer state is divided over the
 // expert-data-parallel ranks (data x context / expert); its activations replace the dense MLP's; the all-to-all
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/attention_chunks.h"
 #include "model/model_context.h"
 #include "train/plan_moe.h"
 #include "parallel/layer_split.h"
@@ -87,12 +90,14 @@ int64_t chunk_extra_activation_bytes(const ModelConfig& m, int tp, bool sequence
                                      DType act, bool pre_process, bool post_process);
 // Bytes of the logits (B*T, padded_vocab / tp) the output layer keeps per micro-batch.
 int64_t logits_bytes(const DerivedConfig& d, int tp, int64_t B, int64_t T, DType act);
-// Scratch of one cuDNN attention backward (cuda/attention_cudnn.cu) on a rank with `heads` query heads, B
-// sequences of T tokens: delta (fp32 Bc x heads x T) and, with training.deterministic, the scores gradient of Bc
-// samples (Bc x heads x T^2 x 2 bytes; Bc = the most samples dividing B that fit in
-// training.attention_bwd_workspace_mib, at least one), else dQ accumulated in fp32 (B x heads x T x head_dim x 4).
+// Scratch of one cuDNN attention backward (cuda/attention_cudnn.cu) on a rank with `heads` query heads in `groups`
+// KV groups, B sequences of T tokens (causal, T keys): with training.deterministic, delta (fp32 Bc x Hc x T) and the
+// scores' gradient of one call (Bc x Hc x T^2 x 2 bytes, cut to fit training.attention_bwd_workspace_mib by
+// core/attention_chunks.h: whole samples, KV groups, single query heads; *chunks gets the cut), plus, single heads,
+// the group's partial dK and dV; else dQ accumulated in fp32 (B x heads x T x head_dim x 4) and delta.
 // 0 where cuDNN does not run the shape (fp32, training.attention_backend own, T % 128 != 0, head dim not 64/128).
-int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int64_t B, int64_t T);
+int64_t attention_backward_scratch_bytes(const Config& cfg, const DerivedConfig& d, int heads, int groups, int64_t B,
+                                         int64_t T, AttnBwdChunks* chunks = nullptr);
 // Bytes one context rank sends per decoder layer and micro-batch of B sequences (T tokens each, the whole sequence)
 // in the attention's forward and backward (parallel/context_parallel.h); q = B (T/cp) (H/tp) D, kv = B (T/cp) (G/tp) D
 // elements of `act`:
@@ -157,6 +162,11 @@ struct PlanReport {
   // one layer's attention backward scratch on one rank (0 without cuDNN): as configured, and with the other
   // training.deterministic setting
   int64_t attention_scratch = 0, attention_scratch_other = 0;
+  // how the deterministic backward is cut (workspace 0: cuDNN does not run it), on attention_batch samples of
+  // attention_heads query heads (one rank's largest call)
+  AttnBwdChunks attention_chunks;
+  int64_t attention_batch = 0;
+  int attention_heads = 0;
   bool deterministic = true;
   // mixture of experts (model.num_experts > 0)
   int num_experts = 0, topk = 0, moe_layers = 0, expert_dp = 1;
@@ -177,6 +187,10 @@ PlanReport make_plan(const Config& cfg, int world_size);
 // The same with the layout already derived (d = derive_config(cfg, world_size)).
 PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size);
 // Readable tables for stdout.
+// One line when the deterministic attention backward (r.deterministic) needs more than
+// training.attention_bwd_workspace_mib even at one query head per call (a warning naming the key, without a
+// "warning:" prefix: format_plan and train's preflight log add theirs), else "".
+std::string attention_workspace_warning(const PlanReport& r);
 std::string format_plan(const PlanReport& r);
 
 }  // namespace mt

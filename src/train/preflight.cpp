@@ -108,8 +108,11 @@ void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, i
     ranks = local ? std::max(1, std::atoi(local)) : d.world_size;
     budget = host_memory_available();
   }
-  const std::string warning = memory_warning(plan_peak_bytes_per_rank(make_plan(cfg, d.world_size)), ranks, budget);
+  const PlanReport plan = make_plan(cfg, d.world_size);
+  const std::string warning = memory_warning(plan_peak_bytes_per_rank(plan), ranks, budget);
   if (!warning.empty()) log::warn("{}", warning);
+  const std::string attention = device == Device::CUDA ? attention_workspace_warning(plan) : "";
+  if (!attention.empty()) log::warn("{}", attention);
 }
 
 }  // namespace mt

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/attention_chunks.h"
 #include "test_cuda_util.h"
 
 using namespace mt;
@@ -270,5 +271,110 @@ TEST_CASE("cuda attention backward in batch chunks (bounded cuDNN workspace) mat
         check_close("chunked attention_backward dk", dk, dk_r, dt);
         check_close("chunked attention_backward dv", dv, dv_r, dt);
       }
+}
+
+// Long sequences: where one sample's workspace (H T Tk 2 bytes) is above training.attention_bwd_workspace_mib, the
+// deterministic backward runs KV groups of one sample (a group's dK/dV from one call), or single query heads (GQA:
+// a group's dK/dV summed over its heads in fixed order) (core/attention_chunks.h). Tiny caps force each cut here;
+// every result equals the unchunked backward (cap 1024) bit for bit, repeats bit for bit and matches the CPU in fp64,
+// causal and non-causal (a context-parallel block, Tk = 2 T), GQA, MQA and MHA, and the fused projection's in-place
+// heads.
+TEST_CASE("cuda deterministic attention backward in head chunks equals the unchunked one", "[cuda][attention]") {
+  init();
+  struct Cut {
+    int64_t cap_mib, samples, heads;
+    bool single;
+  };
+  struct Case {
+    int64_t B, T, Tk, H, G, D;
+    bool causal;
+    std::vector<Cut> cuts;
+  };
+  const Case cases[] = {
+      // causal GQA R 4: 0.5 MiB per head, 2 MiB per group, 4 MiB per sample
+      {2, 512, 512, 8, 2, 64, true, {{4, 1, 8, false}, {2, 1, 4, false}, {1, 1, 1, true}}},
+      // a context-parallel block, GQA R 2: 1 MiB per head, 2 per group, 8 per sample
+      {2, 512, 1024, 8, 4, 64, false, {{8, 1, 8, false}, {4, 1, 4, false}, {2, 1, 2, false}, {1, 1, 1, true}}},
+      // MHA, D 128: a group is one head
+      {1, 512, 512, 4, 4, 128, true, {{1, 1, 2, false}}},
+      // MQA: one group of 4 heads, 1 MiB per head
+      {1, 256, 2048, 4, 1, 64, false, {{2, 1, 1, true}}},
+  };
+  uint64_t seed = 7100;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Case& c : cases) {
+      INFO("B " << c.B << " T " << c.T << " Tk " << c.Tk << " H " << c.H << " G " << c.G << " D " << c.D
+                << (c.causal ? " causal " : " non-causal ") << dtype_name(dt));
+      const Shape qs{c.B, c.T, c.H, c.D}, ks{c.B, c.Tk, c.G, c.D};
+      const Tensor q64 = rounded(randn64(qs, ++seed), dt), k64 = rounded(randn64(ks, ++seed), dt);
+      const Tensor v64 = rounded(randn64(ks, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
+      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
+      Tensor out = poisoned(qs, dt), lse = poisoned({c.B, c.H, c.T}, DType::F32);
+      {
+        const AttentionPolicy policy(Backend::Cudnn);
+        ops::attention_forward(out, lse, q, k, v, c.causal);
+      }
+      auto backward = [&](int64_t cap, Tensor& dq, Tensor& dk, Tensor& dv) {
+        dq = poisoned(qs, dt);
+        dk = poisoned(ks, dt);
+        dv = poisoned(ks, dt);
+        const AttentionPolicy policy(Backend::Cudnn, cap);  // cuDNN or an error: the chunked graphs ran
+        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, c.causal);
+      };
+      Tensor dq0, dk0, dv0;
+      REQUIRE(attention_bwd_chunks(c.B, c.H, c.G, c.T, c.Tk, 1024 * 1048576).calls(c.B, c.H) == 1);
+      backward(1024, dq0, dk0, dv0);
+      Tensor dq_r = Tensor::empty(qs, DType::F64), dk_r = Tensor::empty(ks, DType::F64),
+             dv_r = Tensor::empty(ks, DType::F64);
+      ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, to_host64(out), to_host64(lse), c.causal);
+      check_close("unchunked attention_backward dq", dq0, dq_r, dt);
+      check_close("unchunked attention_backward dk", dk0, dk_r, dt);
+      check_close("unchunked attention_backward dv", dv0, dv_r, dt);
+      for (const Cut& cut : c.cuts) {
+        const AttnBwdChunks ch = attention_bwd_chunks(c.B, c.H, c.G, c.T, c.Tk, cut.cap_mib * 1048576);
+        INFO("cap " << cut.cap_mib << " MiB: " << ch.samples << " sample(s) x " << ch.heads << " head(s) per call"
+                    << (ch.single_heads ? " (single heads, summed per group)" : ""));
+        REQUIRE(ch.samples == cut.samples);
+        REQUIRE(ch.heads == cut.heads);
+        REQUIRE(ch.single_heads == cut.single);
+        CHECK(!ch.over_cap());
+        Tensor dq[2], dk[2], dv[2];
+        for (int run = 0; run < 2; ++run) backward(cut.cap_mib, dq[run], dk[run], dv[run]);
+        check_close("head-chunked attention_backward dq", dq[0], dq_r, dt);
+        check_close("head-chunked attention_backward dk", dk[0], dk_r, dt);
+        check_close("head-chunked attention_backward dv", dv[0], dv_r, dt);
+        CHECK(bitwise_equal(dq[0], dq0));
+        CHECK(bitwise_equal(dq[0], dq[1]));
+        CHECK(bitwise_equal(dk[0], dk[1]));
+        CHECK(bitwise_equal(dv[0], dv[1]));
+        // Single heads under GQA too: our kernel's fp32 sum of a group's heads in head order gives the bits of
+        // cuDNN's own group reduction (cuDNN 9.14, H100; a cuDNN summing otherwise would fail here, not silently).
+        CHECK(bitwise_equal(dk[0], dk0));
+        CHECK(bitwise_equal(dv[0], dv0));
+      }
+    }
+  // The fused projection of multi-head attention (heads read and written in place, head stride 3 D): KV groups.
+  for (DType dt : {DType::BF16}) {
+    const int64_t B = 2, T = 512, H = 4, D = 64, W = 3 * H * D;
+    const Shape qs{B, T, H, D}, ws{B, T, W};
+    const Tensor qkv64 = rounded(randn64(ws, ++seed), dt), do64 = rounded(randn64(qs, ++seed), dt);
+    const Tensor qkv = to_device(qkv64, dt), dout = to_device(do64, dt);
+    Tensor out = poisoned(qs, dt), lse = poisoned({B, H, T}, DType::F32);
+    Tensor dqkv[2];
+    {
+      const AttentionPolicy policy(Backend::Cudnn);
+      ops::attention_forward_qkv(out, lse, qkv, H);
+    }
+    for (int run = 0; run < 2; ++run) {
+      const AttentionPolicy policy(Backend::Cudnn, run == 0 ? 1024 : 1);  // 1 MiB: 2 heads of one sample per call
+      dqkv[run] = poisoned(ws, dt);
+      ops::attention_backward_qkv(dqkv[run], dout, qkv, out, lse, H);
+    }
+    CHECK(attention_bwd_chunks(B, H, H, T, T, 1048576).heads == 2);
+    Tensor dqkv_r = Tensor::empty(ws, DType::F64);
+    ops::attention_backward_qkv(dqkv_r, do64, qkv64, to_host64(out), to_host64(lse), H);
+    check_close("head-chunked attention_backward_qkv dqkv", dqkv[1], dqkv_r, dt);
+    CHECK(bitwise_equal(dqkv[0], dqkv[1]));
+  }
 }
 #endif

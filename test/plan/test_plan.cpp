@@ -9,6 +9,7 @@
 #include <string>
 
 #include "config/config_loader.h"
+#include "core/attention_chunks.h"
 #include "core/check.h"
 #include "model/gpt_model.h"
 #include "model/kept_tensors.h"
@@ -362,13 +363,39 @@ TEST_CASE("plan: cuDNN's attention backward scratch counts where it exceeds the 
   cfg.training.precision = "bf16";
   const int64_t H = 32, T = 32768, D = 64;
   const PlanReport det = make_plan(cfg, 1);
-  // Deterministic: the scores' gradient of one sample (B H T^2 bf16, above the 1024 MiB cap) + delta (fp32 H T).
-  CHECK(det.stages[0].attention_scratch == H * T * T * 2 + H * T * 4);
+  // Deterministic: one query head per call (a KV group of 4 heads needs 8 GiB, one head 2 GiB, both above the
+  // 1024 MiB cap): the scores' gradient of one head (T^2 bf16) + delta (fp32 T) + the group's 4 partial dK and dV
+  // (4 T D bf16 each), and a warning naming the key.
+  CHECK(det.stages[0].attention_scratch == T * T * 2 + T * 4 + 2 * 4 * T * D * 2);
+  CHECK(det.attention_chunks.single_heads);
+  CHECK(det.attention_chunks.over_cap());
   CHECK(det.stages[0].total(0) == det.stages[0].weight_bytes + det.stages[0].grad_bytes + det.stages[0].optimizer_bytes +
                                       det.stages[0].activation[0] + det.stages[0].attention_scratch);
-  CHECK(format_plan(det).find("training.deterministic: false accumulates dQ") != std::string::npos);
+  const std::string text = format_plan(det);
+  CHECK(text.find("deterministic attention backward workspace (scores' gradient of one call): 2048.0 MiB, one query "
+                  "head per call (32 calls") != std::string::npos);
+  CHECK(text.find("warning: one query head of the deterministic attention backward needs 2048.0 MiB of workspace, "
+                  "above training.attention_bwd_workspace_mib (1024)") != std::string::npos);
+  CHECK(text.find("raise training.attention_bwd_workspace_mib to 2048") != std::string::npos);
+  CHECK(attention_workspace_warning(det) != "");
+  // A cap of one head's workspace: single heads, no warning; of one KV group's: a group (4 heads) per call.
+  cfg.training.attention_bwd_workspace_mib = 2048;
+  const PlanReport heads = make_plan(cfg, 1);
+  CHECK(heads.stages[0].attention_scratch == T * T * 2 + T * 4 + 2 * 4 * T * D * 2);
+  CHECK(attention_workspace_warning(heads).empty());
+  CHECK(format_plan(heads).find("warning: one query head") == std::string::npos);
+  cfg.training.attention_bwd_workspace_mib = 8192;
+  const PlanReport group = make_plan(cfg, 1);
+  CHECK(group.stages[0].attention_scratch == 4 * T * T * 2 + 4 * T * 4);
+  CHECK(group.attention_chunks.groups == 1);
+  CHECK(group.attention_chunks.heads == 4);
+  CHECK(format_plan(group).find("8192.0 MiB, 1 KV group(s) (4 query heads) of one sample per call (8 calls), within "
+                                "training.attention_bwd_workspace_mib (8192)") != std::string::npos);
+  cfg.training.attention_bwd_workspace_mib = 1024;
   cfg.training.deterministic = false;
   const PlanReport fast = make_plan(cfg, 1);
+  CHECK(attention_workspace_warning(fast).empty());  // no such workspace: no warning
+  CHECK(fast.attention_chunks.single_heads);         // what deterministic true would use, still reported
   CHECK(fast.stages[0].attention_scratch == H * T * D * 4 + H * T * 4);  // dQ in fp32 + delta
   CHECK(fast.stages[0].attention_scratch < fast.stages[0].logits_bytes);
   CHECK(fast.stages[0].total(0) == fast.stages[0].weight_bytes + fast.stages[0].grad_bytes +
@@ -386,4 +413,47 @@ TEST_CASE("plan: cuDNN's attention backward scratch counts where it exceeds the 
   cfg.training.attention_backend = "auto";
   cfg.training.precision = "fp32";
   CHECK(make_plan(cfg, 1).stages[0].attention_scratch == 0);
+}
+
+TEST_CASE("attention_bwd_chunks: samples, then KV groups, then single query heads under the cap", "[plan]") {
+  const int64_t MiB = 1048576;
+  // B 8, H 32, G 8, T 2048: 8 MiB per head, 256 MiB per sample.
+  AttnBwdChunks c = attention_bwd_chunks(8, 32, 8, 2048, 2048, 1024 * MiB);
+  CHECK(c.samples == 4);
+  CHECK(c.heads == 32);
+  CHECK(c.workspace == 1024 * MiB);
+  CHECK(c.calls(8, 32) == 2);
+  c = attention_bwd_chunks(8, 32, 8, 2048, 2048, 600 * MiB);  // 2 samples (4 does not fit, 3 does not divide 8)
+  CHECK(c.samples == 2);
+  c = attention_bwd_chunks(6, 32, 8, 2048, 2048, 1024 * MiB);  // 3 samples divide 6, 4 do not
+  CHECK(c.samples == 3);
+  // One sample does not fit: the most KV groups dividing G (each 4 heads, 32 MiB).
+  c = attention_bwd_chunks(8, 32, 8, 2048, 2048, 200 * MiB);
+  CHECK(c.samples == 1);
+  CHECK(c.groups == 4);  // 128 MiB; 8 groups = 256 MiB do not fit
+  CHECK(c.heads == 16);
+  CHECK(!c.single_heads);
+  CHECK(c.calls(8, 32) == 16);
+  c = attention_bwd_chunks(1, 32, 8, 2048, 2048, 100 * MiB);  // 3 groups fit (96 MiB) but do not divide 8: 2
+  CHECK(c.groups == 2);
+  // One group does not fit: single query heads (8 MiB), within the cap or over it.
+  c = attention_bwd_chunks(2, 32, 8, 2048, 2048, 16 * MiB);
+  CHECK(c.single_heads);
+  CHECK(c.heads == 1);
+  CHECK(c.workspace == 8 * MiB);
+  CHECK(!c.over_cap());
+  CHECK(c.calls(2, 32) == 64);
+  c = attention_bwd_chunks(1, 32, 8, 2048, 2048, 4 * MiB);
+  CHECK(c.single_heads);
+  CHECK(c.over_cap());
+  // Multi-head attention: a group is one head, never summed.
+  c = attention_bwd_chunks(1, 16, 16, 2048, 2048, 4 * MiB);
+  CHECK(!c.single_heads);
+  CHECK(c.heads == 1);
+  CHECK(c.over_cap());
+  // A context-parallel block (T 8192, Tk 16384, 32 heads in 8 groups): 256 MiB per head, 1 GiB per group.
+  c = attention_bwd_chunks(1, 32, 8, 8192, 16384, 1024 * MiB);
+  CHECK(c.groups == 1);
+  CHECK(c.heads == 4);
+  CHECK(c.workspace == 1024 * MiB);
 }
