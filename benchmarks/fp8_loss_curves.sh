@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # FP8 loss curves on real text (issue #18), one GPU, one device call: llama-1b (its shape; GPT-2 BPE vocabulary,
-# sequence 1024, 4 sequences per step) trained for ITERS iterations on the King James Bible under bf16 and each
+# sequence 1024, MBS sequences per step, default 4) trained for ITERS iterations on the King James Bible under bf16 and each
 # FP8 recipe (tensorwise, delayed, blockwise; FORMAT hybrid or e4m3), the same seed and data order within a seed; validation
 # every 100 iterations. Each recipe runs once per seed in SEEDS; the table gives each run's final validation loss
 # and each recipe's mean over the seeds against bf16's mean. The curves of the first seed go to $OUT/fp8_loss.png
 # (scripts/plot_metrics.py); every run's metrics file and log are under $OUT/runs.
-#   usage: OUT=dir [LR=1e-4] [SEEDS="1234 1235"] [FORMAT=hybrid] [RECIPES="none tensorwise delayed blockwise"]
+#   usage: OUT=dir [LR=1e-4] [MBS=4] [SEEDS="1234 1235"] [FORMAT=hybrid] [RECIPES="none tensorwise delayed blockwise"]
 #          [FP8_SET="--set training.fp8_first_last_layers_bf16=true"] benchmarks/fp8_loss_curves.sh BIN [DATA_DIR] [ITERS]
 #   FP8_SET: more overrides for the FP8 runs (not for bf16's).
 #   CROSS=1: each run also saves its final weights and evaluates them under the other precision with
@@ -24,6 +24,7 @@ D=${2:-.carry/hfval}
 ITERS=${3:-500}
 OUT=${OUT:-/tmp/mt_fp8_loss}
 LR=${LR:-1e-4}
+MBS=${MBS:-4}  # sequences of 1024 per step (one micro-batch)
 SEEDS=${SEEDS:-1234 1235}
 FORMAT=${FORMAT:-hybrid}
 RECIPES=${RECIPES:-none tensorwise delayed blockwise}
@@ -31,13 +32,13 @@ CROSS=${CROSS:-0}
 read -r -a fp8_set <<<"${FP8_SET:-}"
 mkdir -p "$OUT/runs"
 for s in $SEEDS; do
-  # Everything but the recipe: llama-1b's shape on the GPT-2 BPE vocabulary, 4 sequences of 1024 per step.
+  # Everything but the recipe: llama-1b's shape on the GPT-2 BPE vocabulary, MBS sequences of 1024 per step.
   common=(--config configs/llama-1b.yaml --set training.device=cuda --set training.precision=bf16
     --set training.fp8_format="$FORMAT" --set training.seed="$s"
     --set model.vocab_size=50257 --set model.seq_length=1024 --set data.tokenizer_type=gpt2-bpe
     --set data.vocab_file=$D/encoder.json --set data.merge_file=$D/vocab.bpe
     --set data.paths=[$D/bible_text_document] --set data.split=[98,2,0] --set data.cache_dir=$OUT/cache
-    --set training.micro_batch_size=4 --set training.global_batch_size=4 --set training.train_iters=$ITERS
+    --set training.micro_batch_size=$MBS --set training.global_batch_size=$MBS --set training.train_iters=$ITERS
     --set training.eval_interval=100 --set training.eval_iters=10 --set optimizer.warmup_iters=50
     --set optimizer.lr="$LR" --set optimizer.min_lr=1e-5 --set logging.log_interval=50)
   for r in $RECIPES; do
