@@ -307,18 +307,21 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
 // ignored). H100 HBM3: ~3.35 TB/s peak.
 TEST_CASE("cuda FP8 cast timings", "[.bench][fp8bench]") {
   init();
+  // bf16 (R, C) on the device with magnitudes over 2^-8 .. 2^8: 2^20 values of wide(), repeated (R C a multiple).
+  const auto dev_wide = [](int64_t R, int64_t C, uint64_t seed) {
+    const int64_t chunk = int64_t(1) << 20;
+    const Tensor src = to_device(wide(1, chunk, seed), DType::BF16).view({chunk});
+    Tensor flat = Tensor::empty({R * C}, DType::BF16, Device::CUDA);
+    for (int64_t i = 0; i < R * C; i += chunk) flat.slice(i, chunk).copy_from(src);
+    return flat.view({R, C});
+  };
   const auto bench = [](const char* what, const std::string& shape, double ms, double bytes) {
     std::printf("BENCH %-30s %-22s %8.3f ms  %7.1f GB/s\n", what, shape.c_str(), ms, bytes / ms * 1e-6);
   };
   const fp8::Fp8Dtype e4 = fp8::Fp8Dtype::E4M3;
   for (auto [R, C] : {std::pair<int64_t, int64_t>{16384, 3072}, {16384, 8192}, {8192, 3072}}) {
     const std::string shape = std::to_string(R) + "x" + std::to_string(C);
-    // bf16 x with magnitudes over 2^-8 .. 2^8: 2^20 values of wide(), repeated
-    const int64_t chunk = int64_t(1) << 20;
-    const Tensor src = to_device(wide(1, chunk, 7), DType::BF16).view({chunk});
-    Tensor flat = Tensor::empty({R * C}, DType::BF16, Device::CUDA);
-    for (int64_t i = 0; i < R * C; i += chunk) flat.slice(i, chunk).copy_from(src);
-    const Tensor x = flat.view({R, C});
+    const Tensor x = dev_wide(R, C, 7);
     const double n = double(R) * C;
     Fp8Tensor a = Fp8Tensor::empty(R, C, e4, Fp8Scaling::Tile1x128, Device::CUDA);
     Fp8Tensor at = Fp8Tensor::empty(C, R, e4, Fp8Scaling::Tile1x128, Device::CUDA);
@@ -336,6 +339,27 @@ TEST_CASE("cuda FP8 cast timings", "[.bench][fp8bench]") {
           median_ms([&] { ops::fp8_quantize_tensor(&p, &pt, x, &amax, nullptr, nullptr, 0); }, 20), 4 * n);
     bench("fp8 tensor rows", shape,
           median_ms([&] { ops::fp8_quantize_tensor(&p, nullptr, x, &amax, nullptr, nullptr, 0); }, 20), 3 * n);
+  }
+  // llama-3b's fc1 wgrad at 4 x 2048 tokens: dW (16384, 3072) += dY^T (16384, 8192) X (8192, 3072), fp32, per scaling.
+  const int64_t M = 16384, N = 3072, K = 8192;
+  const Tensor a = dev_wide(M, K, 3), b = dev_wide(N, K, 4);
+  Tensor out = Tensor::zeros({M, N}, DType::F32, Device::CUDA);
+  for (Fp8Scaling sc : {Fp8Scaling::Tensor, Fp8Scaling::Tile1x128}) {
+    Fp8Tensor qa = Fp8Tensor::empty(M, K, e4, sc, Device::CUDA), qb = Fp8Tensor::empty(N, K, e4, sc, Device::CUDA);
+    if (sc == Fp8Scaling::Tensor) {
+      Tensor am = Tensor::empty({1}, DType::F32, Device::CUDA);
+      ops::fp8_amax(am, a);
+      ops::fp8_quantize_tensor(&qa, nullptr, a, &am, nullptr, nullptr, 0);
+      ops::fp8_amax(am, b);
+      ops::fp8_quantize_tensor(&qb, nullptr, b, &am, nullptr, nullptr, 0);
+    } else {
+      ops::fp8_quantize_tiles(qa, a, false);
+      ops::fp8_quantize_tiles(qb, b, false);
+    }
+    const double ms = median_ms([&] { ops::fp8_gemm(out, qa, qb, nullptr, true); }, 20);
+    std::printf("BENCH %-30s %-22s %8.3f ms  %7.1f TFLOP/s\n",
+                sc == Fp8Scaling::Tensor ? "fp8_gemm tensor fp32 +=" : "fp8_gemm tiles x tiles fp32 +=",
+                "16384x3072x8192", ms, 2.0 * M * N * K / ms * 1e-9);
   }
 }
 
