@@ -33,32 +33,21 @@ __device__ __forceinline__ float tensor_scale(const float* amax, const float* sc
 }
 
 // ---------------------------------------------------------------- amax
-// Grid-stride over 16-byte chunks (8 elements), kAmaxInFlight chunks a thread issued before their math (a load
-// latency per kAmaxInFlight chunks, not per chunk); the last n % 8 elements one a thread.
-constexpr int kAmaxInFlight = 4;
 template <typename D>
 __global__ void fp8_amax_kernel(float* amax, const D* x, int64_t n) {
   __shared__ uint32_t scratch[32];
   uint32_t m = 0;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x, chunks = n / 8;
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + (kAmaxInFlight - 1) * stride < chunks; i += kAmaxInFlight * stride) {
-    D v[kAmaxInFlight][8];
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i * 8 < n; i += stride) {
+    if ((i + 1) * 8 <= n) {
+      D v[8];
+      load_vec<8>(v, x + i * 8);
 #pragma unroll
-    for (int u = 0; u < kAmaxInFlight; ++u) load_vec<8>(v[u], x + (i + u * stride) * 8);
-#pragma unroll
-    for (int u = 0; u < kAmaxInFlight; ++u)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) m = max(m, abs_bits(to_float(v[u][k])));
+      for (int k = 0; k < 8; ++k) m = max(m, abs_bits(to_float(v[k])));
+    } else {
+      for (int64_t j = i * 8; j < n; ++j) m = max(m, abs_bits(to_float(x[j])));
+    }
   }
-  for (; i < chunks; i += stride) {
-    D v[8];
-    load_vec<8>(v, x + i * 8);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) m = max(m, abs_bits(to_float(v[k])));
-  }
-  for (int64_t j = chunks * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += stride)
-    m = max(m, abs_bits(to_float(x[j])));
   m = block_max_u(m, scratch);
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
 }

@@ -87,17 +87,12 @@ cublasLtMatmulMatrixScale_t scale_mode(int scaling) {
                                      : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
 }
 
-constexpr int kCandidates = 8;
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // false: cuBLASLt has no algorithm (the caller may try another output type)
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  // Block scaling: the heuristic's first kCandidates algorithms, timed on the plan's first use (pick_fastest);
-  // none once algo is the fastest of them (or there was one).
-  cublasLtMatmulAlgo_t candidates[kCandidates] = {};
-  int n_candidates = 0;
 };
 using Key = std::array<int64_t, 12>;
 
@@ -138,57 +133,14 @@ Plan make_plan(const Fp8GemmOperand& a, const Fp8GemmOperand& b, const float* sc
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &ctx.workspace_bytes, sizeof ctx.workspace_bytes));
-  // The heuristic's first choice for tensor scaling; its first kCandidates for block scaling, where its first
-  // choice was measured slower than others (the 1x128 x 1x128 wgrad).
-  const int want = (a.scaling != 0 || b.scaling != 0) ? kCandidates : 1;
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, want, results, &found);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   p.status = hs;
   p.usable = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-  p.algo = results[0].algo;
-  if (p.usable && found > 1)
-    for (int i = 0; i < found; ++i)
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates[p.n_candidates++] = results[i].algo;
+  p.algo = result.algo;
   return p;
-}
-
-// The fastest of p.candidates for out (M, N) = a b^T with beta 0 into scratch memory (the caller's output is not
-// touched; its bias and scale pointers are in p.desc): each run once to warm up, then timed twice on the stream.
-// An algorithm that fails to launch is skipped. Runs once per plan, at its first use (a host sync).
-cublasLtMatmulAlgo_t pick_fastest(const Plan& p, const Fp8GemmOperand& a, const Fp8GemmOperand& b,
-                                  cudaDataType_t out_type) {
-  const Context& ctx = context();
-  const size_t elem = out_type == CUDA_R_32F ? 4 : 2;
-  Scratch d(elem * static_cast<size_t>(a.rows * b.rows));
-  cudaEvent_t e0, e1;
-  MT_CUDA_CHECK(cudaEventCreate(&e0));
-  MT_CUDA_CHECK(cudaEventCreate(&e1));
-  const float alpha = 1.f, beta = 0.f;
-  cublasLtMatmulAlgo_t best = p.algo;
-  float best_ms = 0.f;
-  bool have = false;
-  for (int i = 0; i < p.n_candidates; ++i) {
-    const cublasLtMatmulAlgo_t& algo = p.candidates[i];
-    float total = 0.f;
-    bool ok = true;
-    for (int rep = 0; rep < 3 && ok; ++rep) {
-      MT_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
-      ok = cublasLtMatmul(ctx.lt, p.desc, &alpha, b.data, p.a, a.data, p.b, &beta, d.as<void>(), p.c, d.as<void>(),
-                          p.c, &algo, ctx.workspace, ctx.workspace_bytes, ctx.stream) == CUBLAS_STATUS_SUCCESS;
-      MT_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
-      MT_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0.f;
-      MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (rep > 0) total += ms;
-    }
-    if (ok && (!have || total < best_ms)) best = algo, best_ms = total, have = true;
-  }
-  MT_CUDA_CHECK(cudaEventDestroy(e0));
-  MT_CUDA_CHECK(cudaEventDestroy(e1));
-  return best;
 }
 
 // out (M, N) of cuda type out_type (= or += with beta 1; residual: C = residual, beta 1), through a cached plan;
@@ -216,11 +168,6 @@ bool run_gemm(void* out, cudaDataType_t out_type, const Fp8GemmOperand& a, const
     if (bias)
       MT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    if (plan.n_candidates > 1) {
-      it->second.algo = pick_fastest(plan, a, b, out_type);
-      it->second.n_candidates = 0;
-      plan = it->second;
-    }
   }
   const Context& ctx = context();
   const float alpha = 1.f, beta = (accumulate || residual) ? 1.f : 0.f;
