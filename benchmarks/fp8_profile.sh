@@ -23,7 +23,7 @@ for r in ${PROF_RECIPES:-tensorwise delayed blockwise none}; do
   MT_OP_PROFILE="$OUT/prof-llama-3b-$r.txt" timeout "$left" build/megatrain train --config configs/llama-3b.yaml \
     "${BENCH_SET[@]}" --set training.micro_batch_size=4 --set training.global_batch_size=16 --set training.fp8="$r" \
     --set logging.metrics_file="$OUT/prof-llama-3b-$r.jsonl" >"$OUT/prof-llama-3b-$r.log" 2>&1
-  echo "== profile llama-3b $r: rc $? $(grep -o '"ms_per_iter":[0-9.]*' "$OUT/prof-llama-3b-$r.jsonl" | tr '\n' ' ')"
+  echo "== profile llama-3b $r: rc $? $(grep -o '"ms_per_iter": *[0-9.]*' "$OUT/prof-llama-3b-$r.jsonl" | tr '\n' ' ')"
   head -16 "$OUT/prof-llama-3b-$r.txt" | cut -c1-140
 done
 echo "total $(($(date +%s) - T0)) s"

@@ -13,10 +13,12 @@ namespace mt::ops::cuda {
 // amax[0] = max |x| (overwrite).
 template <typename T> void fp8_amax_cuda(float* amax, const T* x, int64_t n);
 // Per-tensor cast of x (R, C): scale = *scale, or scale_from_amax(*amax, fmax, margin) when scale is null;
-// out (R, C) and/or out_t (C, R) codes; scale_inv[0] = 1 / scale; amax_accum[0] = max(amax_accum[0], max |x|) if set.
+// out (R, C) and/or out_t (C, R) codes; scale_inv[0] (out's) and scale_inv_t[0] (out_t's) = 1 / scale where given;
+// amax_accum[0] = max(amax_accum[0], max |x|) if set.
 template <typename T>
-void fp8_quantize_tensor_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, const T* x, int64_t R, int64_t C,
-                              const float* amax, const float* scale, float* amax_accum, int margin, fp8::Fp8Dtype t);
+void fp8_quantize_tensor_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, float* scale_inv_t, const T* x,
+                              int64_t R, int64_t C, const float* amax, const float* scale, float* amax_accum,
+                              int margin, fp8::Fp8Dtype t);
 // 1x128 tiles along rows of x (R, C), or (transpose) along its columns into out (C, R); scale_inv per tile.
 template <typename T>
 void fp8_quantize_tiles_cuda(uint8_t* out, float* scale_inv, const T* x, int64_t R, int64_t C, bool transpose,

@@ -7,6 +7,9 @@
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include <cstdio>
+#include <string>
+
 #include "cuda/fp8_cuda.h"
 #include "tensor/fp8/fp8_ops.h"
 #include "tensor/ops.h"
@@ -60,7 +63,8 @@ const fp8::Fp8Dtype kFp8[] = {fp8::Fp8Dtype::E4M3, fp8::Fp8Dtype::E5M2};
 TEST_CASE("cuda FP8 casts give the CPU emulation's codes, scales and amaxes bit for bit", "[cuda][fp8]") {
   init();
   for (fp8::Fp8Dtype t : kFp8)
-    for (auto [R, C] : {std::pair<int64_t, int64_t>{256, 384}, {77, 301}}) {
+    // whole 128 x 128 patches; ragged patches with vector loads and stores (C % 8 == 0, R % 16 == 0); scalar edges
+    for (auto [R, C] : {std::pair<int64_t, int64_t>{256, 384}, {144, 328}, {77, 301}}) {
       const Tensor x64 = wide(R, C, 10 + R);
       const Tensor xh = f32(x64);
       const Tensor xd = to_device(x64, DType::BF16);
@@ -125,6 +129,12 @@ TEST_CASE("cuda FP8 casts give the CPU emulation's codes, scales and amaxes bit 
       ops::fp8_quantize_blocks(&bd, &btd, xd);
       require_same("blocks", to_host(bd), bh);
       require_same("blocks transposed", to_host(btd), bth);
+      Fp8Tensor bd1 = Fp8Tensor::empty(R, C, t, Fp8Scaling::Block128x128, Device::CUDA);
+      Fp8Tensor btd1 = Fp8Tensor::empty(C, R, t, Fp8Scaling::Block128x128, Device::CUDA);
+      ops::fp8_quantize_blocks(&bd1, nullptr, xd);
+      ops::fp8_quantize_blocks(nullptr, &btd1, xd);
+      require_same("blocks, rows only", to_host(bd1), bh);
+      require_same("blocks, transposed only", to_host(btd1), bth);
     }
 }
 
@@ -289,6 +299,67 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
     Tensor ref_acc = ref.clone();
     for (int64_t i = 0; i < M * N; ++i) ref_acc.data<double>()[i] += 0.5;
     check_close(std::string("fp8_gemm accumulate ") + c.name, acc, ref_acc, DType::F32, kTolFp8Gemm);
+  }
+}
+
+// Hidden timings (run with: mt_test_cuda "[fp8bench]") of the FP8 casts at llama-3b's sizes (16384 tokens = 4 x 4096;
+// hidden 3072, ffn 8192), in GB/s of the fewest bytes they move: x read once, each code written once (scales
+// ignored). H100 HBM3: ~3.35 TB/s peak.
+TEST_CASE("cuda FP8 cast timings", "[.bench][fp8bench]") {
+  init();
+  // bf16 (R, C) on the device with magnitudes over 2^-8 .. 2^8: 2^20 values of wide(), repeated (R C a multiple).
+  const auto dev_wide = [](int64_t R, int64_t C, uint64_t seed) {
+    const int64_t chunk = int64_t(1) << 20;
+    const Tensor src = to_device(wide(1, chunk, seed), DType::BF16).view({chunk});
+    Tensor flat = Tensor::empty({R * C}, DType::BF16, Device::CUDA);
+    for (int64_t i = 0; i < R * C; i += chunk) flat.slice(i, chunk).copy_from(src);
+    return flat.view({R, C});
+  };
+  const auto bench = [](const char* what, const std::string& shape, double ms, double bytes) {
+    std::printf("BENCH %-30s %-22s %8.3f ms  %7.1f GB/s\n", what, shape.c_str(), ms, bytes / ms * 1e-6);
+  };
+  const fp8::Fp8Dtype e4 = fp8::Fp8Dtype::E4M3;
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{16384, 3072}, {16384, 8192}, {8192, 3072}}) {
+    const std::string shape = std::to_string(R) + "x" + std::to_string(C);
+    const Tensor x = dev_wide(R, C, 7);
+    const double n = double(R) * C;
+    Fp8Tensor a = Fp8Tensor::empty(R, C, e4, Fp8Scaling::Tile1x128, Device::CUDA);
+    Fp8Tensor at = Fp8Tensor::empty(C, R, e4, Fp8Scaling::Tile1x128, Device::CUDA);
+    bench("fp8 tiles rows+t", shape, median_ms([&] { ops::fp8_quantize_tiles(a, at, x); }, 20), 4 * n);
+    bench("fp8 tiles rows", shape, median_ms([&] { ops::fp8_quantize_tiles(a, x, false); }, 20), 3 * n);
+    bench("fp8 tiles t", shape, median_ms([&] { ops::fp8_quantize_tiles(at, x, true); }, 20), 3 * n);
+    Fp8Tensor b = Fp8Tensor::empty(R, C, e4, Fp8Scaling::Block128x128, Device::CUDA);
+    Fp8Tensor bt = Fp8Tensor::empty(C, R, e4, Fp8Scaling::Block128x128, Device::CUDA);
+    bench("fp8 blocks rows+t", shape, median_ms([&] { ops::fp8_quantize_blocks(&b, &bt, x); }, 20), 4 * n);
+    Fp8Tensor p = Fp8Tensor::empty(R, C, e4, Fp8Scaling::Tensor, Device::CUDA);
+    Fp8Tensor pt = Fp8Tensor::empty(C, R, e4, Fp8Scaling::Tensor, Device::CUDA);
+    Tensor amax = Tensor::empty({1}, DType::F32, Device::CUDA);
+    bench("fp8 amax", shape, median_ms([&] { ops::fp8_amax(amax, x); }, 20), 2 * n);
+    bench("fp8 tensor rows+t", shape,
+          median_ms([&] { ops::fp8_quantize_tensor(&p, &pt, x, &amax, nullptr, nullptr, 0); }, 20), 4 * n);
+    bench("fp8 tensor rows", shape,
+          median_ms([&] { ops::fp8_quantize_tensor(&p, nullptr, x, &amax, nullptr, nullptr, 0); }, 20), 3 * n);
+  }
+  // llama-3b's fc1 wgrad at 4 x 2048 tokens: dW (16384, 3072) += dY^T (16384, 8192) X (8192, 3072), fp32, per scaling.
+  const int64_t M = 16384, N = 3072, K = 8192;
+  const Tensor a = dev_wide(M, K, 3), b = dev_wide(N, K, 4);
+  Tensor out = Tensor::zeros({M, N}, DType::F32, Device::CUDA);
+  for (Fp8Scaling sc : {Fp8Scaling::Tensor, Fp8Scaling::Tile1x128}) {
+    Fp8Tensor qa = Fp8Tensor::empty(M, K, e4, sc, Device::CUDA), qb = Fp8Tensor::empty(N, K, e4, sc, Device::CUDA);
+    if (sc == Fp8Scaling::Tensor) {
+      Tensor am = Tensor::empty({1}, DType::F32, Device::CUDA);
+      ops::fp8_amax(am, a);
+      ops::fp8_quantize_tensor(&qa, nullptr, a, &am, nullptr, nullptr, 0);
+      ops::fp8_amax(am, b);
+      ops::fp8_quantize_tensor(&qb, nullptr, b, &am, nullptr, nullptr, 0);
+    } else {
+      ops::fp8_quantize_tiles(qa, a, false);
+      ops::fp8_quantize_tiles(qb, b, false);
+    }
+    const double ms = median_ms([&] { ops::fp8_gemm(out, qa, qb, nullptr, true); }, 20);
+    std::printf("BENCH %-30s %-22s %8.3f ms  %7.1f TFLOP/s\n",
+                sc == Fp8Scaling::Tensor ? "fp8_gemm tensor fp32 +=" : "fp8_gemm tiles x tiles fp32 +=",
+                "16384x3072x8192", ms, 2.0 * M * N * K / ms * 1e-9);
   }
 }
 

@@ -134,10 +134,10 @@ void fp8_quantize_tensor(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x, cons
     if constexpr (!std::is_same_v<T, double>) {
       cuda::fp8_quantize_tensor_cuda<T>(out ? out->data.data<uint8_t>() : nullptr,
                                         out_t ? out_t->data.data<uint8_t>() : nullptr,
-                                        first->scale_inv.data<float>(), x.data<T>(), R, C,
+                                        out ? out->scale_inv.data<float>() : nullptr,
+                                        out_t ? out_t->scale_inv.data<float>() : nullptr, x.data<T>(), R, C,
                                         amax ? amax->data<float>() : nullptr, scale ? scale->data<float>() : nullptr,
                                         amax_accum ? amax_accum->data<float>() : nullptr, margin, t);
-      if (out && out_t) out_t->scale_inv.copy_from(out->scale_inv);
     }
 #endif
   });
