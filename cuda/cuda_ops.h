@@ -77,6 +77,10 @@ template <typename T> void gelu_forward_cuda(T* out, const T* inp, int64_t n);
 template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n);
 template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F);
 template <typename T> void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F);
+// swiglu_backward_cuda that also writes out (N, F) = swiglu(inp) in the same pass (the forward's expression, same
+// bits), so the forward need not keep it. dinp may alias inp.
+template <typename T>
+void swiglu_backward_recompute_cuda(T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F);
 // dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += (= unless accumulate_dweight) dout^T @ swiglu(h), dbias
 // (fp32) += column sums of dout;
 // swiglu(h) is recomputed in the SwiGLU backward's pass (one extra write), never kept. dh may alias h.

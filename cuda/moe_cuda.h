@@ -30,6 +30,11 @@ void moe_routing_map_cuda(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* c
                           int64_t slots, int64_t E);
 template <typename T>
 void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k);
+// The padded layout of the routing map (tensor/moe_ops.h moe_pad_routing_map); counts (E) on the device.
+void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
+                              const int32_t* counts, int64_t slots, int64_t E, int64_t Mp);
+template <typename T>
+void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, int64_t C);
 template <typename T>
 void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 template <typename T>
@@ -40,6 +45,7 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 
 // ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
+// Groups of equal rows (the padded layout) run as one cublasGemmStridedBatchedEx per product instead.
 // One grouped GEMM over the El experts (groups without rows skipped), or with per_group one cublasGemmEx per
 // expert (large experts: tensor/moe_ops.h moe_gemm_per_group). counts on the host.
 template <typename T>

@@ -8,6 +8,9 @@
 //   dW_e^T  (IC, OC)  = x_e^T (stored (IC, m_e))    x dout_e (stored (OC, m_e), op T)  m=IC n=OC  k=m_e  (fp32 C)
 // Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays are written into scratch from the
 // caching allocator by a kernel that takes them as parameters (stream-ordered: no host staging, no cudaMalloc).
+// Equal groups (the padded layout of the MoE layer, tensor/moe_ops.h moe_gemm_padded) run as ONE
+// cublasGemmStridedBatchedEx per product, the fp32 weight gradients included (the strided call has the mixed-type
+// form the grouped one lacks).
 // Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the GPU image ships libcublasLt 13.1.0.3 (seen 2026-11-23).
 #include <algorithm>
 #include <vector>
@@ -99,11 +102,38 @@ struct Grouped {
   }
 };
 
+// Equal groups (padded batched experts: every group m rows): one cublasGemmStridedBatchedEx, which runs near the
+// dense GEMMs' rate. Operands as one problem of Grouped::add, each advanced by its stride per expert. Returns false
+// (nothing run) when cuBLAS refuses the type combination, so the caller can fall back to one GEMM per expert.
+bool strided_batched(cublasOperation_t opa, cublasOperation_t opb, int64_t M, int64_t N, int64_t K, const void* A,
+                     int64_t la, int64_t sa, const void* B, int64_t lb, int64_t sb, void* C, int64_t lc, int64_t sc,
+                     float beta, int64_t batch, cudaDataType_t ab_type, cudaDataType_t c_type) {
+  const float alpha = 1.f;
+  const cublasStatus_t st = cublasGemmStridedBatchedEx(
+      blas(), opa, opb, int(M), int(N), int(K), &alpha, A, ab_type, int(la), sa, B, ab_type, int(lb), sb, &beta, C,
+      c_type, int(lc), sc, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  MT_CUBLAS_CHECK(st);
+  return true;
+}
+
+// The common row count of El groups that all have the same (> 0) number of rows, else 0.
+int64_t uniform_rows(const int64_t* counts, int64_t El) {
+  if (El < 1 || counts[0] <= 0) return 0;
+  for (int64_t e = 1; e < El; ++e)
+    if (counts[e] != counts[0]) return 0;
+  return counts[0];
+}
+
 }  // namespace
 
 template <typename T>
 void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
                                      int64_t IC, int64_t OC, bool per_group) {
+  if (const int64_t m = uniform_rows(counts, El))
+    if (strided_batched(CUBLAS_OP_T, CUBLAS_OP_N, OC, m, IC, weight, IC, OC * IC, x, IC, m * IC, out, OC, m * OC, 0.f,
+                        El, cuda_type<T>(), cuda_type<T>()))
+      return;
   Grouped g;
   int64_t r0 = 0;
   for (int64_t e = 0; e < El; ++e) {
@@ -119,6 +149,15 @@ template <typename T>
 void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
                                       const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
                                       bool per_group) {
+  const int64_t m = uniform_rows(counts, El);
+  if (dx && m > 0 &&
+      strided_batched(CUBLAS_OP_N, CUBLAS_OP_N, IC, m, OC, weight, IC, OC * IC, dout, OC, m * OC, dx, IC, m * IC, 0.f,
+                      El, cuda_type<T>(), cuda_type<T>()))
+    dx = nullptr;  // done
+  if (dweight && m > 0 &&
+      strided_batched(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, m, x, IC, m * IC, dout, OC, m * OC, dweight, IC, OC * IC,
+                      accumulate ? 1.f : 0.f, El, cuda_type<T>(), CUDA_R_32F))
+    dweight = nullptr;
   if (dx) {
     Grouped g;
     int64_t r0 = 0;

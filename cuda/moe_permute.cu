@@ -8,6 +8,9 @@
 // in order. Every slot is read a constant number of times: O(N k + tiles x E), where the former version had one
 // thread per expert read all N k slots (milliseconds per layer at N k = 131072).
 //
+// Padded layout (tensor/moe_ops.h moe_pad_routing_map): expert e's rows at [e * Mp, e * Mp + counts[e]); one thread
+// per padded row and per slot, the expert starts scanned into each block's shared memory from the device counts.
+//
 // Permute / unpermute move rows as 16-byte vectors when the row width and the pointers allow (else one element
 // per thread): memory-bound, one block per row.
 #include "cuda/kernel_utils.cuh"
@@ -102,13 +105,70 @@ __global__ void tile_scatter_kernel(int32_t* slot_of_row, int32_t* row_of_slot, 
 template <int V, typename D>
 __global__ void permute_kernel(D* out, const D* x, const int32_t* slot_of_row, int64_t C, int64_t k) {
   const int64_t r = blockIdx.x;
-  const D* src = x + int64_t(slot_of_row[r] / k) * C;
+  const int32_t slot = slot_of_row[r];
   D* dst = out + r * C;
+  if (slot < 0) {  // a padding row of the padded layout: zeros
+    D z[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) z[i] = from_float<D>(0.f);
+    for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) store_vec<V>(dst + c, z);
+    return;
+  }
+  const D* src = x + int64_t(slot / k) * C;
   for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
     D v[V];
     load_vec<V>(v, src + c);
     store_vec<V>(dst + c, v);
   }
+}
+
+// rows r with slot_of_row[r] < 0 (padding) = 0; the others untouched
+template <int V, typename D>
+__global__ void zero_unrouted_kernel(D* x, const int32_t* slot_of_row, int64_t C) {
+  const int64_t r = blockIdx.x;
+  if (slot_of_row[r] >= 0) return;
+  D z[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) z[i] = from_float<D>(0.f);
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) store_vec<V>(x + r * C + c, z);
+}
+
+// Each block: start (E + 1) = the exclusive prefix sums of counts (E), in shared memory (one thread: E is small).
+__device__ void expert_starts(int64_t* start, const int32_t* counts, int64_t E) {
+  if (threadIdx.x == 0) {
+    int64_t r = 0;
+    for (int64_t e = 0; e < E; ++e) start[e] = r, r += counts[e];
+    start[E] = r;
+  }
+  __syncthreads();
+}
+
+// thread per padded row p = e * Mp + i: slot_of_row_pad[p] = the slot of expert e's i-th row, or -1 (padding)
+__global__ void pad_slots_kernel(int32_t* slot_of_row_pad, const int32_t* slot_of_row, const int32_t* counts,
+                                 int64_t E, int64_t Mp) {
+  extern __shared__ int64_t start[];
+  expert_starts(start, counts, E);
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= E * Mp) return;
+  const int64_t e = p / Mp, i = p - e * Mp;
+  slot_of_row_pad[p] = i < start[e + 1] - start[e] ? slot_of_row[start[e] + i] : -1;
+}
+
+// thread per slot: compact row r of expert e (start[e] <= r < start[e + 1]) -> e * Mp + r - start[e]; -1 stays
+__global__ void pad_rows_kernel(int32_t* row_of_slot, const int32_t* counts, int64_t slots, int64_t E, int64_t Mp) {
+  extern __shared__ int64_t start[];
+  expert_starts(start, counts, E);
+  const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= slots) return;
+  const int64_t r = row_of_slot[s];
+  if (r < 0) return;
+  int64_t lo = 0, hi = E;  // the last e with start[e] <= r (an empty expert never is: its start is the next one's)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (start[mid] <= r) lo = mid;
+    else hi = mid;
+  }
+  row_of_slot[s] = int32_t(lo * Mp + r - start[lo]);
 }
 
 template <int V, typename D>
@@ -233,6 +293,32 @@ void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, in
   MT_CUDA_CHECK_LAUNCH("moe_permute_forward");
 }
 
+void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
+                              const int32_t* counts, int64_t slots, int64_t E, int64_t Mp) {
+  cudaStream_t st = current_stream();
+  const size_t shared = size_t(E + 1) * sizeof(int64_t);
+  constexpr int kT = 256;
+  if (E * Mp > 0) {
+    pad_slots_kernel<<<unsigned(ceil_div(E * Mp, int64_t{kT})), kT, shared, st>>>(slot_of_row_pad, slot_of_row,
+                                                                                  counts, E, Mp);
+    MT_CUDA_CHECK_LAUNCH("moe_pad_routing_map (slots)");
+  }
+  if (slots > 0) {
+    pad_rows_kernel<<<unsigned(ceil_div(slots, int64_t{kT})), kT, shared, st>>>(row_of_slot, counts, slots, E, Mp);
+    MT_CUDA_CHECK_LAUNCH("moe_pad_routing_map (rows)");
+  }
+}
+
+template <typename T>
+void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, int64_t C) {
+  if (M == 0) return;
+  using D = dev_t<T>;
+  by_width<D>(C, {x}, [&](auto v) {
+    zero_unrouted_kernel<decltype(v)::value><<<unsigned(M), kThreads, 0, current_stream()>>>(dev(x), slot_of_row, C);
+  });
+  MT_CUDA_CHECK_LAUNCH("moe_zero_unrouted_rows");
+}
+
 template <typename T>
 void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
   if (N == 0) return;
@@ -271,6 +357,7 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
 #define MT_INSTANTIATE(T)                                                                                        \
   template void moe_permute_forward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
   template void moe_permute_backward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
+  template void moe_zero_unrouted_rows_cuda<T>(T*, const int32_t*, int64_t, int64_t);                            \
   template void moe_unpermute_forward_cuda<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t,     \
                                               int64_t);                                                          \
   template void moe_unpermute_backward_cuda<T>(T*, float*, const T*, const T*, const float*, const int32_t*,    \

@@ -2,13 +2,16 @@
 // live in tensor/cpu/moe_*.cpp; a device without an implementation is a user-visible error naming the op.
 #include "tensor/moe_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "tensor/cpu/moe_cpu.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_ops.h"
 #include "cuda/moe_cuda.h"
 #endif
 
@@ -57,6 +60,7 @@ template <typename F>
 void any_float(const char* op, const Tensor& t, F&& f) {
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(t)) {
+    const cuda::OpTimer timer(op, t.numel());  // MT_OP_PROFILE
     switch (t.dtype()) {
       case DType::F32: f(float{}); return;
       case DType::BF16: f(bf16{}); return;
@@ -294,8 +298,9 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   check_2d(op, out, "out");
   const int64_t N = x.size(0), C = x.size(1), M = out.size(0);
   check(op, out, "out", x, x.dtype(), {M, C});
-  check(op, slot_of_row, "slot_of_row", x, DType::I32, {N * k});
-  MOE_ASSERT(M <= N * k, "out ", out.str(), " has more rows than the ", N * k, " slots");
+  MOE_ASSERT(slot_of_row.defined() && slot_of_row.dim() == 1 && slot_of_row.numel() >= M,
+             "slot_of_row should be 1-d with at least the ", M, " rows of out");
+  check(op, slot_of_row, "slot_of_row", x, DType::I32, {slot_of_row.numel()});
   any_float(op, x, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -303,6 +308,45 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+  });
+}
+
+void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row, const Tensor& counts,
+                         int64_t Mp) {
+  const char* op = "moe_pad_routing_map";
+  MOE_ASSERT(counts.defined() && counts.dim() == 1 && counts.dtype() == DType::I32, "counts should be (E) int32");
+  const int64_t E = counts.numel(), S = row_of_slot.numel();
+  check(op, row_of_slot, "row_of_slot", counts, DType::I32, {S});
+  check(op, slot_of_row, "slot_of_row", counts, DType::I32, {S});
+  check(op, slot_of_row_pad, "slot_of_row_pad", counts, DType::I32, {E * Mp});
+  MOE_ASSERT(Mp >= 0, "Mp ", Mp);
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(counts)) {
+    const cuda::OpTimer timer(op, S, E * Mp);
+    cuda::moe_pad_routing_map_cuda(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
+                                   slot_of_row.data<int32_t>(), counts.data<int32_t>(), S, E, Mp);
+    return;
+  }
+#endif
+  if (counts.device() != Device::CPU) unsupported(op, counts);
+  for (int64_t e = 0; e < E; ++e)
+    MOE_ASSERT(counts.data<int32_t>()[e] <= Mp, "expert ", e, " has ", counts.data<int32_t>()[e], " rows > Mp ", Mp);
+  cpu::moe_pad_routing_map_cpu(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
+                               slot_of_row.data<int32_t>(), counts.data<int32_t>(), S, E, Mp);
+}
+
+void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
+  const char* op = "moe_zero_unrouted_rows";
+  check_2d(op, x, "x");
+  const int64_t M = x.size(0), C = x.size(1);
+  check(op, slot_of_row, "slot_of_row", x, DType::I32, {M});
+  any_float(op, x, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(x)) return cuda::moe_zero_unrouted_rows_cuda<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_zero_unrouted_rows_cpu<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
   });
 }
 
@@ -393,6 +437,28 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
                                static_cast<double>(OC) >= kGroupGemmMaxFlops;
 }
 
+bool moe_gemm_padded(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC) {
+  if (device != Device::CUDA || counts.empty()) return false;
+  int64_t M = 0, Mp = 0;
+  for (int64_t c : counts) M += c, Mp = std::max(Mp, c);
+  if (M == 0) return false;
+  const auto El = static_cast<int64_t>(counts.size());
+  const double grouped = static_cast<double>(M) / (moe_gemm_per_group(M, El, IC, OC) ? kPerGroupTflops : kGroupedTflops);
+  const double padded = static_cast<double>(El * Mp) / kBatchedTflops;  // FLOPs per row cancel
+  return padded < grouped;
+}
+
+namespace {
+// The op's name for MT_OP_PROFILE: which cuBLAS path the counts take.
+std::string gemm_name(const char* op, const std::vector<int64_t>& counts, int64_t M, int64_t IC, int64_t OC) {
+  const bool equal = !counts.empty() && counts[0] > 0 &&
+                     std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
+  const char* path = equal ? "batched" : moe_gemm_per_group(M, static_cast<int64_t>(counts.size()), IC, OC)
+                                             ? "per-group" : "grouped";
+  return std::string(op) + " [" + path + "] IC=" + std::to_string(IC) + " OC=" + std::to_string(OC);
+}
+}  // namespace
+
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
                                 const std::vector<int64_t>& counts) {
   const char* op = "moe_grouped_linear_forward";
@@ -401,6 +467,8 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
+    std::string name;
+    if (cuda::op_profile_enabled()) op = (name = gemm_name(op, counts, x.size(0), weight.size(2), weight.size(1))).c_str();
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -433,6 +501,10 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
+    std::string name;
+    if (cuda::op_profile_enabled())
+      op = (name = gemm_name(op, counts, x.size(0), weight.size(2), weight.size(1)) + (dx ? " dx" : "") +
+                   (dweight ? " dweight" : "")).c_str();
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -460,6 +532,37 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     }
     r0 += m;
   }
+}
+
+void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
+                                        const Tensor& h, const std::vector<int64_t>& counts, GradMode dweight_mode) {
+  const char* op = "moe_grouped_linear_backward_swiglu";
+  check_2d(op, h, "h");
+  const int64_t M = h.size(0), F = h.size(1) / 2;
+  MOE_ASSERT(h.size(1) == 2 * F, "h ", h.str(), " should be (M, 2F)");
+  MOE_ASSERT(weight.defined() && weight.dim() == 3 && weight.size(2) == F, "weight should be (El, OC, F) for h ",
+             h.str());
+  check(op, dh, "dh", h, h.dtype(), h.shape());
+  const Device dev = h.device();
+  Tensor a = Tensor::empty({M, F}, h.dtype(), dev);
+  {
+    Tensor da = Tensor::empty({M, F}, h.dtype(), dev);  // back to the cache before the weight-gradient GEMMs
+    moe_grouped_linear_backward(&da, nullptr, dout, a, weight, counts);  // a: shape only (dx alone reads no x)
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(h)) {
+      any_float(op, h, [&](auto z) {
+        using T = decltype(z);
+        if constexpr (!std::is_same_v<T, double>)
+          cuda::swiglu_backward_recompute_cuda<T>(dh.data<T>(), a.data<T>(), da.data<T>(), h.data<T>(), M, F);
+      });
+    } else
+#endif
+    {  // the reference: swiglu forward, then swiglu backward (may overwrite h: read row by row before written)
+      swiglu_forward(a, h);
+      swiglu_backward(dh, da, h);
+    }
+  }
+  if (dweight) moe_grouped_linear_backward(nullptr, dweight, dout, a, weight, counts, dweight_mode);
 }
 
 }  // namespace mt::ops

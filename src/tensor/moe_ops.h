@@ -68,8 +68,20 @@ void moe_apply_capacity(Tensor& indices, const Tensor& weights, int64_t E, int64
 // int32: the slot of permuted row r for r < M = sum(counts), -1 after; row_of_slot (N*k) int32: the permuted row of
 // each slot, -1 for dropped slots. counts (E) int32 as moe_expert_counts.
 void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, const Tensor& indices, int64_t E);
-// out (M, C) (=): out[r] = x[slot_of_row[r] / k].
+// out (M, C) (=): out[r] = x[slot_of_row[r] / k], 0 where slot_of_row[r] < 0 (a padding row). slot_of_row is 1-d
+// with at least M entries: (N*k) from moe_routing_map, or (E*Mp) from moe_pad_routing_map.
 void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row, int64_t k);
+// The padded layout of a routing map for padded batched experts (all E experts on this rank): expert e's rows
+// become rows [e * Mp, e * Mp + counts[e]) of an (E * Mp) layout, Mp >= max(counts), the rest of its Mp rows
+// padding. slot_of_row_pad (E * Mp) int32 (=): the slot of each padded row, -1 for padding (moe_permute_forward
+// writes those rows 0); row_of_slot (N*k) in place: each kept slot's row in the padded layout (-1 stays). counts
+// (E) int32 as moe_routing_map gave it, on the same device. The unpermute ops then work unchanged on the padded
+// rows; the padding rows of a gradient that flows into the expert GEMMs must be 0 (moe_zero_unrouted_rows), so
+// they add nothing to the weight gradients.
+void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row, const Tensor& counts,
+                         int64_t Mp);
+// x (M, C): rows r with slot_of_row[r] < 0 (padding) = 0, the others untouched; slot_of_row (M) int32.
+void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
 void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k);
 // y (N, C) (=): y[n] = sum_j weights[n, j] * yp[row_of_slot[n*k+j]] over the kept slots (the combine).
@@ -90,11 +102,29 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
 // stay grouped.
 inline constexpr double kGroupGemmMaxFlops = 17179869184.0;  // 2^34: 2 x rows x IC x OC per group, on average
 bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC);
+// Equal groups (every count the same, the padded layout) run on the GPU as ONE cublasGemmStridedBatchedEx per
+// product, fp32 weight gradients included.
+//
+// Padded batched experts (moe_gemm_padded): the MoE layer lays its rows out as El groups of Mp = max(counts) rows
+// (moe_pad_routing_map) and runs the equal groups when the cost estimate says they are faster: padded work El * Mp
+// rows at the strided-batched rate against M rows at the grouped (or per-group) rate. The rates are H100
+// measurements of these calls at the benchmark configs' shapes (benchmarks/RESULTS.md, "MoE speed (session 9)");
+// with them the padded layout wins while max/mean of the counts stays under about 2.2 (1.5 where per-group runs).
+// A data-driven choice per layer and step; only on the GPU (the CPU runs the exact groups).
+inline constexpr double kGroupedTflops = 300, kPerGroupTflops = 450, kBatchedTflops = 650;
+bool moe_gemm_padded(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
 // dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
 // for groups without rows: 0) dout^T x per group.
 void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
                                  const Tensor& weight, const std::vector<int64_t>& counts,
                                  GradMode dweight_mode = GradMode::Accumulate);
+// The backward of the grouped linear that follows a SwiGLU (the experts' fc2), through the SwiGLU, without its
+// input (as linear_backward_swiglu for the dense MLP): a = swiglu(h) (M, F) is recomputed in the SwiGLU
+// backward's pass, so the forward need not keep it. dh (M, 2F) (=) = swiglu'(h) . (dout @ weight[e]) per group;
+// dweight (El, OC, F) += (= with Overwrite) dout^T a per group. dh may alias h.
+void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
+                                        const Tensor& h, const std::vector<int64_t>& counts,
+                                        GradMode dweight_mode = GradMode::Accumulate);
 
 }  // namespace mt::ops
