@@ -296,7 +296,7 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   const char* op = "moe_permute_forward";
   check_2d(op, x, "x");
   check_2d(op, out, "out");
-  const int64_t N = x.size(0), C = x.size(1), M = out.size(0);
+  const int64_t C = x.size(1), M = out.size(0);
   check(op, out, "out", x, x.dtype(), {M, C});
   MOE_ASSERT(slot_of_row.defined() && slot_of_row.dim() == 1 && slot_of_row.numel() >= M,
              "slot_of_row should be 1-d with at least the ", M, " rows of out");

@@ -1,9 +1,11 @@
 // The MoE ops against fp64 finite differences and direct computations: router (softmax / sigmoid, pre-softmax,
 // scaling, expert bias, ties), aux / seq-aux / z losses, expert-bias update, capacity, routing map, permute /
-// unpermute, grouped GEMMs (with empty groups).
+// unpermute, grouped GEMMs (with empty groups), the padded layout of padded batched experts and its choice.
+#include <algorithm>
 #include <numeric>
 
 #include "catch.h"
+#include "moe/moe_experts_pass.h"
 #include "ops/gradcheck.h"
 #include "tensor/moe_ops.h"
 
@@ -253,6 +255,82 @@ TEST_CASE("moe grouped linear equals one GEMM per expert, empty groups included"
   ops::moe_grouped_linear_backward(nullptr, &dw2, dout, x, w, counts, ops::GradMode::Accumulate);
   ops::scale_(dw, 2.0);
   CHECK(rel_err(dw2, dw) < 1e-15);
+}
+
+TEST_CASE("moe padded batched experts: the padded layout gives the exact groups' results", "[moe][experts]") {
+  // an empty expert, one with most of the rows, dropped slots: padding rows must add nothing anywhere
+  const int64_t N = 60, C = 6, F = 5, E = 6, k = 2;
+  const Tensor idx = unbalanced_routing(N);
+  const Tensor x = randn({N, C}, 31), w = randn({N, k}, 32), w1 = randn({E, 2 * F, C}, 33, D, 0.5),
+               w2 = randn({E, C, F}, 34, D, 0.5), dy = randn({N, C}, 35);
+  const ExpertsPass exact = run_experts_pass(false, idx, x, w, w1, w2, dy);
+  const ExpertsPass padded = run_experts_pass(true, idx, x, w, w1, w2, dy);
+  CHECK(exact.rows == N * k - 3);
+  CHECK(padded.rows == E * (N * 5 / 6));  // Mp = expert 0's rows
+  CHECK(rel_err(padded.y, exact.y) < 1e-14);
+  CHECK(rel_err(padded.dx, exact.dx) < 1e-14);
+  CHECK(rel_err(padded.dweights, exact.dweights) < 1e-14);
+  CHECK(rel_err(padded.dw1, exact.dw1) < 1e-14);
+  CHECK(rel_err(padded.dw2, exact.dw2) < 1e-14);
+  for (int64_t i = 0; i < 2 * F * C; ++i) CHECK(padded.dw1.data<double>()[2 * 2 * F * C + i] == 0.0);  // expert 2
+
+  // the layout itself: padded row of each kept slot, the slot of each padded row, -1 for padding
+  Tensor s2r = Tensor::empty({N * k}, DType::I32), r2s = Tensor::empty({N * k}, DType::I32),
+         cnt = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(s2r, r2s, cnt, idx, E);
+  const int64_t Mp = N * 5 / 6;
+  Tensor pad = Tensor::empty({E * Mp}, DType::I32), r2p = r2s.clone();
+  ops::moe_pad_routing_map(pad, r2p, s2r, cnt, Mp);
+  int64_t kept = 0;
+  for (int64_t s = 0; s < N * k; ++s) {
+    const int32_t e = idx.data<int32_t>()[s], p = r2p.data<int32_t>()[s];
+    if (e < 0) {
+      CHECK(p == -1);
+      continue;
+    }
+    ++kept;
+    CHECK(p / Mp == e);
+    CHECK(pad.data<int32_t>()[p] == s);
+  }
+  CHECK(std::count_if(pad.data<int32_t>(), pad.data<int32_t>() + E * Mp, [](int32_t v) { return v >= 0; }) == kept);
+  // padding rows: permute writes 0, moe_zero_unrouted_rows zeroes them and leaves the others
+  Tensor xp = Tensor::empty({E * Mp, C}, D);
+  ops::moe_permute_forward(xp, x, pad, k);
+  Tensor g = randn({E * Mp, C}, 36), g0 = g.clone();
+  ops::moe_zero_unrouted_rows(g, pad);
+  for (int64_t r = 0; r < E * Mp; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const bool padding = pad.data<int32_t>()[r] < 0;
+      CHECK(xp.data<double>()[r * C + c] ==
+            (padding ? 0.0 : x.data<double>()[(pad.data<int32_t>()[r] / k) * C + c]));
+      CHECK(g.data<double>()[r * C + c] == (padding ? 0.0 : g0.data<double>()[r * C + c]));
+    }
+}
+
+TEST_CASE("moe padded batched experts: chosen on the GPU by the cost estimate, never on the CPU", "[moe][experts]") {
+  const int64_t C = 1024, F2 = 1024;  // small experts: the grouped call (kGroupedTflops) is the alternative
+  const std::vector<int64_t> balanced(64, 2048), skewed = [] {
+    std::vector<int64_t> v(64, 1500);
+    v[7] = 1500 * 3;  // max / mean ~ 2.9
+    return v;
+  }();
+  CHECK(ops::moe_gemm_padded(Device::CUDA, balanced, C, F2));
+  CHECK(!ops::moe_gemm_padded(Device::CPU, balanced, C, F2));
+  CHECK(!ops::moe_gemm_padded(Device::CUDA, skewed, C, F2));
+  CHECK(!ops::moe_gemm_padded(Device::CUDA, std::vector<int64_t>(8, 0), C, F2));
+  // the break-even: max / mean = kBatchedTflops / kGroupedTflops (R); 63 experts of 1000 rows and one of e0 rows
+  // cross it at e0 = 63000 R / (64 - R)
+  const double R = ops::kBatchedTflops / ops::kGroupedTflops, e0 = 63000 * R / (64 - R);
+  std::vector<int64_t> edge(64, 1000);
+  edge[0] = static_cast<int64_t>(e0) - 1;
+  CHECK(ops::moe_gemm_padded(Device::CUDA, edge, C, F2));
+  edge[0] = static_cast<int64_t>(e0) + 2;
+  CHECK(!ops::moe_gemm_padded(Device::CUDA, edge, C, F2));
+  // large experts: against one GEMM per expert (kPerGroupTflops), the break-even is lower
+  const std::vector<int64_t> big = {4096, 4096, 4096, 4096 * 2, 4096, 4096, 4096, 4096};  // max / mean 1.78
+  REQUIRE(ops::moe_gemm_per_group(4096 * 9, 8, 1024, 7168));
+  CHECK(ops::moe_gemm_padded(Device::CUDA, big, 1024, 7168) ==
+        (1.0 * 8 * 8192 / ops::kBatchedTflops < 1.0 * 4096 * 9 / ops::kPerGroupTflops));
 }
 
 TEST_CASE("moe aux loss of rows split over ranks: the shares sum to the whole set's loss and gradient",
