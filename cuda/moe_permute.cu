@@ -8,8 +8,9 @@
 // in order. Every slot is read a constant number of times: O(N k + tiles x E), where the former version had one
 // thread per expert read all N k slots (milliseconds per layer at N k = 131072).
 //
-// Padded layout (tensor/moe_ops.h moe_pad_routing_map): expert e's rows at [e * Mp, e * Mp + counts[e]); one thread
-// per padded row and per slot, the expert starts scanned into each block's shared memory from the device counts.
+// Padded layout (tensor/moe_ops.h moe_pad_routing_map): expert e's rows at the start of its region of the padded
+// rows; one thread per padded row and per slot, the experts' compact and padded starts passed as kernel parameters
+// (PadPlan), found by binary search.
 //
 // Permute / unpermute move rows as 16-byte vectors when the row width and the pointers allow (else one element
 // per thread): memory-bound, one block per row.
@@ -133,42 +134,34 @@ __global__ void zero_unrouted_kernel(D* x, const int32_t* slot_of_row, int64_t C
   for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) store_vec<V>(x + r * C + c, z);
 }
 
-// Each block: start (E + 1) = the exclusive prefix sums of counts (E), in shared memory (one thread: E is small).
-__device__ void expert_starts(int64_t* start, const int32_t* counts, int64_t E) {
-  if (threadIdx.x == 0) {
-    int64_t r = 0;
-    for (int64_t e = 0; e < E; ++e) start[e] = r, r += counts[e];
-    start[E] = r;
-  }
-  __syncthreads();
-}
-
-// thread per padded row p = e * Mp + i: slot_of_row_pad[p] = the slot of expert e's i-th row, or -1 (padding)
-__global__ void pad_slots_kernel(int32_t* slot_of_row_pad, const int32_t* slot_of_row, const int32_t* counts,
-                                 int64_t E, int64_t Mp) {
-  extern __shared__ int64_t start[];
-  expert_starts(start, counts, E);
-  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p >= E * Mp) return;
-  const int64_t e = p / Mp, i = p - e * Mp;
-  slot_of_row_pad[p] = i < start[e + 1] - start[e] ? slot_of_row[start[e] + i] : -1;
-}
-
-// thread per slot: compact row r of expert e (start[e] <= r < start[e + 1]) -> e * Mp + r - start[e]; -1 stays
-__global__ void pad_rows_kernel(int32_t* row_of_slot, const int32_t* counts, int64_t slots, int64_t E, int64_t Mp) {
-  extern __shared__ int64_t start[];
-  expert_starts(start, counts, E);
-  const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (s >= slots) return;
-  const int64_t r = row_of_slot[s];
-  if (r < 0) return;
-  int64_t lo = 0, hi = E;  // the last e with start[e] <= r (an empty expert never is: its start is the next one's)
+// The last e with start[e] <= r, start (E + 1) ascending (an empty expert never is: its start is the next one's).
+__device__ int64_t expert_of(const int32_t* start, int64_t E, int64_t r) {
+  int64_t lo = 0, hi = E;
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
     if (start[mid] <= r) lo = mid;
     else hi = mid;
   }
-  row_of_slot[s] = int32_t(lo * Mp + r - start[lo]);
+  return lo;
+}
+
+// thread per padded row p of expert e's region: slot_of_row_pad[p] = the slot of expert e's (p - pstart[e])-th
+// row, or -1 (padding)
+__global__ void pad_slots_kernel(int32_t* slot_of_row_pad, const int32_t* slot_of_row, PadPlan plan) {
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= plan.pstart[plan.E]) return;
+  const int64_t e = expert_of(plan.pstart, plan.E, p), i = p - plan.pstart[e];
+  slot_of_row_pad[p] = i < plan.start[e + 1] - plan.start[e] ? slot_of_row[plan.start[e] + i] : -1;
+}
+
+// thread per slot: compact row r of expert e -> pstart[e] + r - start[e]; -1 stays
+__global__ void pad_rows_kernel(int32_t* row_of_slot, int64_t slots, PadPlan plan) {
+  const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= slots) return;
+  const int32_t r = row_of_slot[s];
+  if (r < 0) return;
+  const int64_t e = expert_of(plan.start, plan.E, r);
+  row_of_slot[s] = int32_t(plan.pstart[e] + r - plan.start[e]);
 }
 
 template <int V, typename D>
@@ -294,17 +287,16 @@ void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, in
 }
 
 void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
-                              const int32_t* counts, int64_t slots, int64_t E, int64_t Mp) {
+                              int64_t slots, const PadPlan& plan) {
   cudaStream_t st = current_stream();
-  const size_t shared = size_t(E + 1) * sizeof(int64_t);
   constexpr int kT = 256;
-  if (E * Mp > 0) {
-    pad_slots_kernel<<<unsigned(ceil_div(E * Mp, int64_t{kT})), kT, shared, st>>>(slot_of_row_pad, slot_of_row,
-                                                                                  counts, E, Mp);
+  if (plan.pstart[plan.E] > 0) {
+    pad_slots_kernel<<<unsigned(ceil_div(int64_t{plan.pstart[plan.E]}, int64_t{kT})), kT, 0, st>>>(slot_of_row_pad,
+                                                                                                   slot_of_row, plan);
     MT_CUDA_CHECK_LAUNCH("moe_pad_routing_map (slots)");
   }
   if (slots > 0) {
-    pad_rows_kernel<<<unsigned(ceil_div(slots, int64_t{kT})), kT, shared, st>>>(row_of_slot, counts, slots, E, Mp);
+    pad_rows_kernel<<<unsigned(ceil_div(slots, int64_t{kT})), kT, 0, st>>>(row_of_slot, slots, plan);
     MT_CUDA_CHECK_LAUNCH("moe_pad_routing_map (rows)");
   }
 }

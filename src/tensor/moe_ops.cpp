@@ -311,28 +311,41 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   });
 }
 
-void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row, const Tensor& counts,
-                         int64_t Mp) {
+void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,
+                         const std::vector<int64_t>& counts, const std::vector<int64_t>& regions) {
   const char* op = "moe_pad_routing_map";
-  MOE_ASSERT(counts.defined() && counts.dim() == 1 && counts.dtype() == DType::I32, "counts should be (E) int32");
-  const int64_t E = counts.numel(), S = row_of_slot.numel();
-  check(op, row_of_slot, "row_of_slot", counts, DType::I32, {S});
-  check(op, slot_of_row, "slot_of_row", counts, DType::I32, {S});
-  check(op, slot_of_row_pad, "slot_of_row_pad", counts, DType::I32, {E * Mp});
-  MOE_ASSERT(Mp >= 0, "Mp ", Mp);
+  const auto E = static_cast<int64_t>(counts.size());
+  MOE_ASSERT(static_cast<int64_t>(regions.size()) == E, regions.size(), " regions for ", E, " experts");
+  int64_t M = 0, P = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    MOE_ASSERT(counts[e] >= 0 && regions[e] >= counts[e], "expert ", e, ": region ", regions[e], " < its ",
+               counts[e], " rows");
+    M += counts[e], P += regions[e];
+  }
+  const int64_t S = row_of_slot.numel();
+  MOE_ASSERT(row_of_slot.dim() == 1 && M <= S, "row_of_slot ", row_of_slot.str(), " for ", M, " routed rows");
+  check(op, slot_of_row, "slot_of_row", row_of_slot, DType::I32, {S});
+  check(op, row_of_slot, "row_of_slot", row_of_slot, DType::I32, {S});
+  check(op, slot_of_row_pad, "slot_of_row_pad", row_of_slot, DType::I32, {P});
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (on_cuda(counts)) {
-    const cuda::OpTimer timer(op, S, E * Mp);
+  if (on_cuda(row_of_slot)) {
+    MOE_ASSERT(E <= cuda::PadPlan::kMaxExperts, E, " experts: the padded layout takes at most ",
+               cuda::PadPlan::kMaxExperts);
+    MOE_ASSERT(P < (int64_t{1} << 31), P, " padded rows overflow int32");
+    cuda::PadPlan plan{};
+    plan.E = static_cast<int32_t>(E);
+    for (int64_t e = 0; e < E; ++e)
+      plan.start[e + 1] = plan.start[e] + static_cast<int32_t>(counts[e]),
+                     plan.pstart[e + 1] = plan.pstart[e] + static_cast<int32_t>(regions[e]);
+    const cuda::OpTimer timer(op, S, P);
     cuda::moe_pad_routing_map_cuda(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
-                                   slot_of_row.data<int32_t>(), counts.data<int32_t>(), S, E, Mp);
+                                   slot_of_row.data<int32_t>(), S, plan);
     return;
   }
 #endif
-  if (counts.device() != Device::CPU) unsupported(op, counts);
-  for (int64_t e = 0; e < E; ++e)
-    MOE_ASSERT(counts.data<int32_t>()[e] <= Mp, "expert ", e, " has ", counts.data<int32_t>()[e], " rows > Mp ", Mp);
+  if (row_of_slot.device() != Device::CPU) unsupported(op, row_of_slot);
   cpu::moe_pad_routing_map_cpu(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
-                               slot_of_row.data<int32_t>(), counts.data<int32_t>(), S, E, Mp);
+                               slot_of_row.data<int32_t>(), counts.data(), regions.data(), S, E);
 }
 
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
@@ -437,24 +450,65 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
                                static_cast<double>(OC) >= kGroupGemmMaxFlops;
 }
 
-bool moe_gemm_padded(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC) {
-  if (device != Device::CUDA || counts.empty()) return false;
-  int64_t M = 0, Mp = 0;
-  for (int64_t c : counts) M += c, Mp = std::max(Mp, c);
-  if (M == 0) return false;
-  const auto El = static_cast<int64_t>(counts.size());
-  const double grouped = static_cast<double>(M) / (moe_gemm_per_group(M, El, IC, OC) ? kPerGroupTflops : kGroupedTflops);
-  const double padded = static_cast<double>(El * Mp) / kBatchedTflops;  // FLOPs per row cancel
-  return padded < grouped;
+#if defined(MEGATRAIN_HAVE_CUDA)
+static_assert(cuda::kMaxShapeBuckets == kPadBuckets, "the GPU's batched buckets are the padded layout's runs");
+#endif
+
+std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC) {
+  const auto E = static_cast<int64_t>(counts.size());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (E > cuda::PadPlan::kMaxExperts) return {};
+#endif
+  if (device != Device::CUDA || E == 0) return {};
+  int64_t M = 0;
+  for (int64_t c : counts) M += c;
+  if (M == 0) return {};
+  // seconds of one product (IC -> OC) for `rows` rows at `tflops`
+  const double per_row = 2.0 * static_cast<double>(IC) * static_cast<double>(OC) * 1e-12;
+  auto t = [&](double rows, double tflops) { return rows * per_row / tflops; };
+  const double exact = t(static_cast<double>(M), moe_gemm_per_group(M, E, IC, OC) ? kPerGroupTflops : kGroupedTflops);
+  // experts with rows, largest first; runs [a, i) of them padded to round_up(count of a)
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (counts[e] > 0) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return counts[x] > counts[y]; });
+  const auto n = static_cast<int64_t>(order.size());
+  auto padded = [&](int64_t a) { return (counts[order[a]] + kPadRows - 1) / kPadRows * kPadRows; };
+  auto run_cost = [&](int64_t a, int64_t i) {
+    return t(static_cast<double>((i - a) * padded(a)), kBatchedTflops) + kBatchedCallUs * 1e-6;
+  };
+  // best[j][i]: the least time of the first i experts in j runs; cut[j][i]: where the last run starts
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(kPadBuckets + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int64_t>> cut(kPadBuckets + 1, std::vector<int64_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (int64_t j = 1; j <= kPadBuckets; ++j)
+    for (int64_t i = 1; i <= n; ++i)
+      for (int64_t a = j - 1; a < i; ++a)
+        if (best[j - 1][a] < inf && best[j - 1][a] + run_cost(a, i) < best[j][i])
+          best[j][i] = best[j - 1][a] + run_cost(a, i), cut[j][i] = a;
+  int64_t runs = 1;
+  for (int64_t j = 2; j <= kPadBuckets; ++j)
+    if (best[j][n] < best[runs][n]) runs = j;
+  if (!(best[runs][n] < exact)) return {};
+  std::vector<int64_t> regions(static_cast<size_t>(E), 0);
+  for (int64_t j = runs, i = n; j >= 1; --j) {
+    const int64_t a = cut[j][i];
+    for (int64_t x = a; x < i; ++x) regions[order[x]] = padded(a);
+    i = a;
+  }
+  return regions;
 }
 
 namespace {
 // The op's name for MT_OP_PROFILE: which cuBLAS path the counts take.
 std::string gemm_name(const char* op, const std::vector<int64_t>& counts, int64_t M, int64_t IC, int64_t OC) {
-  const bool equal = !counts.empty() && counts[0] > 0 &&
-                     std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
-  const char* path = equal ? "batched" : moe_gemm_per_group(M, static_cast<int64_t>(counts.size()), IC, OC)
-                                             ? "per-group" : "grouped";
+  std::vector<int64_t> sizes;
+  for (int64_t c : counts)
+    if (c > 0 && std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);
+  const char* path = static_cast<int64_t>(sizes.size()) <= kPadBuckets ? "batched"
+                     : moe_gemm_per_group(M, static_cast<int64_t>(counts.size()), IC, OC) ? "per-group"
+                                                                                           : "grouped";
   return std::string(op) + " [" + path + "] IC=" + std::to_string(IC) + " OC=" + std::to_string(OC);
 }
 }  // namespace

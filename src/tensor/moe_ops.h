@@ -72,14 +72,14 @@ void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, c
 // with at least M entries: (N*k) from moe_routing_map, or (E*Mp) from moe_pad_routing_map.
 void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row, int64_t k);
 // The padded layout of a routing map for padded batched experts (all E experts on this rank): expert e's rows
-// become rows [e * Mp, e * Mp + counts[e]) of an (E * Mp) layout, Mp >= max(counts), the rest of its Mp rows
-// padding. slot_of_row_pad (E * Mp) int32 (=): the slot of each padded row, -1 for padding (moe_permute_forward
-// writes those rows 0); row_of_slot (N*k) in place: each kept slot's row in the padded layout (-1 stays). counts
-// (E) int32 as moe_routing_map gave it, on the same device. The unpermute ops then work unchanged on the padded
-// rows; the padding rows of a gradient that flows into the expert GEMMs must be 0 (moe_zero_unrouted_rows), so
-// they add nothing to the weight gradients.
-void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row, const Tensor& counts,
-                         int64_t Mp);
+// become the first counts[e] rows of its region of regions[e] >= counts[e] rows (regions laid out in expert
+// order), the rest of the region padding. slot_of_row_pad (sum of regions) int32 (=): the slot of each padded row,
+// -1 for padding (moe_permute_forward writes those rows 0); row_of_slot (N*k) in place: each kept slot's row in the
+// padded layout (-1 stays). counts (E, host) as moe_routing_map gave them. The unpermute ops then work unchanged
+// on the padded rows; the padding rows of a gradient that flows into the expert GEMMs must be 0
+// (moe_zero_unrouted_rows), so they add nothing to the weight gradients. CUDA: E <= 256.
+void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,
+                         const std::vector<int64_t>& counts, const std::vector<int64_t>& regions);
 // x (M, C): rows r with slot_of_row[r] < 0 (padding) = 0, the others untouched; slot_of_row (M) int32.
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
@@ -105,14 +105,22 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC);
 // Equal groups (every count the same, the padded layout) run on the GPU as ONE cublasGemmStridedBatchedEx per
 // product, fp32 weight gradients included.
 //
-// Padded batched experts (moe_gemm_padded): the MoE layer lays its rows out as El groups of Mp = max(counts) rows
-// (moe_pad_routing_map) and runs the equal groups when the cost estimate says they are faster: padded work El * Mp
-// rows at the strided-batched rate against M rows at the grouped (or per-group) rate. The rates are H100
-// measurements of these calls at the benchmark configs' shapes (benchmarks/RESULTS.md, "MoE speed (session 9)");
-// with them the padded layout wins while max/mean of the counts stays under about 2.2 (1.5 where per-group runs).
-// A data-driven choice per layer and step; only on the GPU (the CPU runs the exact groups).
-inline constexpr double kGroupedTflops = 300, kPerGroupTflops = 450, kBatchedTflops = 650;
-bool moe_gemm_padded(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC);
+// Padded batched experts (moe_padded_regions): the MoE layer lays its rows out in regions of a few distinct sizes
+// (moe_pad_routing_map), each region an expert's rows and zero padding, so that each projection runs as at most
+// kPadBuckets batched GEMMs (one per distinct size; the GPU runs groups of at most that many distinct sizes that
+// way, tensor/../cuda/moe_gemm.cu), near the dense rate, instead of one grouped call at about 40% of it. The
+// region sizes: the experts sorted by count and cut into at most kPadBuckets runs, each padded to its largest count
+// rounded up to kPadRows (fewer distinct GEMM shapes from step to step: cuBLAS's choices are cached by shape), the
+// cut minimizing the estimated time (padded rows at kBatchedTflops plus kBatchedCallUs per call). The layout is
+// taken when that estimate beats the exact groups' (kGroupedTflops, or kPerGroupTflops where moe_gemm_per_group),
+// e.g. for collapsed routing (one expert taking every token: max / mean = E / k) the largest experts get their own
+// region sizes. Rates: H100 measurements of these calls at the benchmark configs' shapes (benchmarks/RESULTS.md,
+// "MoE speed (session 9)"). A data-driven choice per layer and step; only on the GPU (the CPU runs the exact
+// groups), for E <= 256.
+inline constexpr double kGroupedTflops = 260, kPerGroupTflops = 500, kBatchedTflops = 600, kBatchedCallUs = 8;
+inline constexpr int64_t kPadBuckets = 4, kPadRows = 128;
+// The region sizes (E) of the padded layout for these counts, or empty when the exact groups are estimated faster.
+std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
 // dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
 // for groups without rows: 0) dout^T x per group.

@@ -7,6 +7,7 @@
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
+#include <numeric>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -57,8 +58,6 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   Tensor scores = Tensor::empty({N, E}, f32, Device::CUDA), weights = Tensor::empty({N, k}, f32, Device::CUDA);
   Tensor choice = Tensor::empty({N, k}, DType::I32, Device::CUDA);
   if (skew > 0) {  // expert 0's logit column + skew
-    Tensor b = Tensor::zeros({E}, f32);
-    b.data<float>()[0] = float(skew);
     Tensor row = Tensor::empty({N, E}, f32);
     row.copy_from(logits);
     for (int64_t n = 0; n < N; ++n) row.data<float>()[n * E] += float(skew);
@@ -79,18 +78,23 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   for (int64_t c : cnt) M += c, most = std::max(most, c);
   std::printf("BENCH %-14s %s routed rows %lld, busiest expert %lld (mean %lld), padded choice %d\n", config,
               padded ? "[padded]" : "[exact] ", (long long)M, (long long)most, (long long)(M / E),
-              int(ops::moe_gemm_padded(Device::CUDA, cnt, C, 2 * F)));
+              int(!ops::moe_padded_regions(Device::CUDA, cnt, C, 2 * F).empty()));
   const int64_t Mr = M;  // routed rows (the FLOPs counted below; padded rows are wasted work)
   Tensor pad;
-  if (padded) {
-    pad = Tensor::empty({E * most}, DType::I32, Device::CUDA);
+  if (padded) {  // the layer's regions; when it would not pad, every expert padded to the busiest one's count
+    std::vector<int64_t> regions = ops::moe_padded_regions(Device::CUDA, cnt, C, 2 * F);
+    if (regions.empty()) regions.assign(size_t(E), most);
+    std::printf("BENCH %-14s [padded] regions:", config);
+    for (int64_t r : regions) std::printf(" %lld", (long long)r);
+    std::printf("\n");
+    M = std::accumulate(regions.begin(), regions.end(), int64_t{0});
+    pad = Tensor::empty({M}, DType::I32, Device::CUDA);
     Tensor r2s0 = r2s.clone();
-    p.op("moe_pad_routing_map", median_ms([&] {
+    p.op("moe_pad_routing_map (+ a copy of the map)", median_ms([&] {
            r2s.copy_from(r2s0);
-           ops::moe_pad_routing_map(pad, r2s, s2r, counts, most);
+           ops::moe_pad_routing_map(pad, r2s, s2r, cnt, regions);
          }, reps));
-    M = E * most;
-    cnt.assign(size_t(E), most);
+    cnt = regions;
   }
   const Tensor& s2r_used = padded ? pad : s2r;
   Tensor xp = Tensor::empty({M, C}, bf, Device::CUDA);
@@ -164,7 +168,8 @@ TEST_CASE("cuda moe layer op timings", "[.bench][cuda][moe]") {
   for (bool padded : {false, true}) {
     bench_moe_layer("moe-8x-top2", 8, 2, 3584, padded);
     bench_moe_layer("moe-64x-top8", 64, 8, 512, padded);
-    bench_moe_layer("moe-64x-skew", 64, 8, 512, padded, 1.0);  // expert 0 favoured: max / mean ~ 2
+    bench_moe_layer("moe-64x-collapsed", 64, 8, 512, padded, 8.0);  // expert 0 takes every token (max / mean 8)
+    bench_moe_layer("moe-8x-collapsed", 8, 2, 3584, padded, 8.0);   // expert 0 takes every token (max / mean 4)
   }
 }
 

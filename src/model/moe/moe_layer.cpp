@@ -1,6 +1,6 @@
 #include "model/moe/moe_layer.h"
 
-#include <algorithm>
+#include <numeric>
 
 #include "core/check.h"
 #include "tensor/moe_ops.h"
@@ -46,23 +46,26 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   ops::moe_routing_map(s.slot_of_row, s.row_of_slot, counts, s.router.indices, E);
   counts_host.copy_from(counts);
   s.counts.assign(counts_host.data<int32_t>(), counts_host.data<int32_t>() + E);
-  int64_t M = 0, Mp = 0;
-  for (int64_t n : s.counts) M += n, Mp = std::max(Mp, n);
+  int64_t M = 0;
+  for (int64_t n : s.counts) M += n;
   // padded batched experts: only with every expert on this rank (the dispatch is then the identity)
-  s.padded = dispatcher_.local_experts() == E &&
-             ops::moe_gemm_padded(x.device(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1));
+  const std::vector<int64_t> regions =
+      dispatcher_.local_experts() == E
+          ? ops::moe_padded_regions(x.device(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1))
+          : std::vector<int64_t>{};
+  s.padded = !regions.empty();
   if (s.padded) {
-    Tensor pad = Tensor::empty({E * Mp}, DType::I32, x.device());
-    ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, counts, Mp);
+    M = std::accumulate(regions.begin(), regions.end(), int64_t{0});
+    Tensor pad = Tensor::empty({M}, DType::I32, x.device());
+    ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, s.counts, regions);
     s.slot_of_row = pad;
-    M = E * Mp;
   }
   Tensor xp = c.empty({M, C});
   ops::moe_permute_forward(xp, x, s.slot_of_row, k);
   s.xl = dispatcher_.dispatch(s.plan, xp, s.counts);
-  Tensor yl = experts_.forward(s.experts, s.xl,
-                               s.padded ? std::vector<int64_t>(static_cast<size_t>(E), Mp) : s.plan.local_counts);
+  Tensor yl = experts_.forward(s.experts, s.xl, s.padded ? regions : s.plan.local_counts);
   s.yp = dispatcher_.combine(s.plan, yl);
+  if (dispatcher_.local_experts() == E) s.xl = Tensor();  // EP 1: permuted again from x in backward (memory)
   Tensor y = c.empty({N, C});
   ops::moe_unpermute_forward(y, s.yp, s.router.weights, s.row_of_slot);
   if (shared_fc1_) {
@@ -99,7 +102,12 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
   Tensor dyl = dispatcher_.combine_backward(s.plan, dyp);
-  Tensor dxl = experts_.backward(dyl, s.experts, s.xl);
+  Tensor xl = s.xl;
+  if (!xl.defined()) {  // EP 1: the experts' input rows again (s.yp has as many rows)
+    xl = c.empty({s.yp.size(0), x.size(1)});
+    ops::moe_permute_forward(xl, x, s.slot_of_row, k);
+  }
+  Tensor dxl = experts_.backward(dyl, s.experts, xl);
   Tensor dxp = dispatcher_.dispatch_backward(s.plan, dxl);
   Tensor dx = c.empty(x.shape());
   ops::moe_permute_backward(dx, dxp, s.row_of_slot, k);

@@ -45,13 +45,13 @@ void moe_routing_map_cpu(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* co
 }
 
 void moe_pad_routing_map_cpu(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
-                             const int32_t* counts, int64_t slots, int64_t E, int64_t Mp) {
-  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0);
-  for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + counts[e];
+                             const int64_t* counts, const int64_t* regions, int64_t slots, int64_t E) {
+  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0), pstart(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + counts[e], pstart[e + 1] = pstart[e] + regions[e];
   std::vector<int32_t> pad_of_row(static_cast<size_t>(start[E]));
   for (int64_t e = 0; e < E; ++e)
-    for (int64_t i = 0; i < Mp; ++i) {
-      const int64_t p = e * Mp + i;
+    for (int64_t i = 0; i < regions[e]; ++i) {
+      const int64_t p = pstart[e] + i;
       if (i < counts[e]) {
         slot_of_row_pad[p] = slot_of_row[start[e] + i];
         pad_of_row[start[e] + i] = static_cast<int32_t>(p);
