@@ -2,10 +2,12 @@
 # GPU machine, one call: builds megatrain and mt_test_cuda (sm_90), runs the CUDA MoE tests against the CPU, the
 # per-op timings of one MoE layer (exact groups and padded batched, test/cuda/test_cuda_moe_bench.cpp), the
 # end-to-end MoE benchmark against torch_moe.py (benchmarks/run_gpu_bench.sh, iterations 21-40 averaged), then a
-# per-op profile (MT_OP_PROFILE) of a short run of each config. Logs under $OUT; a summary on stdout.
+# per-op profile (MT_OP_PROFILE) of a short run of each config. Logs in $OUT/logs.tgz; a summary on stdout (the
+# tests' result last).
 # usage: moe_speed.sh REFERENCE.py [ITERS_PROFILE]
 set -o pipefail
-OUT=${OUT:-/tmp/mt_out}
+FINAL=${OUT:-/tmp/mt_out}
+OUT=$(mktemp -d)
 ref=${1:?usage: moe_speed.sh REFERENCE.py}
 piters=${2:-25}
 mkdir -p "$OUT"
@@ -39,3 +41,5 @@ for c in moe-8x-top2 moe-64x-top8; do
   echo "== profile $c"; head -45 "$OUT/profile-$c.txt" | cut -c1-170
 done
 echo "total $(($(date +%s) - t0)) s"
+echo "== tests:"; grep -E "failed|FAILED" "$OUT/test.log" | cut -c1-300 | head -20; tail -2 "$OUT/test.log"
+mkdir -p "$FINAL" && tar czf "$FINAL/logs.tgz" -C "$OUT" .
