@@ -38,8 +38,9 @@ struct PadPlan {
   int32_t start[kMaxExperts + 1], pstart[kMaxExperts + 1];
   int32_t E;
 };
+// tail: entries of slot_of_row_pad past the regions, set to -1.
 void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
-                              int64_t slots, const PadPlan& plan);
+                              int64_t slots, const PadPlan& plan, int64_t tail);
 template <typename T>
 void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, int64_t C);
 template <typename T>

@@ -287,8 +287,10 @@ void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, in
 }
 
 void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
-                              int64_t slots, const PadPlan& plan) {
+                              int64_t slots, const PadPlan& plan, int64_t tail) {
   cudaStream_t st = current_stream();
+  if (tail > 0)  // all bits set: -1
+    MT_CUDA_CHECK(cudaMemsetAsync(slot_of_row_pad + plan.pstart[plan.E], 0xFF, size_t(tail) * sizeof(int32_t), st));
   constexpr int kT = 256;
   if (plan.pstart[plan.E] > 0) {
     pad_slots_kernel<<<unsigned(ceil_div(int64_t{plan.pstart[plan.E]}, int64_t{kT})), kT, 0, st>>>(slot_of_row_pad,

@@ -4,7 +4,8 @@
 # end-to-end MoE benchmark against torch_moe.py (benchmarks/run_gpu_bench.sh, iterations 21-40 averaged), then a
 # per-op profile (MT_OP_PROFILE) of a short run of each config. Logs in $OUT/logs.tgz; a summary on stdout (the
 # tests' result last).
-# usage: moe_speed.sh REFERENCE.py [ITERS_PROFILE]
+# usage: moe_speed.sh REFERENCE.py [ITERS_PROFILE]   (REFERENCE.py "none": build, tests and megatrain's side of the
+# end-to-end benchmark only)
 set -o pipefail
 FINAL=${OUT:-/tmp/mt_out}
 OUT=$(mktemp -d)
@@ -22,6 +23,27 @@ timeout 150 ./build/test/mt_test_cuda -r compact "[moe]~[.bench]" > "$OUT/test.l
 echo "tests $(($(date +%s) - t1)) s (rc $?)"
 grep -E "failed|FAILED|error" "$OUT/test.log" | cut -c1-400 | head -30
 tail -3 "$OUT/test.log"
+if [ "$ref" = none ]; then
+  source benchmarks/bench_common.sh
+  bench_set 40
+  for c in moe-8x-top2 moe-64x-top8; do
+    timeout 90 build/megatrain train --config "configs/$c.yaml" "${BENCH_SET[@]}" --set logging.metrics_file="$OUT/$c.jsonl" \
+      > "$OUT/$c.log" 2>&1 || echo "$c failed: $(tail -2 "$OUT/$c.log")"
+    python3 - "$OUT/$c.jsonl" "$c" <<'PY'
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rs = [r for r in rs if "loss" in r]
+late = [r for r in rs if r["iteration"] > 20]
+ms = sum(r["ms_per_iter"] for r in late) / len(late)
+print(f"{sys.argv[2]}: iterations 21-40 {ms:.1f} ms/iter, {16384 / ms * 1e3:.0f} tok/s, "
+      f"{sum(r['tflops_per_gpu'] for r in late) / len(late):.1f} TFLOP/s, MFU {100 * sum(r['mfu'] for r in late) / len(late):.1f}%, "
+      f"peak {max(r['mem_gib'] for r in rs):.2f} GiB, loss {rs[-1]['loss']:.4f}; ms/iter {[round(r['ms_per_iter']) for r in rs]}")
+PY
+  done
+  echo "== tests:"; grep -E "failed|FAILED" "$OUT/test.log" | cut -c1-300 | head -20; tail -2 "$OUT/test.log"
+  mkdir -p "$FINAL" && tar czf "$FINAL/logs.tgz" -C "$OUT" .
+  exit 0
+fi
 t2=$(date +%s)
 timeout 120 ./build/test/mt_test_cuda "[.bench][moe]" > "$OUT/bench.log" 2>&1
 grep -E "BENCH|error" "$OUT/bench.log" | cut -c1-160

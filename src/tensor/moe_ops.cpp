@@ -326,7 +326,10 @@ void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Ten
   MOE_ASSERT(row_of_slot.dim() == 1 && M <= S, "row_of_slot ", row_of_slot.str(), " for ", M, " routed rows");
   check(op, slot_of_row, "slot_of_row", row_of_slot, DType::I32, {S});
   check(op, row_of_slot, "row_of_slot", row_of_slot, DType::I32, {S});
-  check(op, slot_of_row_pad, "slot_of_row_pad", row_of_slot, DType::I32, {P});
+  MOE_ASSERT(slot_of_row_pad.defined() && slot_of_row_pad.dim() == 1 && slot_of_row_pad.numel() >= P,
+             "slot_of_row_pad should be 1-d with at least the ", P, " padded rows");
+  check(op, slot_of_row_pad, "slot_of_row_pad", row_of_slot, DType::I32, {slot_of_row_pad.numel()});
+  const int64_t tail = slot_of_row_pad.numel() - P;  // rows past the regions: padding (-1)
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(row_of_slot)) {
     MOE_ASSERT(E <= cuda::PadPlan::kMaxExperts, E, " experts: the padded layout takes at most ",
@@ -339,13 +342,22 @@ void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Ten
                      plan.pstart[e + 1] = plan.pstart[e] + static_cast<int32_t>(regions[e]);
     const cuda::OpTimer timer(op, S, P);
     cuda::moe_pad_routing_map_cuda(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
-                                   slot_of_row.data<int32_t>(), S, plan);
+                                   slot_of_row.data<int32_t>(), S, plan, tail);
     return;
   }
 #endif
   if (row_of_slot.device() != Device::CPU) unsupported(op, row_of_slot);
   cpu::moe_pad_routing_map_cpu(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
                                slot_of_row.data<int32_t>(), counts.data(), regions.data(), S, E);
+  std::fill_n(slot_of_row_pad.data<int32_t>() + P, tail, -1);
+}
+
+int64_t moe_alloc_rows(int64_t rows) {
+  if (rows <= 32) return rows;
+  int64_t shift = 0;
+  while ((rows >> shift) >= 64) ++shift;  // rows >> shift in [32, 64): steps of 1/32 of the octave
+  const int64_t step = int64_t{1} << shift;
+  return (rows + step - 1) / step * step;
 }
 
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
@@ -437,7 +449,7 @@ void grouped_shapes(const char* op, const Tensor& x, const Tensor& weight, const
              weight.str());
   MOE_ASSERT(x.size(1) == weight.size(2), "x ", x.str(), " does not match weight ", weight.str());
   const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  MOE_ASSERT(M == x.size(0), "counts sum to ", M, ", x is ", x.str());
+  MOE_ASSERT(M <= x.size(0), "counts sum to ", M, ", x is ", x.str());
   MOE_ASSERT(weight.device() == x.device() && weight.dtype() == x.dtype(), "weight ", weight.str(), " vs x ",
              x.str());
 }

@@ -77,9 +77,15 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
 // -1 for padding (moe_permute_forward writes those rows 0); row_of_slot (N*k) in place: each kept slot's row in the
 // padded layout (-1 stays). counts (E, host) as moe_routing_map gave them. The unpermute ops then work unchanged
 // on the padded rows; the padding rows of a gradient that flows into the expert GEMMs must be 0
-// (moe_zero_unrouted_rows), so they add nothing to the weight gradients. CUDA: E <= 256.
+// (moe_zero_unrouted_rows), so they add nothing to the weight gradients. slot_of_row_pad may be longer than the
+// regions (allocated for moe_alloc_rows of them): its rows past them get -1 (padding too). CUDA: E <= 256.
 void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,
                          const std::vector<int64_t>& counts, const std::vector<int64_t>& regions);
+// The rows to allocate for `rows` padded rows: rounded up to a step of 1/32 of their power of two (at most 3% more),
+// so that the padded layer's buffers, whose row count changes with the routing every layer and step, come in a
+// few sizes the caching allocator can reuse (its free lists are by exact size: new sizes meant new cudaMalloc calls
+// and, once the device was full of cached blocks, a release of the whole cache every few steps).
+int64_t moe_alloc_rows(int64_t rows);
 // x (M, C): rows r with slot_of_row[r] < 0 (padding) = 0, the others untouched; slot_of_row (M) int32.
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
@@ -93,7 +99,8 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
                             const Tensor& row_of_slot);
 
 // ---------------------------------------------------------------- grouped expert GEMMs
-// x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum = M); weight (El, OC, IC) stacks
+// x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum <= M: rows past the groups are
+// neither read nor written, in out and dx alike); weight (El, OC, IC) stacks
 // one (OC, IC) matrix per group. out (M, OC) (=): out[rows of e] = x[rows of e] @ weight[e]^T. On the GPU one
 // grouped GEMM (every group in one cublasGemmGroupedBatchedEx call) when the groups are small; when a group
 // averages at least kGroupGemmMaxFlops (moe_gemm_per_group), one cublasGemmEx per group, which on an H100 ran the

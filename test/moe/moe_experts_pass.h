@@ -38,6 +38,7 @@ inline ExpertsPass run_experts_pass(Layout layout, const Tensor& idx, const Tens
     const std::vector<int64_t> regions = layout(cnt);
     M = 0;
     for (int64_t r : regions) M += r;
+    M = ops::moe_alloc_rows(M) + 3;  // rows past the regions, as the layer allocates them (and then some)
     Tensor pad = Tensor::empty({M}, DType::I32, dev);
     ops::moe_pad_routing_map(pad, r2s, s2r, cnt, regions);
     s2r = pad;

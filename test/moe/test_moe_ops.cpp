@@ -375,6 +375,16 @@ TEST_CASE("moe padded batched experts: the regions, chosen on the GPU by the tim
     }
     CHECK(t_best <= layout_seconds(few, reg, C, F2) * (1 + 1e-12));
   }
+  // the allocated rows: at most 1/32 more, in few sizes (a 30% range of row counts: about 10)
+  std::set<int64_t> classes;
+  for (int64_t P = 131072; P < 170000; P += 7) {
+    const int64_t a = ops::moe_alloc_rows(P);
+    CHECK(a >= P);
+    CHECK(a * 32 <= P * 33);
+    classes.insert(a);
+  }
+  CHECK(classes.size() <= 11);
+  CHECK(ops::moe_alloc_rows(32768) == 32768);
   // and the exact groups when they are estimated faster: a nearly balanced many-expert routing with one expert far
   // above the rest is still padded (its own region), but tiny experts (per-call cost) are not
   CHECK(ops::moe_padded_regions(Device::CUDA, std::vector<int64_t>(64, 8), 64, 64).empty());

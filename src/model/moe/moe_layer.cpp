@@ -54,8 +54,8 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
           ? ops::moe_padded_regions(x.device(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1))
           : std::vector<int64_t>{};
   s.padded = !regions.empty();
-  if (s.padded) {
-    M = std::accumulate(regions.begin(), regions.end(), int64_t{0});
+  if (s.padded) {  // rows past the regions (up to moe_alloc_rows): padding too
+    M = ops::moe_alloc_rows(std::accumulate(regions.begin(), regions.end(), int64_t{0}));
     Tensor pad = Tensor::empty({M}, DType::I32, x.device());
     ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, s.counts, regions);
     s.slot_of_row = pad;
