@@ -60,7 +60,7 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   return y;
 }
 
-Tensor Experts::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
+Tensor Experts::backward_fc2(Tensor dy, Saved& s) const {
   const ModelContext& c = *ctx_;
   Tensor dw2 = stacked(fc2_, true);
   Tensor dh;
@@ -73,6 +73,11 @@ Tensor Experts::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     dh = c.empty(s.h.shape());
     ops::gelu_backward(dh, da, s.h);
   }
+  return dh;
+}
+
+Tensor Experts::backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const {
+  const ModelContext& c = *ctx_;
   Tensor dx = c.empty(x.shape());
   Tensor dw1 = stacked(fc1_, true);
   ops::moe_grouped_linear_backward(&dx, &dw1, dh, x, stacked(fc1_, false), s.counts, grad_mode(fc1_));

@@ -32,7 +32,11 @@ class Experts {
   // x (M, C) grouped by local expert, counts[e] rows each -> (M, C).
   Tensor forward(Saved& s, const Tensor& x, const std::vector<int64_t>& counts) const;
   // dy (M, C) -> dx (M, C); the weights' gradients accumulate (the first write of a step overwrites). Consumes s.
-  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
+  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const { return backward_fc1(backward_fc2(dy, s), s, x); }
+  // The same in two halves, so that a caller can drop dy before it needs x (fewer buffers alive at once):
+  // fc2 and the activation: dy -> dh (M, 2F or F; SwiGLU: written over s.h); then fc1: dh -> dx, consuming s.
+  Tensor backward_fc2(Tensor dy, Saved& s) const;
+  Tensor backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const;
   int64_t local_experts() const { return local_experts_; }
 
  private:

@@ -97,17 +97,23 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     }
     dx_shared = shared_fc1_->backward(dh, x);
   }
+  // buffers released as soon as read: the layer's backward is where the step's memory peaks
+  const int64_t rows = s.yp.size(0);
   Tensor dyp = c.empty(s.yp.shape());
   Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
   ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
+  s.yp = Tensor();
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
-  Tensor dyl = dispatcher_.combine_backward(s.plan, dyp);
-  Tensor xl = s.xl;
-  if (!xl.defined()) {  // EP 1: the experts' input rows again (s.yp has as many rows)
-    xl = c.empty({s.yp.size(0), x.size(1)});
+  Tensor dh = experts_.backward_fc2(dispatcher_.combine_backward(s.plan, dyp), s.experts);
+  dyp = Tensor();
+  Tensor xl = std::move(s.xl);
+  if (!xl.defined()) {  // EP 1: the experts' input rows again
+    xl = c.empty({rows, x.size(1)});
     ops::moe_permute_forward(xl, x, s.slot_of_row, k);
   }
-  Tensor dxl = experts_.backward(dyl, s.experts, xl);
+  Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
+  dh = Tensor();
+  xl = Tensor();
   Tensor dxp = dispatcher_.dispatch_backward(s.plan, dxl);
   Tensor dx = c.empty(x.shape());
   ops::moe_permute_backward(dx, dxp, s.row_of_slot, k);
