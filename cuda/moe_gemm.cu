@@ -101,7 +101,6 @@ struct Grouped {
     lda.push_back(int(la)), ldb.push_back(int(lb)), ldc.push_back(int(lc));
     alpha.push_back(1.f), beta.push_back(be), size.push_back(1);
   }
-  // per_group: one cublasGemmEx per problem (large experts: the grouped call ran them at half the rate)
   // Problems of at most kMaxShapeBuckets distinct (m, n, k): one batched call per shape. Every problem of a call
   // shares the operations, leading dimensions and beta (true of the expert GEMMs). False when not taken.
   bool run_buckets(cudaDataType_t ab_type, cudaDataType_t c_type, const char* what) {
@@ -150,6 +149,7 @@ struct Grouped {
     return true;
   }
 
+  // Else per_group: one cublasGemmEx per problem (large experts: the grouped call ran them at half the rate).
   void run(cudaDataType_t ab_type, cudaDataType_t c_type, bool per_group, const char* what) {
     const int G = int(m.size());
     if (G == 0) return;

@@ -337,9 +337,10 @@ void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Ten
     MOE_ASSERT(P < (int64_t{1} << 31), P, " padded rows overflow int32");
     cuda::PadPlan plan{};
     plan.E = static_cast<int32_t>(E);
-    for (int64_t e = 0; e < E; ++e)
-      plan.start[e + 1] = plan.start[e] + static_cast<int32_t>(counts[e]),
-                     plan.pstart[e + 1] = plan.pstart[e] + static_cast<int32_t>(regions[e]);
+    for (int64_t e = 0; e < E; ++e) {
+      plan.start[e + 1] = plan.start[e] + static_cast<int32_t>(counts[e]);
+      plan.pstart[e + 1] = plan.pstart[e] + static_cast<int32_t>(regions[e]);
+    }
     const cuda::OpTimer timer(op, S, P);
     cuda::moe_pad_routing_map_cuda(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
                                    slot_of_row.data<int32_t>(), S, plan, tail);

@@ -97,7 +97,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     }
     dx_shared = shared_fc1_->backward(dh, x);
   }
-  // buffers released as soon as read: the layer's backward is where the step's memory peaks
+  // buffers released as soon as read (fewer of them alive at once)
   const int64_t rows = s.yp.size(0);
   Tensor dyp = c.empty(s.yp.shape());
   Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
