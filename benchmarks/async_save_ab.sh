@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # checkpoint.async_save on one GPU: the same run (ITERS iterations of CONFIG, a checkpoint every INTERVAL iterations,
 # keep_last 1) without checkpoints, with synchronous saves and with asynchronous ones.
-#   usage: OUT=dir [VARIANTS="none sync async"] [CKPT_ROOT=/tmp] benchmarks/async_save_ab.sh BIN [CONFIG] [ITERS] [INTERVAL]
+#   usage: OUT=dir [VARIANTS="none sync async"] [CKPT_ROOT=/tmp] [GBS=N] benchmarks/async_save_ab.sh BIN [CONFIG] [ITERS] [INTERVAL]
+# The batch is the benchmark micro-batch of CONFIG (benchmarks/bench_common.sh) with a global batch of 4 micro-batches,
+# or GBS sequences per step when set (GBS=256 is llama-1b's shipped global batch).
 # Per variant: the training loop's time (the trainer's "training loop:" line, iterations 1..ITERS including the
 # saves' stalls; the last async checkpoint's write finishing after the loop is reported apart), the time the
 # training thread spent in saves, and per checkpoint the background copy wait and write time, its size and the
@@ -18,6 +20,7 @@ mkdir -p "$OUT"
 source benchmarks/bench_common.sh
 bench_set "$ITERS"
 mb=${BENCH_MBS[$CONFIG]:-8}
+gbs=${GBS:-$((mb * 4))}
 base_loop=""
 for v in $VARIANTS; do
   ck=()
@@ -30,7 +33,7 @@ for v in $VARIANTS; do
   rm -rf "$dir"
   t0=$(date +%s.%N)
   "$BIN" train --config "configs/$CONFIG.yaml" "${BENCH_SET[@]}" --set training.micro_batch_size="$mb" \
-    --set training.global_batch_size=$((mb * 4)) --set checkpoint.save_interval="$INTERVAL" --set checkpoint.keep_last=1 \
+    --set training.global_batch_size="$gbs" --set checkpoint.save_interval="$INTERVAL" --set checkpoint.keep_last=1 \
     --set logging.metrics_file="$OUT/async-$v.jsonl" "${ck[@]}" >"$OUT/async-$v.log" 2>&1 || echo "$v failed"
   t1=$(date +%s.%N)
   size=$(du -sb "$dir" 2>/dev/null | cut -f1)

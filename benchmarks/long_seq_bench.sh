@@ -14,10 +14,16 @@ source benchmarks/bench_common.sh
 bench_set "$ITERS"
 cfg=configs/llama-1b-32k.yaml
 "$BIN" plan --world-size 1 --config "$cfg" --set training.global_batch_size=1 >"$OUT/plan.txt" 2>&1
+# SM clock and power every 250 ms while each side runs (the GPU runs at its power limit here: clocks drop under load).
+sample() { nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 250 >"$OUT/gpu-$1.csv" 2>/dev/null & }
+sample megatrain; SAMPLER=$!
 "$BIN" train --config "$cfg" "${BENCH_SET[@]}" --set training.micro_batch_size=1 --set training.global_batch_size=1 \
   --set logging.metrics_file="$OUT/megatrain-32k.jsonl" >"$OUT/megatrain-32k.log" 2>&1 || echo "megatrain failed: $(tail -2 "$OUT/megatrain-32k.log")"
+kill "$SAMPLER" 2>/dev/null
 shape='{"name":"llama-1b-32k","arch":"llama","layers":16,"hidden":2048,"heads":32,"kv_heads":8,"ffn":8192,"vocab":32000,"seq":32768,"mbs":1}'
+sample reference; SAMPLER=$!
 PYTHONUNBUFFERED=1 timeout "${REF_TIMEOUT:-240}" python3 "$REF" "$shape" >"$OUT/torch-32k.jsonl" 2>"$OUT/torch-32k.log" || echo "reference failed or timed out"
+kill "$SAMPLER" 2>/dev/null
 python3 - "$OUT" "$SKIP" <<'PY'
 import json, os, re, sys
 out, skip = sys.argv[1], int(sys.argv[2])
@@ -47,4 +53,13 @@ else:
 rt, rm = ref.get("tokens_per_s", nan), ref.get("peak_mem_GiB", nan)
 print(f"reference: {json.dumps(ref)}")
 print(f"ratio tokens/s {tok / rt:.3f}, peak memory megatrain {mem:.2f} vs reference {rm:.2f} GiB")
+for side in ("megatrain", "reference"):  # samples under load (power above 300 W): median SM clock and power
+    try:
+        rows = [[float(x) for x in l.split(",")] for l in open(os.path.join(out, f"gpu-{side}.csv")) if l.strip()]
+    except (OSError, ValueError):
+        continue
+    busy = sorted((r for r in rows if len(r) == 2 and r[1] > 300), key=lambda r: r[0])
+    if busy:
+        mhz, watts = busy[len(busy) // 2][0], sorted(r[1] for r in busy)[len(busy) // 2]
+        print(f"{side}: median SM clock {mhz:.0f} MHz, power {watts:.0f} W over {len(busy)} samples under load")
 PY

@@ -31,6 +31,11 @@
 #   No recompute: `megatrain plan` puts the largest, llama-7b TP2xDP2, at 69 GiB of weights,
 #   gradients, optimizer and activations per GPU (141 GiB on an H200). No PyTorch counterpart.
 #   The 8-GPU issue's run: MT_BENCH_LAYOUTS="TP2xPP2xDP2 TP8 DP8" ... OUTDIR layouts on nvidia-h200-x8.
+# MODE moecp (the expert / context issue): moe-64x-top8 (one micro-batch of 8 x 2048 per GPU and step) on 1 GPU and
+#   with expert parallelism 2 and 4 (data = expert = GPUs, global batch 8 x GPUs): "scaling" is tokens/s over GPUs x
+#   the 1-GPU run's; then llama-1b (configs/llama-1b-32k.yaml: micro-batch 1, one micro-batch per step) at
+#   sequence 16384 on 1 GPU and at 65536 with context 4 on 4 GPUs (ring, and all-to-all): "MFU vs 1" is the MFU
+#   over the 1-GPU row's. MT_BENCH_MOECP ("EP1 EP2 EP4 CP1 CP4 CP4A2A") picks the rows.
 #
 # Tokens/s is the whole job's, TFLOP/s and MFU per GPU (6N + 12Lhs FLOPs a token, 989.4 TFLOP/s),
 # peak GiB rank 0's, comm_exposed the ms per iteration rank 0's compute stream waited on
@@ -46,10 +51,10 @@
 # (more --set arguments for every megatrain run). Files in OUTDIR: megatrain-NAME.{jsonl,log,err}
 # (metrics, stdout, stderr), torch-NAME.{jsonl,log}, runs.tsv (seconds per run), table.txt.
 set -euo pipefail
-usage="usage: benchmarks/run_multi_gpu_bench.sh OUTDIR dp|layouts [REFERENCE.py]"
+usage="usage: benchmarks/run_multi_gpu_bench.sh OUTDIR dp|layouts|moecp [REFERENCE.py]"
 out=${1:?$usage}
 mode=${2:?$usage}
-[[ $mode == dp || $mode == layouts ]] || { echo "$usage" >&2; exit 2; }
+[[ $mode == dp || $mode == layouts || $mode == moecp ]] || { echo "$usage" >&2; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 ref=${3:-}
@@ -61,9 +66,11 @@ t0=$(date +%s)
 if [[ $mode == dp ]]; then
   iters=${MT_BENCH_ITERS:-14} deadline=${MT_BENCH_DEADLINE_S:-450}
   read -ra configs <<<"${MT_BENCH_CONFIGS:-gpt2-350m llama-1b}"
-else
+elif [[ $mode == layouts ]]; then
   iters=${MT_BENCH_ITERS:-12} deadline=${MT_BENCH_DEADLINE_S:-510}
   read -ra configs <<<"${MT_BENCH_CONFIGS:-llama-3b llama-7b}"
+else
+  iters=${MT_BENCH_ITERS:-12} deadline=${MT_BENCH_DEADLINE_S:-540}
 fi
 warm=${MT_BENCH_WARMUP:-4}
 accum=${MT_BENCH_ACCUM:-4}
@@ -226,6 +233,28 @@ PY
       fi
     done
   done
+elif [[ $mode == moecp ]]; then
+  # NAME CONFIG GPUS SEQUENCE ARGS: the rows of the expert / context runs (the sequence 0: the config's own).
+  while read -r -u 3 l c np seq args; do  # fd 3: mpirun reads standard input
+    [[ " ${MT_BENCH_MOECP:-EP1 EP2 EP4 CP1 CP4 CP4A2A} " == *" $l "* ]] || continue
+    read -ra la <<<"$args"
+    ((seq == 0)) || la+=(--set model.seq_length="$seq")
+    mb=${BENCH_MBS[$c]:-1}
+    [[ $c == moe-* ]] && la+=(--set training.micro_batch_size="$mb" --set training.global_batch_size=$((mb * np)))
+    [[ $c == llama-1b-32k ]] && la+=(--set training.micro_batch_size=1 --set training.global_batch_size=1)
+    # The config column groups a row with its 1-GPU row: EP rows by model, CP rows as one "llama-1b long" group.
+    group=$c
+    [[ $l == CP* ]] && group=llama-1b-long
+    printf '%s\t%s\t%s\t%s\n' "$c-$l" "$group" "$l seq $((seq ? seq : 2048))" "$np" >>"$out/rows.tsv"
+    mt_run "$c-$l" "$np" --config "configs/$c.yaml" "${BENCH_SET[@]}" "${la[@]}"
+  done 3<<'ROWS'
+EP1 moe-64x-top8 1 0
+EP2 moe-64x-top8 2 0 --set parallel.expert=2
+EP4 moe-64x-top8 4 0 --set parallel.expert=4
+CP1 llama-1b-32k 1 16384
+CP4 llama-1b-32k 4 65536 --set parallel.context=4 --set parallel.cp_comm_type=p2p
+CP4A2A llama-1b-32k 4 65536 --set parallel.context=4 --set parallel.cp_comm_type=a2a
+ROWS
 else
   declare -A mbs=([llama-3b]=2 [llama-7b]=1) gbs4=([llama-3b]=32 [llama-7b]=16)
   declare -A layout_args=(
@@ -287,6 +316,9 @@ ref = {r[0]: reference(r[4] if len(r) > 4 else r[0]) if mode == "dp" else {} for
 one = {r[1]: ((res[r[0]] or {}).get("tok", nan), ref[r[0]].get("tokens_per_s", nan)) for r in rows if r[3] == "1"}
 cols = [("config", "<10"), ("layout", "<20"), ("GPUs", ">4"), ("tokens/s", ">10"), ("TFLOP/s/GPU", ">11"),
         ("MFU/GPU", ">7"), ("peak GiB", ">8"), ("comm ms/it", ">10")]
+if mode == "moecp":
+    cols[0], cols[1] = ("config", "<13"), ("layout", "<18")
+    cols += [("scaling", ">7"), ("MFU vs 1", ">8")]
 if mode == "dp":
     cols += [("scaling", ">7"), ("DDP tok/s", ">10"), ("DDP MFU", ">7"), ("DDP GiB", ">7"), ("DDP scal.", ">9"), ("vs DDP", ">6")]
 line = lambda cells: " ".join(format(str(c), spec) for c, (_, spec) in zip(cells, cols))
@@ -298,6 +330,12 @@ for name, config, layout, g, *_ in rows:
     cells = [config, layout, n, fmt(s.get("tok"), ",.0f"), fmt(s.get("tf"), ".1f"), fmt(s.get("mfu"), ".1f", "%"),
              fmt(s.get("mem"), ".1f"), fmt(s.get("comm"), ".1f")]
     row = dict(name=name, config=config, layout=layout, gpus=n, **s)
+    if mode == "moecp":
+        base = next((res[m] for m, c, _, g, *_ in rows if c == config and g == "1" and res[m]), {})
+        eff = s.get("tok", nan) / (n * base["tok"]) if base and config.startswith("moe") else nan
+        mfu = s.get("mfu", nan) / base["mfu"] if base and base.get("mfu") else nan
+        cells += [fmt(eff, ".2f"), fmt(mfu, ".2f")]
+        row.update(scaling=eff, mfu_vs_1=mfu)
     if mode == "dp":
         mt1, ref1 = one.get(config, (nan, nan))
         tok, rt = s.get("tok", nan), r.get("tokens_per_s", nan)

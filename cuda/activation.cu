@@ -77,12 +77,13 @@ struct SwigluForward {
     load_vec<VEC>(r.g, inp + n * 2 * F + f);
     load_vec<VEC>(r.u, inp + n * 2 * F + F + f);
   }
-  __device__ void finish(const Regs& r, int64_t n, int64_t F, int64_t f) const {
+  __device__ void finish(const Regs& r, int64_t n, int64_t F, int64_t f, uint32_t& m) const {
     D o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float gf = to_float(r.g[k]);
       o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * to_float(r.u[k]));
+      m = max(m, abs_bits(to_float(o[k])));
     }
     store_vec<VEC>(out + n * F + f, o);
   }
@@ -102,13 +103,14 @@ struct SwigluBackward {
     load_vec<VEC>(r.u, inp + n * 2 * F + F + f);
     load_vec<VEC>(r.dy, dout + n * F + f);
   }
-  __device__ void finish(const Regs& r, int64_t n, int64_t F, int64_t f) const {
+  __device__ void finish(const Regs& r, int64_t n, int64_t F, int64_t f, uint32_t& m) const {
     D dg[VEC], du[VEC], o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float gf = to_float(r.g[k]), uf = to_float(r.u[k]), d = to_float(r.dy[k]), s = sigmoid_t<D>(gf);
       dg[k] = from_float<D>(d * uf * s * (1.f + gf * (1.f - s)));
       du[k] = from_float<D>(d * gf * s);
+      m = max(m, max(abs_bits(to_float(dg[k])), abs_bits(to_float(du[k]))));
       if constexpr (kRecompute) o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * uf);
     }
     store_vec<VEC>(dinp + n * 2 * F + f, dg);
@@ -117,9 +119,10 @@ struct SwigluBackward {
   }
 };
 
-template <int VEC, typename Op>
-__global__ void __launch_bounds__(kSwiThreads) swiglu_rows_kernel(Op op, int64_t N, int64_t F) {
+template <int VEC, bool kAmax, typename Op>
+__global__ void __launch_bounds__(kSwiThreads) swiglu_rows_kernel(Op op, int64_t N, int64_t F, float* amax) {
   const int64_t f0 = (int64_t(blockIdx.x) * kSwiUnroll * kSwiThreads + threadIdx.x) * VEC;
+  uint32_t m = 0;  // max |written value| bits (the FP8 amax; unused, so optimized out, when amax is null)
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
     typename Op::Regs r[kSwiUnroll];
 #pragma unroll
@@ -130,9 +133,10 @@ __global__ void __launch_bounds__(kSwiThreads) swiglu_rows_kernel(Op op, int64_t
 #pragma unroll
     for (int k = 0; k < kSwiUnroll; ++k) {
       const int64_t f = f0 + int64_t(k) * kSwiThreads * VEC;
-      if (f < F) op.finish(r[k], n, F, f);
+      if (f < F) op.finish(r[k], n, F, f, m);
     }
   }
+  if constexpr (kAmax) block_amax_to(amax, m);
 }
 
 // 16-byte chunks when F is a multiple of the vector width and every pointer is 16-byte aligned.
@@ -146,18 +150,24 @@ bool swiglu_vec_ok(int64_t F, std::initializer_list<const void*> ptrs) {
 }
 
 // Runs the op make_op.template operator()<VEC>() returns over (N, F): VEC = 16 bytes of D when vec, else 1.
+// amax (if set) = max |x| over the values the op writes (the FP8 amax of its output: tensorwise scaling).
 template <typename D, typename MakeOp>
-void swiglu_launch(const char* what, bool vec, int64_t N, int64_t F, MakeOp make_op) {
+void swiglu_launch(const char* what, bool vec, int64_t N, int64_t F, MakeOp make_op, float* amax = nullptr) {
+  cudaStream_t s = current_stream();
+  if (amax) MT_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
   if (N * F == 0) return;
   constexpr int kVec = 16 / sizeof(D);
   const int v = vec ? kVec : 1;
   const dim3 grid(static_cast<unsigned>(ceil_div(F, int64_t(v) * kSwiThreads * kSwiUnroll)),
                   static_cast<unsigned>(std::min<int64_t>(N, 65535)));
-  cudaStream_t s = current_stream();
-  if (vec)
-    swiglu_rows_kernel<kVec><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<kVec>(), N, F);
+  if (vec && amax)
+    swiglu_rows_kernel<kVec, true><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<kVec>(), N, F, amax);
+  else if (vec)
+    swiglu_rows_kernel<kVec, false><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<kVec>(), N, F, amax);
+  else if (amax)
+    swiglu_rows_kernel<1, true><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<1>(), N, F, amax);
   else
-    swiglu_rows_kernel<1><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<1>(), N, F);
+    swiglu_rows_kernel<1, false><<<grid, kSwiThreads, 0, s>>>(make_op.template operator()<1>(), N, F, amax);
   MT_CUDA_CHECK_LAUNCH(what);
 }
 
@@ -178,30 +188,34 @@ void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n) {
 }
 
 template <typename T>
-void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F) {
+void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F, float* out_amax) {
   using D = dev_t<T>;
-  swiglu_launch<D>("swiglu_forward_cuda", swiglu_vec_ok<D>(F, {out, inp}), N, F,
-                   [&]<int V>() { return SwigluForward<V, D>{dev(out), dev(inp)}; });
+  swiglu_launch<D>(
+      "swiglu_forward_cuda", swiglu_vec_ok<D>(F, {out, inp}), N, F,
+      [&]<int V>() { return SwigluForward<V, D>{dev(out), dev(inp)}; }, out_amax);
 }
 
 namespace {
-// out: null, or (N, F) to receive swiglu(inp) recomputed in the same pass.
+// out: null, or (N, F) to receive swiglu(inp) recomputed in the same pass; amax: of dinp, if set.
 template <typename T>
-void swiglu_backward_launch(const char* what, T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F) {
+void swiglu_backward_launch(const char* what, T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F,
+                            float* amax = nullptr) {
   using D = dev_t<T>;
   const bool vec = swiglu_vec_ok<D>(F, {dinp, out, dout, inp});
   if (out)
     swiglu_launch<D>(what, vec, N, F,
-                     [&]<int V>() { return SwigluBackward<true, V, D>{dev(dinp), dev(out), dev(dout), dev(inp)}; });
+                     [&]<int V>() { return SwigluBackward<true, V, D>{dev(dinp), dev(out), dev(dout), dev(inp)}; },
+                     amax);
   else
     swiglu_launch<D>(what, vec, N, F,
-                     [&]<int V>() { return SwigluBackward<false, V, D>{dev(dinp), dev(out), dev(dout), dev(inp)}; });
+                     [&]<int V>() { return SwigluBackward<false, V, D>{dev(dinp), dev(out), dev(dout), dev(inp)}; },
+                     amax);
 }
 }  // namespace
 
 template <typename T>
-void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F) {
-  swiglu_backward_launch<T>("swiglu_backward_cuda", dinp, nullptr, dout, inp, N, F);
+void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F, float* dinp_amax) {
+  swiglu_backward_launch<T>("swiglu_backward_cuda", dinp, nullptr, dout, inp, N, F, dinp_amax);
 }
 
 template <typename T>
@@ -228,8 +242,8 @@ void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* d
 #define MT_INSTANTIATE(T)                                                          \
   template void gelu_forward_cuda<T>(T*, const T*, int64_t);                                                   \
   template void gelu_backward_cuda<T>(T*, const T*, const T*, int64_t);                                        \
-  template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t);                                        \
-  template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t);                             \
+  template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t, float*);                                \
+  template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t, float*);                     \
   template void swiglu_backward_recompute_cuda<T>(T*, T*, const T*, const T*, int64_t, int64_t);                \
   template void linear_backward_swiglu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, \
                                                int64_t, bool);

@@ -10,7 +10,7 @@
 //                multi-head attention, {T 3HD, 3D, 3HD, 1} at offsets 0, D, 2D. K is passed as K^T by
 //                swapping the last two dims and strides. Stats [B, H, T, 1] strides {H T, T, 1, 1} (lse).
 // Context-parallel blocks (s.causal false): K, V have Tk rows (Tk may differ from T), scores [B, H, T, Tk], no mask
-// (built, but not used yet: shape_ok).
+// (and no -inf scalar: the variant pack binds only the tensors a graph has, see Graph::execute).
 // Forward graph (14 ops): S = Q K^T; S *= c; causal mask (row >= col, else -inf); m = max_j S;
 //   E = exp(S - m); l = sum_j E; Stats = m + log l; P = E / l (io type); O = P V.
 // Backward graph (21 ops, + 2 head reductions under GQA): delta = sum_d dO O; P = exp(c Q K^T - Stats)
@@ -24,9 +24,12 @@
 // (ops::attention_backend()): own turns cuDNN off; cudnn makes a fallback an error (check_own_kernels_allowed).
 #include <cudnn.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -104,6 +107,7 @@ class Graph {
       set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &bv);
     }
     finalize(d, "tensor");
+    if (!is_virtual) bound_.push_back(uid);
     return d;
   }
   cudnnBackendDescriptor_t virt(const Dims& dims, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
@@ -173,20 +177,35 @@ class Graph {
     cudnnBackendDescriptor_t keep = virt(dims, CUDNN_DATA_BOOLEAN);
     pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
     cudnnBackendDescriptor_t out = virt(dims);
+    if (!neg_inf_) neg_inf_ = scalar(kNegInf);
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, neg_inf_, keep, out);
     return out;
   }
-  void set_neg_inf(cudnnBackendDescriptor_t t) { neg_inf_ = t; }
 
   // Operation graph, heuristics (mode A), the first configuration whose plan finalizes.
   void build_plan() {
+    finalize_graph();
+    std::string last;
+    for (cudnnBackendDescriptor_t cfg : heuristic_configs(CUDNN_HEUR_MODE_A)) {
+      try {
+        plan_ = plan_from(cfg, &workspace_);
+        return;
+      } catch (const BuildError& e) {
+        last = e.what;
+      }
+    }
+    throw BuildError{"no engine configuration finalized: " + last};
+  }
+  void finalize_graph() {
     graph_ = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     set(graph_, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
     set(graph_, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.data(),
         static_cast<int64_t>(ops_.size()));
     finalize(graph_, "operation graph");
+  }
+  // The engine configurations the heuristics of `mode` rank for the finalized graph, best first.
+  std::vector<cudnnBackendDescriptor_t> heuristic_configs(cudnnBackendHeurMode_t mode) {
     cudnnBackendDescriptor_t heur = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, &graph_);
     set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
     finalize(heur, "engine heuristics");
@@ -200,27 +219,101 @@ class Graph {
     ok(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
                                 cfgs.data()),
        "engine heuristics results");
-    std::string last;
-    for (int64_t i = 0; i < got; ++i) {
-      cudnnBackendDescriptor_t plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      try {
-        set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
-        set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &cfgs[i]);
-        finalize(plan, "execution plan");
-        int64_t ws = 0, n = 0;
-        ok(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws),
-           "plan workspace size");
-        plan_ = plan;
-        workspace_ = ws;
-        return;
-      } catch (const BuildError& e) {
-        last = e.what;
-      }
+    cfgs.resize(static_cast<size_t>(got));
+    return cfgs;
+  }
+  // A finalized execution plan of configuration cfg (throws BuildError when it does not finalize).
+  cudnnBackendDescriptor_t plan_from(cudnnBackendDescriptor_t cfg, int64_t* workspace) {
+    cudnnBackendDescriptor_t plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
+    set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &cfg);
+    finalize(plan, "execution plan");
+    int64_t n = 0;
+    ok(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, workspace),
+       "plan workspace size");
+    return plan;
+  }
+  // A configuration of engine `global_index` with the knob choices (type, value) (benchmarks).
+  cudnnBackendDescriptor_t config_of(int64_t global_index, const std::vector<std::pair<int64_t, int64_t>>& knobs) {
+    cudnnBackendDescriptor_t engine = create(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    set(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, &graph_);
+    set(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, &global_index);
+    finalize(engine, "engine");
+    std::vector<cudnnBackendDescriptor_t> choices;
+    for (const auto& [type, value] : knobs) {
+      cudnnBackendDescriptor_t c = create(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+      const auto t = static_cast<cudnnBackendKnobType_t>(type);
+      set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, &t);
+      set(c, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, &value);
+      finalize(c, "knob choice");
+      choices.push_back(c);
     }
-    throw BuildError{"no engine configuration finalized: " + last};
+    cudnnBackendDescriptor_t cfg = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    set(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, &engine);
+    if (!choices.empty())
+      set(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, choices.data(),
+          static_cast<int64_t>(choices.size()));
+    finalize(cfg, "engine configuration");
+    return cfg;
+  }
+  // The engine index and knob choices of a configuration, and the (type, min, max, stride) of its engine's knobs.
+  struct ConfigInfo {
+    int64_t engine = -1;
+    std::vector<std::pair<int64_t, int64_t>> knobs;
+    std::vector<std::array<int64_t, 4>> ranges;
+  };
+  ConfigInfo describe(cudnnBackendDescriptor_t cfg) {
+    ConfigInfo info;
+    cudnnBackendDescriptor_t engine = create(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    int64_t n = 0;
+    ok(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine),
+       "config engine");
+    ok(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &info.engine),
+       "engine index");
+    constexpr int64_t kMax = 64;
+    std::vector<cudnnBackendDescriptor_t> choices, infos;
+    for (int64_t i = 0; i < kMax; ++i) choices.push_back(create(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
+    for (int64_t i = 0; i < kMax; ++i) infos.push_back(create(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR));
+    ok(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, kMax, &n,
+                                choices.data()),
+       "knob choices");
+    for (int64_t i = 0; i < n; ++i) {
+      cudnnBackendKnobType_t t;
+      int64_t v = 0, m = 0;
+      ok(cudnnBackendGetAttribute(choices[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &m, &t),
+         "knob type");
+      ok(cudnnBackendGetAttribute(choices[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &m, &v),
+         "knob value");
+      info.knobs.push_back({static_cast<int64_t>(t), v});
+    }
+    ok(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR, kMax, &n,
+                                infos.data()),
+       "knob info");
+    for (int64_t i = 0; i < n; ++i) {
+      cudnnBackendKnobType_t t;
+      int64_t lo = 0, hi = 0, st = 0, m = 0;
+      ok(cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &m, &t), "knob type");
+      ok(cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &m, &lo), "min");
+      ok(cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &m, &hi), "max");
+      ok(cudnnBackendGetAttribute(infos[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &m, &st), "stride");
+      info.ranges.push_back({static_cast<int64_t>(t), lo, hi, st});
+    }
+    return info;
+  }
+  void use_plan(cudnnBackendDescriptor_t plan, int64_t workspace) {
+    plan_ = plan;
+    workspace_ = workspace;
   }
 
-  void execute(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) const {
+  // Binds the pointers of the graph's own tensors (uids it does not have are dropped: cuDNN fails on them) and runs.
+  void execute(const std::vector<int64_t>& all_uids, const std::vector<void*>& all_ptrs, void* workspace) const {
+    std::vector<int64_t> uids;
+    std::vector<void*> ptrs;
+    for (size_t i = 0; i < all_uids.size(); ++i)
+      if (std::find(bound_.begin(), bound_.end(), all_uids[i]) != bound_.end()) {
+        uids.push_back(all_uids[i]);
+        ptrs.push_back(all_ptrs[i]);
+      }
     cudnnBackendDescriptor_t vp = nullptr;
     MT_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
     struct Guard {
@@ -241,6 +334,7 @@ class Graph {
  private:
   cudnnHandle_t handle_;
   std::vector<cudnnBackendDescriptor_t> owned_, ops_;
+  std::vector<int64_t> bound_;  // uids of the non-virtual tensors
   cudnnBackendDescriptor_t graph_ = nullptr, plan_ = nullptr, neg_inf_ = nullptr;
   int64_t workspace_ = 0;
   int64_t next_virtual_ = 100;
@@ -256,7 +350,9 @@ Dims stat_dims(const AttnShape& s) { return {s.B, s.H, s.T, 1}; }
 Dims stat_strides(const AttnShape& s) { return {s.H * s.T, s.T, 1, 1}; }
 
 // io: the data type of q, k, v, out and their gradients (CUDNN_DATA_BFLOAT16 or CUDNN_DATA_HALF).
-std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io) {
+// with_plan false: the finalized operation graph without a plan (the benchmark sweep picks its own).
+std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
+                                     bool with_plan = true) {
   auto g = std::make_unique<Graph>(h);
   auto Q = g->tensor(io, q_dims(s), lay.q, kQ);
   auto KT = g->tensor(io, t_dims(kv_dims(s)), t_dims(lay.kv), kK);
@@ -264,7 +360,6 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const 
   auto O = g->tensor(io, q_dims(s), o_strides(s), kO);
   auto stats = g->tensor(CUDNN_DATA_FLOAT, stat_dims(s), stat_strides(s), kStats);
   auto scale = g->scalar(kScale);
-  g->set_neg_inf(g->scalar(kNegInf));
   const Dims sd{s.B, s.H, s.T, s.keys()}, rd = stat_dims(s), rs = stat_strides(s);
   auto S = g->virt(sd);
   g->matmul(Q, KT, S);
@@ -285,14 +380,15 @@ std::unique_ptr<Graph> build_forward(cudnnHandle_t h, const AttnShape& s, const 
   auto P = g->virt(sd, io);
   g->pointwise(CUDNN_POINTWISE_DIV, E, l, nullptr, P);
   g->matmul(P, V, O);
-  g->build_plan();
+  if (with_plan) g->build_plan();
+  else g->finalize_graph();
   return g;
 }
 
 // deterministic: dQ = dS K written straight into dQ (cuDNN materializes dS: B H T^2 io-type workspace); else
 // accumulated with fp32 atomics into dQ_accum (B, H, T, D) (bound to scratch memory), then converted into dQ.
 std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const CudnnLayout& lay, cudnnDataType_t io,
-                                      bool deterministic) {
+                                      bool deterministic, bool with_plan = true) {
   auto g = std::make_unique<Graph>(h);
   const bool gqa = s.G != s.H;
   const Dims qd = q_dims(s), qs = lay.q, kd = kv_dims(s), ks = lay.kv, os = o_strides(s);
@@ -307,7 +403,6 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
   auto dV = g->tensor(io, kd, ks, kDV);
   auto scale = g->scalar(kScale);
   auto one = g->scalar(kOne);
-  g->set_neg_inf(g->scalar(kNegInf));
   const int64_t Tk = s.keys();
   const Dims sd{s.B, s.H, s.T, Tk}, rd = stat_dims(s), rs = stat_strides(s);
   const Dims td{s.B, s.H, Tk, s.T}, ts{s.H * s.T * Tk, s.T * Tk, 1, Tk};  // transposed views [b, h, kv, q]
@@ -368,7 +463,8 @@ std::unique_ptr<Graph> build_backward(cudnnHandle_t h, const AttnShape& s, const
     g->matmul(dS, K, dQacc);
     g->pointwise(CUDNN_POINTWISE_IDENTITY, dQacc, nullptr, nullptr, dQ);
   }
-  g->build_plan();
+  if (with_plan) g->build_plan();
+  else g->finalize_graph();
   return g;
 }
 
@@ -419,13 +515,16 @@ const Graph* plan_for(bool backward, const AttnShape& s, const CudnnLayout& lay,
   return c.plans.emplace(key, std::move(g)).first->second.get();
 }
 
-// cuDNN for bf16 and fp16 when T is a multiple of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the backward,
-// see the notes; the same rule for the forward keeps one path per shape) and D is one of ours.
-// Context-parallel blocks (non-causal, Tk != T) are not sent to cuDNN yet: the graphs build, but on an H100 with
-// cuDNN 9.14 the first execution of the non-causal forward failed with CUDNN_STATUS_BAD_PARAM_NULL_POINTER (not
-// investigated yet); they run on our fp32 kernels (bf16/fp16 on fp32 copies), exact but slow.
+// cuDNN for bf16 and fp16 when T and Tk are multiples of 128 (cuDNN <= 9.15.0 wants s_kv % 128 == 0 in the
+// backward, see the notes; the same rule for the forward keeps one path per shape) and D is one of ours: causal
+// square attention, and the context-parallel blocks (non-causal, Tk may differ from T). Those blocks once failed at
+// their first execution with CUDNN_STATUS_BAD_PARAM_NULL_POINTER: the variant pack bound the causal mask's -inf
+// scalar, a uid the non-causal graph does not have; binding only the graph's own tensors fixed it (cuDNN 9.14, H100:
+// a CP2 block at 32K, T 8192 x Tk 16384, 2.0 ms forward and 11.0 ms deterministic backward vs 142 / 403 ms on our
+// fp32 kernels).
 bool shape_ok(const AttnShape& s) {
-  return s.causal && s.keys() == s.T && s.T % 128 == 0 && (s.D == 64 || s.D == 128) && s.H % s.G == 0;
+  return (!s.causal || s.keys() == s.T) && s.T % 128 == 0 && s.keys() % 128 == 0 && (s.D == 64 || s.D == 128) &&
+         s.H % s.G == 0;
 }
 
 // Whether the policy (training.attention_backend) lets cuDNN run this call at all.
@@ -438,17 +537,18 @@ void check_own_kernels_allowed(const char* op, const AttnShape& s, bool fp32) {
   std::string why;
   if (fp32) {
     why = "fp32 (cuDNN's attention runs bf16 and fp16)";
-  } else if (!s.causal || s.keys() != s.T) {
-    why = "context-parallel attention blocks (non-causal, keys of another length) run on our kernels only";
+  } else if (s.causal && s.keys() != s.T) {
+    why = "causal attention with keys of another length runs on our kernels only";
   } else if (!shape_ok(s)) {
-    why = "it runs T % 128 == 0 and head dims 64 and 128";
+    why = "it runs T % 128 == 0 (and Tk % 128 == 0: under context parallelism seq_length / (2 x context)) and head "
+          "dims 64 and 128";
   } else {
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     why = !c.unusable.empty() ? c.unusable : c.last_refusal;
   }
   MT_CHECK(false, op, ": training.attention_backend is cudnn, but cuDNN's attention cannot run B ", s.B, " T ", s.T,
-           " H ", s.H, " G ", s.G, " D ", s.D, ": ", why, "; set training.attention_backend: auto or own");
+           " Tk ", s.keys(), s.causal ? "" : " (non-causal)", " H ", s.H, " G ", s.G, " D ", s.D, ": ", why, "; set training.attention_backend: auto or own");
 }
 
 CudnnLayout CudnnLayout::separate(const AttnShape& s) {
@@ -541,4 +641,197 @@ MT_INSTANTIATE(bf16_t)
 MT_INSTANTIATE(__half)
 #undef MT_INSTANTIATE
 
+// ---------------------------------------------------------------- benchmark sweep (cuda_ops.h)
+namespace {
+// Max |a - b| over n bf16 values on the device (copied to the host; benchmarks only).
+double max_abs_diff_bf16(const bf16_t* a, const bf16_t* b, int64_t n) {
+  std::vector<uint16_t> ha(static_cast<size_t>(n)), hb(static_cast<size_t>(n));
+  MT_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  MT_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  auto f = [](uint16_t x) {
+    uint32_t u = uint32_t(x) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
+  double m = 0;
+  for (size_t i = 0; i < ha.size(); ++i) m = std::max(m, std::fabs(double(f(ha[i])) - double(f(hb[i]))));
+  return m;
+}
+}  // namespace
+
 }  // namespace mt::ops::cuda::attn
+
+namespace mt::ops::cuda {
+
+void cudnn_attention_sweep(const AttnShape& s, bool backward, bool deterministic, const mt::bf16* q_,
+                           const mt::bf16* k_, const mt::bf16* v_, mt::bf16* out_, float* lse,
+                           const mt::bf16* dout_, mt::bf16* dq_, mt::bf16* dk_, mt::bf16* dv_, int iters,
+                           double budget_s) {
+  using namespace attn;
+  using Clock = std::chrono::steady_clock;
+  const auto* q = dev(q_);
+  const auto* k = dev(k_);
+  const auto* v = dev(v_);
+  auto* out = dev(out_);
+  const auto* dout = dev(dout_);
+  auto *dq = dev(dq_), *dk = dev(dk_), *dv = dev(dv_);
+  Cache& c = cache();
+  if (!c.unusable.empty()) {
+    std::printf("CUDNN-SWEEP unusable: %s\n", c.unusable.c_str());
+    return;
+  }
+  const CudnnLayout lay = CudnnLayout::separate(s);
+  const char* dir = backward ? "bwd" : "fwd";
+  std::unique_ptr<Graph> g;
+  try {
+    g = backward ? build_backward(c.handle, s, lay, CUDNN_DATA_BFLOAT16, deterministic, false)
+                 : build_forward(c.handle, s, lay, CUDNN_DATA_BFLOAT16, false);
+  } catch (const BuildError& e) {
+    std::printf("CUDNN-SWEEP %s graph refused: %s\n", dir, e.what.c_str());
+    return;
+  }
+  struct Candidate {
+    std::string source;
+    cudnnBackendDescriptor_t cfg;
+  };
+  std::vector<Candidate> cands;
+  std::vector<int64_t> engines;
+  std::vector<Graph::ConfigInfo> infos;
+  for (auto [mode, name] : {std::pair{CUDNN_HEUR_MODE_A, "A"}, std::pair{CUDNN_HEUR_MODE_B, "B"}}) {
+    try {
+      const auto cfgs = g->heuristic_configs(mode);
+      for (size_t i = 0; i < cfgs.size(); ++i) {
+        cands.push_back({std::string(name) + "#" + std::to_string(i), cfgs[i]});
+        try {
+          Graph::ConfigInfo info = g->describe(cfgs[i]);
+          if (std::find(engines.begin(), engines.end(), info.engine) == engines.end()) {
+            engines.push_back(info.engine);
+            infos.push_back(info);
+          }
+        } catch (const BuildError& e) {
+          std::printf("CUDNN-SWEEP %s %s#%zu: %s\n", dir, name, i, e.what.c_str());
+        }
+      }
+    } catch (const BuildError& e) {
+      std::printf("CUDNN-SWEEP %s heuristics %s: %s\n", dir, name, e.what.c_str());
+    }
+  }
+  for (const Graph::ConfigInfo& info : infos) {  // every value of each knob of each engine, others as ranked
+    std::string ranges;
+    for (const auto& r : info.ranges)
+      ranges += " knob" + std::to_string(r[0]) + "[" + std::to_string(r[1]) + ".." + std::to_string(r[2]) + "/" +
+                std::to_string(r[3]) + "]";
+    std::printf("CUDNN-SWEEP %s engine %lld:%s\n", dir, (long long)info.engine, ranges.c_str());
+    for (const auto& r : info.ranges) {
+      if (r[3] <= 0 || (r[2] - r[1]) / r[3] > 256) continue;
+      for (int64_t val = r[1]; val <= r[2]; val += r[3]) {
+        auto knobs = info.knobs;
+        bool found = false;
+        for (auto& kv : knobs)
+          if (kv.first == r[0]) {
+            found = true;
+            kv.second = val;
+          }
+        if (!found) knobs.push_back({r[0], val});
+        try {
+          cands.push_back({"E" + std::to_string(info.engine) + "/knob" + std::to_string(r[0]) + "=" +
+                               std::to_string(val),
+                           g->config_of(info.engine, knobs)});
+        } catch (const BuildError&) {
+        }
+      }
+    }
+  }
+  const int64_t qn = s.B * s.T * s.H * s.D, kn = s.B * s.keys() * s.G * s.D;
+  Scratch ref_a(qn * 2), ref_b(kn * 2);
+  bool have_ref = false;
+  cudaEvent_t e0, e1;
+  MT_CUDA_CHECK(cudaEventCreate(&e0));
+  MT_CUDA_CHECK(cudaEventCreate(&e1));
+  const auto start = Clock::now();
+  int refused = 0;
+  for (const Candidate& cand : cands) {
+    if (std::chrono::duration<double>(Clock::now() - start).count() > budget_s) {
+      std::printf("CUDNN-SWEEP %s budget of %.0f s spent, %zu candidates left\n", dir, budget_s,
+                  cands.size() - static_cast<size_t>(&cand - cands.data()));
+      break;
+    }
+    const auto t0 = Clock::now();
+    int64_t ws = 0;
+    cudnnBackendDescriptor_t plan = nullptr;
+    try {
+      plan = g->plan_from(cand.cfg, &ws);
+    } catch (const BuildError& e) {
+      ++refused;
+      continue;
+    }
+    const double fin_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    g->use_plan(plan, ws);
+    std::string knobs;
+    try {
+      const Graph::ConfigInfo info = g->describe(cand.cfg);
+      knobs = "E" + std::to_string(info.engine) + " ";
+      for (const auto& kv : info.knobs) knobs += std::to_string(kv.first) + ":" + std::to_string(kv.second) + " ";
+    } catch (const BuildError& e) {
+      knobs = "?";
+    }
+    float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neg_inf = -INFINITY, one = 1.f;
+    const size_t delta_bytes = (sizeof(float) * static_cast<size_t>(s.B * s.H * s.T) + 255) / 256 * 256;
+    const size_t acc_bytes = deterministic ? 0 : sizeof(float) * static_cast<size_t>(qn);
+    Scratch scratch(delta_bytes + acc_bytes + static_cast<size_t>(ws));
+    char* base = scratch.as<char>();
+    auto run = [&] {
+      if (!backward) {
+        g->execute({kQ, kK, kV, kO, kStats, kScale, kNegInf},
+                   {const_cast<bf16_t*>(q), const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), out, lse, &scale,
+                    &neg_inf},
+                   base);
+      } else {
+        g->execute({kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum, kDQAccum},
+                   {const_cast<bf16_t*>(q), const_cast<bf16_t*>(k), const_cast<bf16_t*>(v), out,
+                    const_cast<bf16_t*>(dout), lse, dq, dk, dv, &scale, &one, &neg_inf, base, base + delta_bytes},
+                   base + delta_bytes + acc_bytes);
+      }
+    };
+    std::string err;
+    try {
+      run();
+      MT_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    } catch (const std::exception& e) {
+      std::printf("CUDNN-SWEEP %s %-20s engine knobs %s: execution failed: %s\n", dir, cand.source.c_str(),
+                  knobs.c_str(), e.what());
+      continue;
+    }
+    double diff = 0;
+    const bf16_t* res_a = backward ? dq : out;
+    if (!have_ref) {
+      MT_CUDA_CHECK(cudaMemcpy(ref_a.as<void>(), res_a, qn * 2, cudaMemcpyDeviceToDevice));
+      if (backward) MT_CUDA_CHECK(cudaMemcpy(ref_b.as<void>(), dk, kn * 2, cudaMemcpyDeviceToDevice));
+      have_ref = true;
+    } else {
+      diff = max_abs_diff_bf16(res_a, ref_a.as<bf16_t>(), qn);
+      if (backward) diff = std::max(diff, max_abs_diff_bf16(dk, ref_b.as<bf16_t>(), kn));
+    }
+    std::vector<float> ms;
+    for (int i = 0; i < iters; ++i) {
+      MT_CUDA_CHECK(cudaEventRecord(e0, current_stream()));
+      run();
+      MT_CUDA_CHECK(cudaEventRecord(e1, current_stream()));
+      MT_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      MT_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("CUDNN-SWEEP %s %-20s knobs %-24s finalize %7.1f ms  ws %10lld B  median %8.3f ms  min %8.3f  "
+                "max|diff| vs first %.3g\n",
+                dir, cand.source.c_str(), knobs.c_str(), fin_ms, (long long)ws, ms[ms.size() / 2], ms[0], diff);
+    std::fflush(stdout);
+  }
+  std::printf("CUDNN-SWEEP %s %zu candidates, %d did not finalize\n", dir, cands.size(), refused);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace mt::ops::cuda

@@ -75,8 +75,10 @@ void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp,
 // ---------------------------------------------------------------- activation.cu
 template <typename T> void gelu_forward_cuda(T* out, const T* inp, int64_t n);
 template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t n);
-template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F);
-template <typename T> void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F);
+// amax (if set): = max |x| over the output written (out, dinp), fused into the pass (FP8 tensorwise scaling).
+template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F, float* out_amax = nullptr);
+template <typename T>
+void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F, float* dinp_amax = nullptr);
 // swiglu_backward_cuda that also writes out (N, F) = swiglu(inp) in the same pass (the forward's expression, same
 // bits), so the forward need not keep it. dinp may alias inp.
 template <typename T>
@@ -158,6 +160,15 @@ template <typename T>
 void dropout_forward_cuda(T* out, const T* inp, int64_t n, double p, uint64_t seed, uint64_t offset);
 template <typename T>
 void dropout_backward_cuda(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t offset);
+
+// ---------------------------------------------------------------- attention_cudnn.cu (benchmarks only)
+// Every engine configuration cuDNN offers for bf16 attention of shape s (separate q, k, v): heuristics modes A and B,
+// and every value of each knob of their engines; each that finalizes runs `iters` times on the operands given, and
+// one line per configuration goes to stdout ("CUDNN-SWEEP": finalize time, workspace, median ms, max |difference|
+// of out (forward) or dq, dk (backward) from the first). Stops starting new ones after budget_s seconds.
+void cudnn_attention_sweep(const AttnShape& s, bool backward, bool deterministic, const mt::bf16* q,
+                           const mt::bf16* k, const mt::bf16* v, mt::bf16* out, float* lse, const mt::bf16* dout,
+                           mt::bf16* dq, mt::bf16* dk, mt::bf16* dv, int iters, double budget_s);
 
 // ---------------------------------------------------------------- op_profile.cpp (MT_OP_PROFILE)
 // True when MT_OP_PROFILE is set (1: report to stderr at exit; else the file to append the report to).

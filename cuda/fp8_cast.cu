@@ -8,6 +8,7 @@
 //   fp8_cast_transpose_kernel       per-tensor codes (R, C) and/or (C, R) through a 64x64 shared tile; amax fused
 //   fp8_tiles_rows_kernel           1x128 tiles along rows: a warp per tile
 //   fp8_tiles_cols_kernel           1x128 tiles along columns, written transposed (C, R): 128 x 32 patch a block
+//   fp8_tiles_both_kernel           both of the above from one read of x: 128 x 128 patch a block through shared memory
 //   fp8_blocks_kernel               128x128 blocks: amax, then codes (R, C) and (C, R) from a shared tile
 #include <cuda_fp8.h>
 
@@ -26,24 +27,7 @@ __device__ __forceinline__ uint8_t to_fp8(float v, fp8::Fp8Dtype t) {
   return static_cast<uint8_t>(
       __nv_cvt_float_to_fp8(v, __NV_SATFINITE, t == fp8::Fp8Dtype::E4M3 ? __NV_E4M3 : __NV_E5M2));
 }
-__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-__device__ __forceinline__ uint32_t warp_max_u(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// Max over the block (blockDim a multiple of 32); every thread gets it. scratch: 32 entries.
-__device__ __forceinline__ uint32_t block_max_u(uint32_t v, uint32_t* scratch) {
-  const int tid = threadIdx.x + threadIdx.y * blockDim.x, lane = tid % 32, warp = tid / 32;
-  const int warps = (blockDim.x * blockDim.y) / 32;
-  v = warp_max_u(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  uint32_t r = lane < warps ? scratch[lane] : 0u;
-  r = warp_max_u(r);
-  __syncthreads();
-  return r;
-}
+// abs_bits, warp_max_u, block_max_u: cuda/kernel_utils.cuh.
 
 // The tensor's scale: the delayed one, or the current one from its amax.
 __device__ __forceinline__ float tensor_scale(const float* amax, const float* scale, int margin, fp8::Fp8Dtype t) {
@@ -229,6 +213,89 @@ __global__ void fp8_tiles_cols_kernel(uint8_t* out, float* scale_inv, const D* x
   }
 }
 
+// 256 threads (8 warps) over the 128 x 128 patch of x at (r0, c0) = (128 blockIdx.y, 128 blockIdx.x), which holds
+// 128 row tiles and 128 column tiles. Pass 1: warp w takes rows w, w + 8, ... (kRowsInFlight loads issued before
+// their math); lane l columns 4 l .. 4 l + 3 (one vector load): the row tile's amax (a warp max), its codes into
+// out (R, C), 4 bytes a lane, and the values (as D: exact) into shared memory. Pass 2: warp w takes columns w,
+// w + 8, ...; lane l rows l, l + 32, l + 64, l + 96 (row stride 130 elements: bf16 lanes in 32 banks): the column
+// tile's amax and its codes into out_t (C, R), 32 consecutive bytes a store. Values past the edges read as 0 and
+// are not written.
+constexpr int kTilesStride = kB + 2;  // elements per shared row
+constexpr int kRowsInFlight = 4;
+template <typename D>
+__global__ void __launch_bounds__(256) fp8_tiles_both_kernel(uint8_t* out, float* scale_inv, uint8_t* out_t,
+                                                             float* scale_inv_t, const D* x, int64_t R, int64_t C,
+                                                             fp8::Fp8Dtype t) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  D* patch = reinterpret_cast<D*>(smem);  // [kB][kTilesStride]
+  const int64_t r0 = int64_t(blockIdx.y) * kB, c0 = int64_t(blockIdx.x) * kB;
+  const int64_t tiles_c = (C + kB - 1) / kB, tiles_r = (R + kB - 1) / kB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool vec = C % 4 == 0;
+  const int64_t c = c0 + lane * 4;
+  for (int j0 = warp; j0 < kB; j0 += 8 * kRowsInFlight) {
+    D d[kRowsInFlight][4];
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int64_t r = r0 + j0 + 8 * i;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) d[i][k] = from_float<D>(0.0f);
+      if (r >= R) continue;
+      if (vec && c + 4 <= C) {
+        load_vec<4>(d[i], x + r * C + c);
+      } else {
+        for (int k = 0; k < 4; ++k)
+          if (c + k < C) d[i][k] = x[r * C + c + k];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) {
+      const int j = j0 + 8 * i;
+      const int64_t r = r0 + j;
+      float v[4];
+      uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        v[k] = to_float(d[i][k]);
+        m = max(m, abs_bits(v[k]));
+        patch[j * kTilesStride + lane * 4 + k] = d[i][k];
+      }
+      m = warp_max_u(m);
+      if (r >= R) continue;
+      const float s = fp8::scale_from_amax(__uint_as_float(m), fp8::fp8_max(t), 0, true);
+      if (lane == 0) scale_inv[r * tiles_c + blockIdx.x] = 1.0f / s;
+      uint8_t q[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) q[k] = to_fp8(v[k] * s, t);
+      if (vec && c + 4 <= C) {
+        *reinterpret_cast<uint32_t*>(out + r * C + c) = *reinterpret_cast<const uint32_t*>(q);
+      } else {
+        for (int k = 0; k < 4 && c + k < C; ++k) out[r * C + c + k] = q[k];
+      }
+    }
+  }
+  __syncthreads();
+  for (int cc = warp; cc < kB; cc += 8) {
+    const int64_t col = c0 + cc;
+    float v[4];
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = to_float(patch[(lane + 32 * k) * kTilesStride + cc]);
+      m = max(m, abs_bits(v[k]));
+    }
+    m = warp_max_u(m);
+    if (col >= C) continue;
+    const float s = fp8::scale_from_amax(__uint_as_float(m), fp8::fp8_max(t), 0, true);
+    if (lane == 0) scale_inv_t[col * tiles_r + blockIdx.y] = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t r = r0 + lane + 32 * k;
+      if (r < R) out_t[col * R + r] = to_fp8(v[k] * s, t);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- 128x128 blocks
 // Block (32, 8) per 128 x 128 block: its amax, then the codes into a shared tile, written row-wise and transposed.
 template <typename D>
@@ -335,6 +402,24 @@ void fp8_quantize_tiles_cuda(uint8_t* out, float* scale_inv, const T* x, int64_t
 }
 
 template <typename T>
+void fp8_quantize_tiles_both_cuda(uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, const T* x,
+                                  int64_t R, int64_t C, fp8::Fp8Dtype t) {
+  if (R * C == 0) return;
+  MT_CHECK(C % 4 != 0 || (aligned(x, 4 * sizeof(T)) && aligned(out, 4)),
+           "fp8_quantize_tiles_both_cuda: x and the codes must be aligned to 4 elements");
+  constexpr size_t smem = sizeof(T) * kB * kTilesStride;  // fp32: 66 KB, above the 48 KB default
+  static const bool attr = [] {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(fp8_tiles_both_kernel<dev_t<T>>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>((C + kB - 1) / kB), static_cast<unsigned>((R + kB - 1) / kB));
+  fp8_tiles_both_kernel<<<grid, 256, smem, current_stream()>>>(out, scale_inv, out_t, scale_inv_t, dev(x), R, C, t);
+  MT_CUDA_CHECK_LAUNCH("fp8_tiles_both_kernel");
+}
+
+template <typename T>
 void fp8_quantize_blocks_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, float* scale_inv_t, const T* x,
                               int64_t R, int64_t C, fp8::Fp8Dtype t) {
   if (R * C == 0) return;
@@ -357,6 +442,8 @@ void fp8_dequantize_cuda(T* out, const uint8_t* codes, const float* scale_inv, i
   template void fp8_quantize_tensor_cuda<T>(uint8_t*, uint8_t*, float*, const T*, int64_t, int64_t, const float*, \
                                             const float*, float*, int, fp8::Fp8Dtype);                            \
   template void fp8_quantize_tiles_cuda<T>(uint8_t*, float*, const T*, int64_t, int64_t, bool, fp8::Fp8Dtype);    \
+  template void fp8_quantize_tiles_both_cuda<T>(uint8_t*, float*, uint8_t*, float*, const T*, int64_t, int64_t,   \
+                                                fp8::Fp8Dtype);                                                   \
   template void fp8_quantize_blocks_cuda<T>(uint8_t*, uint8_t*, float*, float*, const T*, int64_t, int64_t,       \
                                             fp8::Fp8Dtype);                                                       \
   template void fp8_dequantize_cuda<T>(T*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int64_t,      \

@@ -21,6 +21,10 @@ void fp8_quantize_tensor_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, co
 template <typename T>
 void fp8_quantize_tiles_cuda(uint8_t* out, float* scale_inv, const T* x, int64_t R, int64_t C, bool transpose,
                              fp8::Fp8Dtype t);
+// Both of the above in one pass: out (R, C) tiles along rows, out_t (C, R) tiles along x's columns.
+template <typename T>
+void fp8_quantize_tiles_both_cuda(uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, const T* x,
+                                  int64_t R, int64_t C, fp8::Fp8Dtype t);
 // 128x128 blocks: out (R, C) and/or out_t (C, R), scale_inv (ceil(R/128), ceil(C/128)) and/or its transpose.
 template <typename T>
 void fp8_quantize_blocks_cuda(uint8_t* out, uint8_t* out_t, float* scale_inv, float* scale_inv_t, const T* x,
@@ -37,11 +41,11 @@ struct Fp8GemmOperand {
   int scaling;
   int64_t rows, k;
 };
-// out (M, N) row-major (= or +=) = deq(a) (M, K) deq(b) (N, K)^T [+ bias (N)]; T = float or bf16 (bias: T);
-// fast_accum: cuBLASLt's fast FP8 accumulation (tensor scaling only).
+// out (M, N) row-major (= or +=) = deq(a) (M, K) deq(b) (N, K)^T [+ bias (N)] [+ residual (M, N): cuBLASLt's C];
+// T = float or bf16 (bias, residual: T); fast_accum: cuBLASLt's fast FP8 accumulation (tensor scaling only).
 template <typename T>
 void fp8_gemm_cuda(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
-                   bool fast_accum);
+                   bool fast_accum, const T* residual = nullptr);
 // test/cuda only: the same with candidate `layout` (0 = the one fp8_gemm_cuda uses) of the block scales handed to
 // cuBLASLt (cuda/fp8_gemm.cu, Note [FP8 block scale layout]); T = float.
 template <typename T>

@@ -9,6 +9,7 @@
 //            into cuBLASLt's layout first (Note [FP8 block scale layout]); no fast accumulation with them. If cuBLASLt has no fp32-output
 //            kernel for a scaling pair, the product goes through a bf16 scratch added in fp32.
 // fast_accum (CUBLASLT_MATMUL_DESC_FAST_ACCUM, tensor scaling only): TransformerEngine's choice for the forward GEMM.
+// A residual is cuBLASLt's C (beta 1, D = out): added in fp32 before the rounding to out's type.
 #include <array>
 #include <map>
 #include <mutex>
@@ -142,9 +143,11 @@ Plan make_plan(const Fp8GemmOperand& a, const Fp8GemmOperand& b, const float* sc
   return p;
 }
 
-// out (M, N) of cuda type out_type (= or += with beta 1), through a cached plan; false: no algorithm.
+// out (M, N) of cuda type out_type (= or += with beta 1; residual: C = residual, beta 1), through a cached plan;
+// false: no algorithm.
 bool run_gemm(void* out, cudaDataType_t out_type, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const void* bias,
-              bool accumulate, bool fast_accum, const float* scale_a, const float* scale_b) {
+              bool accumulate, bool fast_accum, const float* scale_a, const float* scale_b,
+              const void* residual = nullptr) {
   const Key key{a.rows, b.rows, a.k, static_cast<int64_t>(a.dtype), static_cast<int64_t>(b.dtype), a.scaling,
                 b.scaling, out_type, bias != nullptr, fast_accum, 0, 0};
   static std::mutex mu;
@@ -167,20 +170,37 @@ bool run_gemm(void* out, cudaDataType_t out_type, const Fp8GemmOperand& a, const
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   }
   const Context& ctx = context();
-  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, b.data, plan.a, a.data, plan.b, &beta, out, plan.c, out,
+  const float alpha = 1.f, beta = (accumulate || residual) ? 1.f : 0.f;
+  const void* c = residual ? residual : out;
+  MT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.desc, &alpha, b.data, plan.a, a.data, plan.b, &beta, c, plan.c, out,
                                  plan.c, &plan.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
   return true;
 }
 
-__global__ void fp8_gemm_add_bf16_kernel(float* out, const __nv_bfloat16* in, int64_t n, bool accumulate) {
+// out (=, or += when accumulate) in: 8 elements a thread (16-byte loads of in, two float4 of out) when vec (n % 8
+// == 0, both 16-byte aligned), else one.
+__global__ void fp8_gemm_add_bf16_kernel(float* out, const __nv_bfloat16* in, int64_t n, bool accumulate, bool vec) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = (accumulate ? out[i] : 0.0f) + __bfloat162float(in[i]);
+  if (!vec) {
+    if (i < n) out[i] = (accumulate ? out[i] : 0.0f) + __bfloat162float(in[i]);
+    return;
+  }
+  if (i * 8 >= n) return;
+  const uint4 raw = reinterpret_cast<const uint4*>(in)[i];
+  const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  float4* o = reinterpret_cast<float4*>(out) + i * 2;
+  float4 lo = accumulate ? o[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 hi = accumulate ? o[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+  lo.x += __bfloat162float(v[0]), lo.y += __bfloat162float(v[1]), lo.z += __bfloat162float(v[2]);
+  lo.w += __bfloat162float(v[3]), hi.x += __bfloat162float(v[4]), hi.y += __bfloat162float(v[5]);
+  hi.z += __bfloat162float(v[6]), hi.w += __bfloat162float(v[7]);
+  o[0] = lo;
+  o[1] = hi;
 }
 
 template <typename T>
 void fp8_gemm_impl(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
-                   bool fast_accum, int layout) {
+                   bool fast_accum, int layout, const T* residual = nullptr) {
   const int64_t M = a.rows, N = b.rows;
   if (M == 0 || N == 0) return;
   constexpr cudaDataType_t out_type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
@@ -189,14 +209,16 @@ void fp8_gemm_impl(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, con
   Scratch *sa = nullptr, *sb = nullptr;
   const float* scale_a = gemm_scales(b, L, sa, ctx.stream);  // cuBLASLt's A is our b
   const float* scale_b = gemm_scales(a, L, sb, ctx.stream);
-  bool done = run_gemm(out, out_type, a, b, bias, accumulate, fast_accum, scale_a, scale_b);
-  if (!done && out_type == CUDA_R_32F && !bias) {
+  bool done = run_gemm(out, out_type, a, b, bias, accumulate, fast_accum, scale_a, scale_b, residual);
+  if (!done && out_type == CUDA_R_32F && !bias && !residual) {
     // No fp32-output kernel for these scalings: the product in bf16, added (or written) in fp32.
     Scratch tmp(sizeof(mt::bf16) * static_cast<size_t>(M * N));
     done = run_gemm(tmp.as<void>(), CUDA_R_16BF, a, b, nullptr, false, fast_accum, scale_a, scale_b);
     if (done) {
-      fp8_gemm_add_bf16_kernel<<<static_cast<unsigned>(cdiv(M * N, 256)), 256, 0, ctx.stream>>>(
-          reinterpret_cast<float*>(out), tmp.as<__nv_bfloat16>(), M * N, accumulate);
+      const bool vec = (M * N) % 8 == 0 && aligned(out, 16) && aligned(tmp.as<void>(), 16);
+      const int64_t threads = vec ? M * N / 8 : M * N;
+      fp8_gemm_add_bf16_kernel<<<static_cast<unsigned>(cdiv(threads, 256)), 256, 0, ctx.stream>>>(
+          reinterpret_cast<float*>(out), tmp.as<__nv_bfloat16>(), M * N, accumulate, vec);
       MT_CUDA_CHECK_LAUNCH("fp8_gemm_add_bf16_kernel");
     }
   }
@@ -212,8 +234,8 @@ void fp8_gemm_impl(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, con
 
 template <typename T>
 void fp8_gemm_cuda(T* out, const Fp8GemmOperand& a, const Fp8GemmOperand& b, const T* bias, bool accumulate,
-                   bool fast_accum) {
-  fp8_gemm_impl(out, a, b, bias, accumulate, fast_accum, 0);
+                   bool fast_accum, const T* residual) {
+  fp8_gemm_impl(out, a, b, bias, accumulate, fast_accum, 0, residual);
 }
 
 template <typename T>
@@ -222,9 +244,10 @@ void fp8_gemm_cuda_scale_layout(T* out, const Fp8GemmOperand& a, const Fp8GemmOp
   fp8_gemm_impl<T>(out, a, b, nullptr, accumulate, false, layout);
 }
 
-template void fp8_gemm_cuda<float>(float*, const Fp8GemmOperand&, const Fp8GemmOperand&, const float*, bool, bool);
+template void fp8_gemm_cuda<float>(float*, const Fp8GemmOperand&, const Fp8GemmOperand&, const float*, bool, bool,
+                                   const float*);
 template void fp8_gemm_cuda<mt::bf16>(mt::bf16*, const Fp8GemmOperand&, const Fp8GemmOperand&, const mt::bf16*, bool,
-                                      bool);
+                                      bool, const mt::bf16*);
 template void fp8_gemm_cuda_scale_layout<float>(float*, const Fp8GemmOperand&, const Fp8GemmOperand&, bool, int);
 
 }  // namespace mt::ops::cuda

@@ -122,6 +122,34 @@ __device__ T block_sum(T v, T* scratch) {
   return r;
 }
 
+// ---------------------------------------------------------------- amax (max |x|) on float bits
+// Non-negative floats order as unsigned ints, so max |x| is a max over the bits with the sign cleared (a NaN,
+// above +inf, propagates) and an atomicMax on an fp32 amax's bits (FP8 scaling: tensor/fp8/fp8_ops.h).
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+__device__ __forceinline__ uint32_t warp_max_u(uint32_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Max over the block (blockDim a multiple of 32); every thread gets it. scratch: 32 entries.
+__device__ __forceinline__ uint32_t block_max_u(uint32_t v, uint32_t* scratch) {
+  const int tid = threadIdx.x + threadIdx.y * blockDim.x, lane = tid % 32, warp = tid / 32;
+  const int warps = (blockDim.x * blockDim.y) / 32;
+  v = warp_max_u(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  uint32_t r = lane < warps ? scratch[lane] : 0u;
+  r = warp_max_u(r);
+  __syncthreads();
+  return r;
+}
+// *amax = max(*amax, the block's max bits v): every thread of the block calls it.
+__device__ __forceinline__ void block_amax_to(float* amax, uint32_t v) {
+  __shared__ uint32_t scratch[32];
+  v = block_max_u(v, scratch);
+  if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), v);
+}
+
 // ---------------------------------------------------------------- partial sums (fixed order)
 // out[c] += sum_{r < rows} in[r * C + c] for every column c < C, deterministic: a block owns 32
 // columns (one per lane) and 8 row groups (threadIdx.y); group y adds rows y, y + 8, ... in order,

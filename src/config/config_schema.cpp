@@ -225,9 +225,10 @@ std::vector<ConfigField> build_schema() {
           .megatron({"deterministic_mode"}),
       MT_CONFIG_KEY(training, attention_backend).one_of({"auto", "cudnn", "own"})
           .doc("GPU attention: auto = cuDNN's fused attention for bf16/fp16 where it runs the shape (seq_length a "
-               "multiple of 128), else our flash kernels; cudnn = cuDNN only (bf16/fp16, seq_length % 128 == 0, "
-               "head dim 64 or 128; anything else is an error); own = our flash kernels only. The CPU runs its "
-               "reference whatever this says (cudnn is refused there)")
+               "multiple of 128; context parallelism p2p: its chunks, seq_length / (2 x context)), else our flash "
+               "kernels; cudnn = cuDNN only (bf16/fp16, those lengths % 128 == 0, head dim 64 or 128; anything else "
+               "is an error); own = our flash kernels only. The CPU runs its reference whatever this says (cudnn is "
+               "refused there)")
           .megatron({"attention_backend"}),
       MT_CONFIG_KEY(training, attention_bwd_workspace_mib).min(1)
           .doc("cuDNN's deterministic attention backward needs micro_batch_size x (this rank's heads) x "

@@ -95,9 +95,13 @@ void check_context_parallel(const std::string& pre, const Config& cfg, int64_t g
            "or parallel.context: 1");
   MT_CHECK(cfg.model.num_experts == 0, pre, "model.num_experts (", cfg.model.num_experts, ") with parallel.context (",
            cp, ") > 1 is not supported yet; set parallel.context: 1 for mixture-of-experts models");
-  MT_CHECK(cfg.training.attention_backend != "cudnn", pre, "training.attention_backend is cudnn but parallel.context (",
-           cp, ") > 1: context-parallel attention blocks run on our kernels only (cuda/attention_cudnn.cu shape_ok); "
-           "set training.attention_backend: auto or own");
+  // The ring's blocks are chunks of seq_length / (2 x context) tokens, what cuDNN sees as T and Tk (a2a attends over
+  // the whole sequence: seq_length % 128, checked with the other attention_backend rules).
+  const int64_t chunk = cfg.model.seq_length / (2 * cp);
+  MT_CHECK(cfg.training.attention_backend != "cudnn" || cfg.parallel.cp_comm_type != "p2p" || chunk % 128 == 0, pre,
+           "training.attention_backend is cudnn but the context-parallel chunks (model.seq_length / (2 x "
+           "parallel.context) = ", chunk, " tokens) are not a multiple of 128; set training.attention_backend: auto "
+           "(cuDNN where it can, else our kernels) or own, or a seq_length that makes them one");
 }
 
 }  // namespace

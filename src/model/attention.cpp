@@ -70,13 +70,13 @@ void SelfAttention::core_forward(Saved& s) const {
 
 Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
-  Tensor qkv = linear_qkv_.forward(x);  // (B*T, G_l*(R+2)*D): rows gathered under SP
+  Tensor qkv = linear_qkv_.forward(x, &s.qkv_x);  // (B*T, G_l*(R+2)*D): rows gathered under SP
   if (fused()) {
     s.q = qkv.view({B, T, -1});  // the whole projection; k, v stay undefined
     s.out = c.empty({B, T, heads_local_, head_dim_});
     s.lse = Tensor::empty({B, heads_local_, T}, DType::F32, c.device);
     ops::attention_forward_qkv(s.out, s.lse, s.q, groups_local_);
-    Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual);
+    Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual, &s.proj_x);
     if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
     return y;
   }
@@ -102,7 +102,7 @@ Tensor SelfAttention::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, c
   s.out = c.empty({B, T, heads_local_, head_dim_});
   s.lse = Tensor::empty({B, heads_local_, T}, stat_dtype(c.dtype), c.device);
   core_forward(s);
-  Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual);
+  Tensor y = linear_proj_.forward(s.out.view({B * T, heads_local_ * head_dim_}), residual, &s.proj_x);
   if (c.recompute.mode == RecomputePolicy::Mode::Selective) s.out = s.lse = Tensor();  // recomputed in backward
   return y;
 }
@@ -118,11 +118,11 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
     else
       core_forward(s);
   }
-  Tensor dout = linear_proj_.backward(dy, s.out.view({B * T, heads_local_ * head_dim_}));
+  Tensor dout = linear_proj_.backward(dy, s.out.view({B * T, heads_local_ * head_dim_}), &s.proj_x);
   if (!s.k.defined()) {  // the fused path
     Tensor dqkv = c.empty(s.q.shape());
     ops::attention_backward_qkv(dqkv, dout.view(s.out.shape()), s.q, s.out, s.lse, groups_local_);
-    return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
+    return linear_qkv_.backward(dqkv.view({B * T, -1}), x, true, &s.qkv_x);
   }
   Tensor dq = c.empty(s.q.shape()), dk = c.empty(s.k.shape()), dv = c.empty(s.v.shape());
   if (c.ps->cp_size > 1)
@@ -146,7 +146,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved, const Tenso
   } else {
     ops::qkv_split_backward(dqkv, dq, dk, dv);
   }
-  return linear_qkv_.backward(dqkv.view({B * T, -1}), x);
+  return linear_qkv_.backward(dqkv.view({B * T, -1}), x, true, &s.qkv_x);
 }
 
 }  // namespace mt

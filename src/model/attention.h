@@ -33,11 +33,14 @@ class SelfAttention {
     Tensor q, k, v, out, lse;
     Tensor q_pre, k_pre;
     Norm::Saved q_norm, k_norm;
+    Fp8Saved qkv_x, proj_x;  // FP8 layers: the linears' kept input copies
   };
   // x (rows_local, C) -> y (rows_local, C) [+ *residual]; rows_local = B*T, or B*T/tp under sequence parallelism.
   Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const Tensor* residual = nullptr) const;
-  // Returns dL/dx (rows_local, C).
+  // Returns dL/dx (rows_local, C). x may be undefined when backward_needs_input(s) is false.
   Tensor backward(const Tensor& dy, const Saved& s, const Tensor& x, int64_t B, int64_t T) const;
+  // Whether backward reads x (not when linear_qkv kept its FP8 copy).
+  static bool backward_needs_input(const Saved& s) { return !s.qkv_x.defined(); }
 
  private:
   // Attention on the fused projection, q, k and v never split out: GPU, no rotary embedding, no qk norm.

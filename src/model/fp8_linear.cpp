@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "core/check.h"
 #include "parallel/fp8_amax_reduce.h"
 #include "tensor/fp8/fp8_ops.h"
 
@@ -25,13 +26,12 @@ Fp8Linear::Fp8Linear(Fp8Context& fp8, const std::string& name, Split split)
 Fp8Linear::~Fp8Linear() = default;
 
 const ops::Fp8Tensor& Fp8Linear::weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const {
-  const int i = transposed ? 1 : 0;
-  if (!w_cache_[i] || w_version_[i] != fp8_->weight_version()) {
-    w_cache_[i] = std::make_unique<Quantized>();
-    quantize(*w_cache_[i], w, Fp8Role::Weight, !transposed, transposed, split_.weight, ps);
-    w_version_[i] = fp8_->weight_version();
+  if (!w_cache_ || w_version_ != fp8_->weight_version()) {
+    w_cache_ = std::make_unique<Quantized>();
+    quantize(*w_cache_, w, Fp8Role::Weight, true, true, split_.weight, ps);
+    w_version_ = fp8_->weight_version();
   }
-  return transposed ? w_cache_[i]->col : w_cache_[i]->row;
+  return transposed ? w_cache_->col : w_cache_->row;
 }
 
 std::shared_ptr<Fp8Linear> Fp8Linear::make(const ModelContext& ctx, const std::string& name, Split split) {
@@ -41,8 +41,10 @@ std::shared_ptr<Fp8Linear> Fp8Linear::make(const ModelContext& ctx, const std::s
   return std::make_shared<Fp8Linear>(*ctx.fp8, name, split);
 }
 
+bool Fp8Linear::current_scaling() const { return fp8_->options().recipe == Fp8Recipe::Tensorwise; }
+
 void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise, bool transposed, bool split,
-                         const ParallelState& ps) const {
+                         const ParallelState& ps, Tensor* given_amax) const {
   const Fp8Options& o = fp8_->options();
   const fp8::Fp8Dtype dt = o.dtype(r);
   const int64_t R = t.size(0), C = t.size(1);
@@ -54,14 +56,14 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
       ops::fp8_quantize_blocks(rowwise ? &q.row : nullptr, transposed ? &q.col : nullptr, t);
       return;
     }
-    if (rowwise) {
-      q.row = ops::Fp8Tensor::empty(R, C, dt, ops::Fp8Scaling::Tile1x128, dev);
+    if (rowwise) q.row = ops::Fp8Tensor::empty(R, C, dt, ops::Fp8Scaling::Tile1x128, dev);
+    if (transposed) q.col = ops::Fp8Tensor::empty(C, R, dt, ops::Fp8Scaling::Tile1x128, dev);
+    if (rowwise && transposed)
+      ops::fp8_quantize_tiles(q.row, q.col, t);  // one read of t
+    else if (rowwise)
       ops::fp8_quantize_tiles(q.row, t, false);
-    }
-    if (transposed) {
-      q.col = ops::Fp8Tensor::empty(C, R, dt, ops::Fp8Scaling::Tile1x128, dev);
+    else
       ops::fp8_quantize_tiles(q.col, t, true);
-    }
     return;
   }
   if (rowwise) q.row = ops::Fp8Tensor::empty(R, C, dt, ops::Fp8Scaling::Tensor, dev);
@@ -73,31 +75,44 @@ void Fp8Linear::quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise,
     ops::fp8_quantize_tensor(row, col, t, nullptr, &scale, &amax, o.margin);
     return;
   }
-  // tensorwise: the current amax of the whole tensor, then the cast with the scale made from it.
-  Tensor amax = Tensor::empty({1}, DType::F32, dev);
-  ops::fp8_amax(amax, t);
+  // tensorwise: the current amax of the whole tensor (taken by its producer, or a pass here), then the cast with
+  // the scale made from it.
+  Tensor amax = given_amax ? *given_amax : Tensor::empty({1}, DType::F32, dev);
+  if (!given_amax) ops::fp8_amax(amax, t);
   if (split) reduce_amax_over_tp(amax, ps);
   ops::fp8_quantize_tensor(row, col, t, &amax, nullptr, nullptr, o.margin);
 }
 
-void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
-                        const ParallelState& ps) const {
+void Fp8Linear::forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
+                        Fp8Saved* keep, Tensor* x_amax, const Tensor* residual) const {
   Quantized qx;
-  quantize(qx, x, Fp8Role::Input, true, false, split_.input, ps);
-  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true);
+  quantize(qx, x, Fp8Role::Input, true, keep != nullptr, split_.input, ps, x_amax);
+  // The residual in the GEMM's epilogue with tensor scaling; blockwise adds it after (its cuBLASLt kernels are only
+  // known to run with C = D).
+  const bool fuse_residual = fp8_->options().recipe != Fp8Recipe::Blockwise;
+  ops::fp8_gemm(y, qx.row, weight_copy(w, false, ps), bias, false, /*fast_accum=*/true,
+                fuse_residual ? residual : nullptr);
+  if (residual && !fuse_residual) ops::add(y, y, *residual);
+  if (keep) keep->xt = std::move(qx.col);
 }
 
 void Fp8Linear::backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         ops::GradMode dw_mode, const ParallelState& ps) const {
+                         ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept,
+                         Tensor* dy_amax) const {
+  const bool have_kept = kept && kept->defined();
+  MT_INTERNAL_ASSERT(have_kept || x.defined(), "Fp8Linear::backward: neither x nor its kept FP8 copy");
   Quantized qdy;
-  quantize(qdy, dy, Fp8Role::Grad, dx != nullptr, dw != nullptr, split_.grad, ps);
+  quantize(qdy, dy, Fp8Role::Grad, dx != nullptr, dw != nullptr, split_.grad, ps, dy_amax);
   if (dx) ops::fp8_gemm(*dx, qdy.row, weight_copy(w, true, ps), nullptr, false);
   if (dw) {
     Quantized qx;
-    quantize(qx, x, Fp8Role::Input, false, true, split_.input, ps);
-    ops::fp8_gemm(*dw, qdy.col, qx.col, nullptr, dw_mode == ops::GradMode::Accumulate);
+    if (!have_kept) quantize(qx, x, Fp8Role::Input, false, true, split_.input, ps);
+    ops::fp8_gemm(*dw, qdy.col, have_kept ? kept->xt : qx.col, nullptr, dw_mode == ops::GradMode::Accumulate);
   }
-  if (db) ops::linear_backward(nullptr, nullptr, db, dy, x, w);  // the column sums of dy only
+  if (db) {  // the column sums of dy only: linear_backward reads x for its shape, not its values
+    const Tensor shape_of_x = x.defined() ? x : Tensor::empty({dy.size(0), w.size(1)}, dy.dtype(), dy.device());
+    ops::linear_backward(nullptr, nullptr, db, dy, shape_of_x, w);
+  }
 }
 
 }  // namespace mt

@@ -6,8 +6,10 @@
 // Formats and scales by the recipe (tensor/fp8/fp8_recipe.h): X, W e4m3; dY e4m3 or e5m2 (hybrid). The amax of a
 // tensor split over TP is reduced over TP (parallel/fp8_amax_reduce.h) before its scale is made. GEMM outputs are
 // in the activation dtype (dW: the fp32 main grad on CUDA); biases and master weights as in the bf16 path.
-// Backward quantizes X again (the same codes: same input, same scale) rather than keeping an FP8 copy; W's FP8 copies
-// (row-wise for forward, transposed for dgrad) are made once per step and kept (Fp8Context::weight_version).
+// A training forward keeps X's transposed FP8 copy (Fp8Saved: made in the forward's cast pass, the wgrad operand), so
+// backward neither re-reads nor needs X (the same codes as a recast: same input, same scale); without a kept copy
+// backward quantizes X again. W's FP8 copies (row-wise for forward, transposed for dgrad) are made once per step,
+// both in one pass, and kept (Fp8Context::weight_version).
 #pragma once
 
 #include <memory>
@@ -19,6 +21,13 @@
 #include "tensor/ops.h"
 
 namespace mt {
+
+// What an FP8 forward keeps for its backward (one per micro-batch in flight): X^T (IC, N) in FP8, 1 byte an element.
+struct Fp8Saved {
+  ops::Fp8Tensor xt;
+  bool defined() const { return xt.data.defined(); }
+  int64_t nbytes() const { return defined() ? static_cast<int64_t>(xt.data.nbytes() + xt.scale_inv.nbytes()) : 0; }
+};
 
 class Fp8Linear {
  public:
@@ -32,24 +41,32 @@ class Fp8Linear {
   // transformer layer's linear, or a layer fp8_first_last_layers_bf16 keeps out).
   static std::shared_ptr<Fp8Linear> make(const ModelContext& ctx, const std::string& name, Split split);
 
-  // y (N, OC) = x (N, IC) W^T + bias
-  void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps) const;
-  // dx (N, IC) = dy W (when dx), dw (+= with Accumulate) = dy^T x (when dw), db += column sums of dy.
+  // Whether the recipe scales each tensor by its current amax (tensorwise): a producer that can take the amax of
+  // its output in its own pass hands it over as x_amax / dy_amax below (this rank's part: reduced here over TP).
+  bool current_scaling() const;
+  // y (N, OC) = x (N, IC) W^T + bias [+ residual (N, OC), in the GEMM's epilogue]; keep (if given): X's
+  // transposed FP8 copy for backward, same pass.
+  void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const ParallelState& ps,
+               Fp8Saved* keep = nullptr, Tensor* x_amax = nullptr, const Tensor* residual = nullptr) const;
+  // dx (N, IC) = dy W (when dx), dw (+= with Accumulate) = dy^T x (when dw), db += column sums of dy. With a kept
+  // copy (kept defined) x is not read and may be undefined.
   void backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                ops::GradMode dw_mode, const ParallelState& ps) const;
+                ops::GradMode dw_mode, const ParallelState& ps, const Fp8Saved* kept = nullptr,
+                Tensor* dy_amax = nullptr) const;
 
  private:
   struct Quantized;
   // Row-wise (R, C) and/or transposed (C, R) FP8 copies of t (R, C) in role r, by the recipe.
+  // amax: t's max |x| when its producer took it (tensorwise), else null.
   void quantize(Quantized& q, const Tensor& t, Fp8Role r, bool rowwise, bool transposed, bool split,
-                const ParallelState& ps) const;
-  // W's FP8 copies (rows, or transposed) under the weight version they were made in.
+                const ParallelState& ps, Tensor* amax = nullptr) const;
+  // W's FP8 copy (rows, or transposed) under the weight version it was made in (both made together).
   const ops::Fp8Tensor& weight_copy(const Tensor& w, bool transposed, const ParallelState& ps) const;
   Fp8Context* fp8_;
   int index_;
   Split split_;
-  mutable std::unique_ptr<Quantized> w_cache_[2];
-  mutable uint64_t w_version_[2] = {~0ull, ~0ull};
+  mutable std::unique_ptr<Quantized> w_cache_;
+  mutable uint64_t w_version_ = ~0ull;
 };
 
 }  // namespace mt

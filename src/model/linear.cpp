@@ -43,13 +43,13 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string&, Param* shared_wei
   MT_INTERNAL_ASSERT(weight_->spec.partition_dim == 0, "tied weight must be split by rows");
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+Tensor ColumnParallelLinear::forward(const Tensor& x, Fp8Saved* fp8_keep) const {
   const ParallelState& ps = *ctx_->ps;
   // Without SP, CopyToTP::forward is the identity: X is already replicated on every TP rank.
   Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   Tensor y = ctx_->empty({xf.size(0), local_out()});
   if (fp8_)
-    fp8_->forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr, ps);
+    fp8_->forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr, ps, fp8_keep);
   else
     ops::linear_forward(y, xf, weight_->value, bias_ ? &bias_->value : nullptr);
   return y;
@@ -69,17 +69,20 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, Tensor* pre) const {
   return y;
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx) const {
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, bool need_dx, const Fp8Saved* fp8_kept,
+                                      Tensor* dy_amax) const {
   const ParallelState& ps = *ctx_->ps;
-  // FP8: the plain order (its GEMMs re-quantize their operands; no overlap variant yet).
+  // FP8: the plain order (no overlap variant yet).
   if (ctx_->tp_comm_overlap && ps.tp_size > 1 && !fp8_) return backward_overlapped(dy, x, need_dx);
-  Tensor xf = ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
+  // With X's kept FP8 copy (made from the gathered rows) backward needs neither X nor its gather.
+  const bool kept = fp8_ && fp8_kept && fp8_kept->defined();
+  Tensor xf = kept ? Tensor() : ps.sequence_parallel ? GatherFromSP::forward(x, ps) : x;
   Tensor dxf;
-  if (need_dx) dxf = ctx_->empty(xf.shape());
+  if (need_dx) dxf = ctx_->empty(xf.defined() ? xf.shape() : Shape{dy.size(0), weight_->local_shape[1]});
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
   if (fp8_)
     fp8_->backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf, weight_->value,
-                   wmode, ps);
+                   wmode, ps, fp8_kept, dy_amax);
   else
     ops::linear_backward(need_dx ? &dxf : nullptr, &weight_->grad, bias_ ? &bias_->grad : nullptr, dy, xf,
                          weight_->value, ops::GradMode::Overwrite, wmode);
@@ -131,19 +134,21 @@ RowParallelLinear::RowParallelLinear(const std::string& name, int64_t in, int64_
 // The FP8 GEMMs of a row-parallel backward into dx (rows_full, in_local), from the full dy.
 namespace {
 void fp8_row_backward(const Fp8Linear& f, Tensor& dx, Param* weight, Param* bias, const Tensor& dyf, const Tensor& x,
-                      const ParallelState& ps) {
+                      const ParallelState& ps, const Fp8Saved* kept) {
   const ops::GradMode wmode = weight_grad_mode(weight, bias);
-  f.backward(&dx, &weight->grad, bias ? &bias->grad : nullptr, dyf, x, weight->value, wmode, ps);
+  f.backward(&dx, &weight->grad, bias ? &bias->grad : nullptr, dyf, x, weight->value, wmode, ps, kept);
 }
 }  // namespace
 
-Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual) const {
+Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual, Fp8Saved* fp8_keep, Tensor* x_amax) const {
   const ParallelState& ps = *ctx_->ps;
   // The replicated bias is added by TP rank 0 only, before the sum over ranks.
   const Tensor* b = (bias_ && ps.tp_rank == 0) ? &bias_->value : nullptr;
   Tensor y = ctx_->empty({x.size(0), weight_->local_shape[0]});
   if (fp8_) {
-    fp8_->forward(y, x, weight_->value, b, ps);
+    // tp 1: the residual in the GEMM's epilogue, as in the bf16 path
+    fp8_->forward(y, x, weight_->value, b, ps, fp8_keep, x_amax, ps.tp_size == 1 ? residual : nullptr);
+    if (ps.tp_size == 1) return y;
   } else if (ps.tp_size == 1) {
     ops::linear_forward(y, x, weight_->value, b, residual);
     return y;
@@ -163,14 +168,14 @@ Tensor RowParallelLinear::forward(const Tensor& x, const Tensor* residual) const
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) const {
+Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, const Fp8Saved* fp8_kept) const {
   const ParallelState& ps = *ctx_->ps;
   // Without SP, ReduceFromTP::backward is the identity: dy is replicated. The bias gradient comes
   // from the full dy on every rank, so the replicated bias stays identical across TP ranks.
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
-  Tensor dx = ctx_->empty(x.shape());
+  Tensor dx = ctx_->empty(x.defined() ? x.shape() : Shape{dyf.size(0), local_in()});
   if (fp8_) {
-    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps);
+    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps, fp8_kept);
     return dx;
   }
   const ops::GradMode wmode = weight_grad_mode(weight_, bias_);
@@ -185,7 +190,7 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
   Tensor dpre = ctx_->empty(x.shape());
   if (fp8_) {  // the FP8 dgrad, then the GELU's backward
     Tensor dx = ctx_->empty(x.shape());
-    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps);
+    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps, nullptr);
     ops::gelu_backward(dpre, dx, pre);
     return dpre;
   }
@@ -195,16 +200,20 @@ Tensor RowParallelLinear::backward_gelu(const Tensor& dy, const Tensor& x, const
   return dpre;
 }
 
-Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h) const {
+Tensor RowParallelLinear::backward_swiglu(const Tensor& dy, Tensor& h, const Fp8Saved* fp8_kept,
+                                         Tensor* dh_amax) const {
   const ParallelState& ps = *ctx_->ps;
   Tensor dyf = ps.sequence_parallel ? ReduceScatterToSP::backward(dy, ps) : dy;
-  if (fp8_) {  // x = swiglu(h) recomputed for the FP8 GEMMs, then the SwiGLU's backward
-    Tensor x = ctx_->empty({h.size(0), h.size(1) / 2});
-    ops::swiglu_forward(x, h);
-    Tensor dx = ctx_->empty(x.shape());
-    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps);
+  if (fp8_) {  // the FP8 GEMMs (x = swiglu(h) recomputed unless its FP8 copy was kept), then the SwiGLU's backward
+    Tensor x;
+    if (!(fp8_kept && fp8_kept->defined())) {
+      x = ctx_->empty({h.size(0), h.size(1) / 2});
+      ops::swiglu_forward(x, h);
+    }
+    Tensor dx = ctx_->empty({h.size(0), h.size(1) / 2});
+    fp8_row_backward(*fp8_, dx, weight_, bias_, dyf, x, ps, fp8_kept);
     Tensor dh = ctx_->empty(h.shape());
-    ops::swiglu_backward(dh, dx, h);
+    ops::swiglu_backward(dh, dx, h, dh_amax);
     h = Tensor();
     return dh;
   }

@@ -23,6 +23,8 @@ class MLPModule {
   virtual Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual = nullptr) const = 0;
   // dy (rows_local, C) -> dL/dx; x is the forward's input. Consumes and releases *state.
   virtual Tensor backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const = 0;
+  // Whether backward reads x (else the caller may pass it undefined and skip recomputing it).
+  virtual bool backward_needs_input(const MLPState&) const { return true; }
 };
 
 // Dense MLP: linear_fc1 (column-parallel; swiglu: [gate; up], each split over TP) -> GELU or SwiGLU
@@ -34,15 +36,19 @@ class DenseMLP final : public MLPModule {
   // a is the activation's output: GELU always keeps it (from the fc1 GEMM's epilogue); SwiGLU keeps it only when
   // RecomputePolicy::norm_act is false, else recomputes it from h inside the SwiGLU backward's pass, which costs
   // one extra write instead of keeping (B*T, F_l).
+  // FP8 layers keep their linears' input copies (fc1_x, fc2_x): backward then needs neither x nor a.
   struct Saved final : MLPState {
     Tensor h, a;
+    Fp8Saved fc1_x, fc2_x;
     int64_t nbytes() const override {
-      return static_cast<int64_t>((h.defined() ? h.nbytes() : 0) + (a.defined() ? a.nbytes() : 0));
+      return static_cast<int64_t>((h.defined() ? h.nbytes() : 0) + (a.defined() ? a.nbytes() : 0)) +
+             fc1_x.nbytes() + fc2_x.nbytes();
     }
   };
   Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual = nullptr) const override;
   // Consumes the state (swiglu: h is overwritten by its gradient).
   Tensor backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const override;
+  bool backward_needs_input(const MLPState& state) const override;
 
  private:
   const ModelContext* ctx_;

@@ -111,7 +111,11 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 1), offset);
   }
-  Tensor dln2 = mlp_->backward(dy, s.mlp, norm_output(pre_mlp_layernorm_, s.ln2_out, s.x_mid));  // frees s.mlp
+  // The norm outputs are recomputed (or taken from the kept ones) only for a module that reads its input.
+  Tensor ln2_out = mlp_->backward_needs_input(*s.mlp) ? norm_output(pre_mlp_layernorm_, s.ln2_out, s.x_mid) : Tensor();
+  s.ln2_out = Tensor();
+  Tensor dln2 = mlp_->backward(dy, s.mlp, ln2_out);  // frees s.mlp
+  ln2_out = Tensor();
   pre_mlp_layernorm_.backward_accumulate(dx, dln2, s.x_mid, s.n2);  // dx = dL/dx_mid
   dln2 = Tensor();
 
@@ -121,7 +125,11 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
     dy = ctx_->empty(dx.shape());
     ops::dropout_backward(dy, dx, p, dropout_seed(step, 0), offset);
   }
-  Tensor dln1 = self_attention_.backward(dy, s.attn, norm_output(input_layernorm_, s.ln1_out, s.x_in), B, T);
+  Tensor ln1_out =
+      SelfAttention::backward_needs_input(s.attn) ? norm_output(input_layernorm_, s.ln1_out, s.x_in) : Tensor();
+  s.ln1_out = Tensor();
+  Tensor dln1 = self_attention_.backward(dy, s.attn, ln1_out, B, T);
+  ln1_out = Tensor();
   input_layernorm_.backward_accumulate(dx, dln1, s.x_in, s.n1);  // dx = dL/dx_in
   s = Saved{};
 }

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "tensor/cpu/cpu_ops.h"
+#include "tensor/fp8/fp8_ops.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "cuda/cuda_ops.h"
 #endif
@@ -515,23 +516,39 @@ void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
               cpu::gelu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), inp.numel()));
 }
 
-void swiglu_forward(Tensor& out, const Tensor& inp) {
+namespace {
+void check_amax(const char* op, const Tensor* amax, const Tensor& like) {
+  if (amax)
+    OP_ASSERT(amax->dtype() == DType::F32 && amax->numel() == 1 && amax->device() == like.device(), "amax ",
+              amax->str(), " should be fp32 (1) on ", device_name(like.device()));
+}
+}  // namespace
+
+void swiglu_forward(Tensor& out, const Tensor& inp, Tensor* out_amax) {
   const char* op = "swiglu_forward";
   const int64_t F2 = last_dim(op, inp, "inp"), N = rows(inp);
   OP_ASSERT(F2 % 2 == 0, "inp ", inp.str(), " should be (N, 2F)");
   like_rows(op, inp, out, "out", N, F2 / 2);
-  MT_DISPATCH(op, inp, (cuda::swiglu_forward_cuda<T>(out.data<T>(), inp.data<T>(), N, F2 / 2)),
-              cpu::swiglu_forward_cpu<T>(out.data<T>(), inp.data<T>(), N, F2 / 2));
+  check_amax(op, out_amax, inp);
+  MT_DISPATCH(op, inp,
+              (cuda::swiglu_forward_cuda<T>(out.data<T>(), inp.data<T>(), N, F2 / 2,
+                                            out_amax ? out_amax->data<float>() : nullptr)),
+              cpu::swiglu_forward_cpu<T>(out.data<T>(), inp.data<T>(), N, F2 / 2);
+              if (out_amax) fp8_amax(*out_amax, out));  // the reference: a pass of its own
 }
 
-void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp) {
+void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp, Tensor* dinp_amax) {
   const char* op = "swiglu_backward";
   const int64_t F2 = last_dim(op, inp, "inp"), N = rows(inp);
   OP_ASSERT(F2 % 2 == 0, "inp ", inp.str(), " should be (N, 2F)");
   like_rows(op, inp, dinp, "dinp", N, F2);
   like_rows(op, inp, dout, "dout", N, F2 / 2);
-  MT_DISPATCH(op, inp, (cuda::swiglu_backward_cuda<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2)),
-              cpu::swiglu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2));
+  check_amax(op, dinp_amax, inp);
+  MT_DISPATCH(op, inp,
+              (cuda::swiglu_backward_cuda<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2,
+                                             dinp_amax ? dinp_amax->data<float>() : nullptr)),
+              cpu::swiglu_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), inp.data<T>(), N, F2 / 2);
+              if (dinp_amax) fp8_amax(*dinp_amax, dinp));
 }
 
 // ---------------------------------------------------------------- attention

@@ -79,8 +79,10 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
 void gelu_forward(Tensor& out, const Tensor& inp);
 void gelu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
 // SwiGLU: inp (N, 2F) holds [gate | up] in each row; out (N, F) = silu(gate) * up.
-void swiglu_forward(Tensor& out, const Tensor& inp);
-void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
+// out_amax / dinp_amax (F32 (1), if given) = max |x| over the output as stored (FP8 tensorwise scaling: the amax
+// fp8_amax would take, fused into the pass on CUDA).
+void swiglu_forward(Tensor& out, const Tensor& inp, Tensor* out_amax = nullptr);
+void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp, Tensor* dinp_amax = nullptr);
 
 // ---------------------------------------------------------------- attention
 // Rotary position embedding, in place on x (B, T, heads, D), rotate-half convention (HF, Megatron

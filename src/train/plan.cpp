@@ -234,6 +234,18 @@ void schedule_peaks(const PlanReport& r, PlanStage& st) {
 }
 
 // One stage's chunks, memory and schedule peaks (one rank; rp: its parameters).
+// What a dense FP8 layer keeps beyond a bf16 one, per micro-batch (model/fp8_linear.h Fp8Saved): its linears'
+// inputs as transposed FP8 copies, 1 B an element over all N rows (gathered under SP) - linear_qkv, linear_proj,
+// and with SwiGLU linear_fc1 and linear_fc2 - less the SwiGLU output that fc2's copy replaces when it was kept.
+int64_t fp8_layer_extra_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, int64_t N, DType act,
+                              bool keep_norm_act) {
+  const int64_t C = m.hidden_size, ffn = d.ffn_hidden_size / tp, attn = m.num_attention_heads / tp * d.head_dim;
+  int64_t bytes = N * (C + attn);
+  if (d.features.activation == Activation::SwiGLU)
+    bytes += N * (C + ffn) - (keep_norm_act ? N * ffn * static_cast<int64_t>(dtype_size(act)) : 0);
+  return bytes;
+}
+
 PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport& r, int s, const RankParams& rp) {
   const bool fp32 = r.activation_dtype == DType::F32, sp = r.sequence_parallel;
   const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
@@ -264,6 +276,13 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
       policy.mode = kRecomputeModes[i];
       ch.act[i] = chunk_layers_activation_bytes(cfg.model, d, r.tp, sp, B, T, r.activation_dtype, policy, L) + extra;
     }
+    // Dense FP8 layers' kept input copies (not under full recompute: its layers keep their input only).
+    const Fp8Options fp8 = Fp8Options::from_config(cfg.training, d);
+    for (int l = ch.layers.begin; l < ch.layers.end; ++l)
+      if (!is_moe_layer(cfg.model, l) && fp8.layer_in_fp8(l, cfg.model.num_layers))
+        for (int i = 0; i < kNumRecomputeModes; ++i)
+          if (kRecomputeModes[i] != RecomputePolicy::Mode::Full)
+            ch.act[i] += fp8_layer_extra_bytes(cfg.model, d, r.tp, B * T, r.activation_dtype, !r.full_policy.norm_act);
     // MoE layers keeping everything: all of them, except under full recompute (block: those past the first k)
     for (int l = ch.layers.begin; l < ch.layers.end; ++l) {
       if (!is_moe_layer(cfg.model, l)) continue;
@@ -618,7 +637,8 @@ std::string format_plan(const PlanReport& r) {
   }
   os << "  in flight: micro-batches whose activations each chunk keeps at the peak of its pipeline schedule\n"
      << (fp8 ? "  fp8 copies: FP8 copies of the FP8 linears' weights (row-wise and transposed, 2 B/param), kept "
-               "for a step (training.fp8)\n"
+               "for a step (training.fp8); the act columns count the FP8 layers' inputs kept as FP8 copies "
+               "(1 B/element)\n"
              : "")
      << "  not counted: other transient buffers inside one forward/backward (and the layers being recomputed),\n"
      << "  communication buffers, allocator fragmentation, the CUDA context\n\n";

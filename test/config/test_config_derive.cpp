@@ -399,4 +399,21 @@ TEST_CASE("derive: training.attention_backend cudnn needs a run cuDNN's attentio
     c.training.attention_backend = other;
     CHECK(mt::derive_config(c, 1).world_size == 1);
   }
+  // Context parallelism: the ring's blocks are the chunks (seq_length / (2 x context) tokens), a2a the whole sequence.
+  c = base();
+  c.model.hidden_size = 512;
+  c.training.precision = "bf16";
+  c.training.attention_backend = "cudnn";
+  c.parallel.context = 2;
+  c.model.seq_length = 512;  // chunks of 128
+  CHECK(mt::derive_config(c, 2).world_size == 2);
+  c.model.seq_length = 256;  // chunks of 64
+  m = derive_error(c, 2);
+  CHECK(contains(m, "training.attention_backend is cudnn but the context-parallel chunks (model.seq_length / (2 x "
+                    "parallel.context) = 64 tokens) are not a multiple of 128"));
+  c.parallel.cp_comm_type = "a2a";  // attends over the whole 256
+  CHECK(mt::derive_config(c, 2).world_size == 2);
+  c.training.attention_backend = "auto";  // cuDNN where it can: any chunk
+  c.parallel.cp_comm_type = "p2p";
+  CHECK(mt::derive_config(c, 2).world_size == 2);
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cuda/cuda_ops.h"
 #include "test_cuda_util.h"
 
 using namespace mt;
@@ -141,5 +142,62 @@ TEST_CASE("cuda op timings", "[.bench][cuda]") {
     report("adamw_step fp32 1e8", median_ms([&] { ops::adamw_step(p, m, v, grad, a); }, 20), 28.0 * P);
     report("sum_squares fp32 1e8 (incl. sync)", median_ms([&] { (void)ops::sum_squares(grad); }, 20), 4.0 * P);
   }
+}
+// Every cuDNN engine configuration for one attention shape, timed (cuda_ops.h cudnn_attention_sweep); a
+// non-causal block also on our own kernels.
+namespace {
+void sweep_attention(const ops::cuda::AttnShape& s, bool deterministic, double budget_s, bool forward = true) {
+  const DType bf = DType::BF16;
+  const Shape qs{s.B, s.T, s.H, s.D}, ks{s.B, s.keys(), s.G, s.D};
+  const Tensor q = dev_randn(qs, bf, 31), k = dev_randn(ks, bf, 32), v = dev_randn(ks, bf, 33);
+  const Tensor dout = dev_randn(qs, bf, 34);
+  Tensor out = Tensor::empty(qs, bf, Device::CUDA), lse = Tensor::empty({s.B, s.H, s.T}, DType::F32, Device::CUDA);
+  Tensor dq = Tensor::empty(qs, bf, Device::CUDA), dk = Tensor::empty(ks, bf, Device::CUDA),
+         dv = Tensor::empty(ks, bf, Device::CUDA);
+  std::printf("CUDNN-SWEEP shape B %lld T %lld Tk %lld H %lld G %lld D %lld %s, %s backward\n", (long long)s.B,
+              (long long)s.T, (long long)s.keys(), (long long)s.H, (long long)s.G, (long long)s.D,
+              s.causal ? "causal" : "non-causal", deterministic ? "deterministic" : "non-deterministic");
+  auto p = [](const Tensor& t) { return t.data<mt::bf16>(); };
+  ops::set_deterministic(deterministic);
+  ops::attention_forward(out, lse, q, k, v, s.causal);  // out and lse for the backward (the configuration training uses)
+  if (forward)
+    ops::cuda::cudnn_attention_sweep(s, false, deterministic, p(q), p(k), p(v), p(out), lse.data<float>(), p(dout),
+                                     p(dq), p(dk), p(dv), 5, budget_s);
+  ops::cuda::cudnn_attention_sweep(s, true, deterministic, p(q), p(k), p(v), p(out), lse.data<float>(), p(dout), p(dq),
+                                   p(dk), p(dv), 5, budget_s);
+  const double fl = 4.0 * s.B * s.H * s.T * s.keys() * s.D * (s.causal ? 0.5 : 1.0);
+  for (auto b : {ops::AttentionBackend::Auto, ops::AttentionBackend::Own}) {
+    if (s.causal && b == ops::AttentionBackend::Own) continue;
+    ops::set_attention_backend(b);
+    const std::string name = b == ops::AttentionBackend::Own ? " own kernels" : " auto";
+    report(("attention_forward" + name).c_str(), median_ms([&] { ops::attention_forward(out, lse, q, k, v, s.causal); }, 3),
+           0, fl);
+    report(("attention_backward" + name).c_str(),
+           median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s.causal); }, 3), 0, 2.5 * fl);
+  }
+  ops::set_attention_backend(ops::AttentionBackend::Auto);
+  ops::set_deterministic(true);
+}
+}  // namespace
+
+// llama-1b at 32K tokens (configs/llama-1b-32k.yaml: B 1, H 32, G 8, D 64, non-deterministic backward).
+// Run with: mt_test_cuda "[cudnn-sweep]".
+TEST_CASE("cuda cudnn attention configurations at 32K", "[.bench][cudnn-sweep]") {
+  init();
+  sweep_attention({1, 32768, 32, 8, 64}, false, 30.0);
+}
+// The same with the key/value heads repeated to 32 (multi-head graph: no head reduction in cuDNN), backward only.
+TEST_CASE("cuda cudnn attention configurations at 32K, heads repeated", "[.bench][cudnn-sweep-mha]") {
+  init();
+  sweep_attention({1, 32768, 32, 32, 64}, false, 20.0, false);
+}
+// A context-parallel block at that length (CP2: chunks of 8192; the second chunk's queries over a whole
+// 16384-key block, non-causal), deterministic as the CP tests run it.
+TEST_CASE("cuda cudnn attention configurations of a context-parallel block", "[.bench][cudnn-sweep-block]") {
+  init();
+  ops::cuda::AttnShape block{1, 8192, 32, 8, 64};
+  block.Tk = 16384;
+  block.causal = false;
+  sweep_attention(block, true, 10.0);
 }
 #endif

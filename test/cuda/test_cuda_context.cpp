@@ -1,8 +1,10 @@
 // Context-parallel attention's ops on CUDA against the CPU reference (fp64 on the same rounded inputs): non-causal
-// attention with keys of another length (fp32 kernels; bf16/fp16 on fp32 copies: cuDNN does not run these blocks
-// yet, and training.attention_backend cudnn refuses them by name), forward and backward, deterministic; attention_merge and seq_copy; and the ring's
-// load-balanced block schedule (parallel/context_parallel.cpp) run on the device for P = 2 and 4 in one process: the
-// merged blocks equal causal attention over the whole sequence on the CPU (bf16 tolerance).
+// attention with keys of another length (cuDNN for bf16/fp16 when T and Tk are multiples of 128, forced under
+// training.attention_backend cudnn; else our fp32 kernels, on fp32 copies for bf16/fp16; a block cuDNN cannot run
+// under cudnn is refused by name), forward and backward, deterministic; attention_merge and seq_copy; and the ring's
+// load-balanced block schedule (parallel/context_parallel.cpp) run on the device for P = 2 and 4 in one process:
+// the merged blocks and their backward (dq here, dk/dv summed at the block's owner) equal causal attention over the
+// whole sequence on the CPU (bf16 tolerance; bf16 through cuDNN only).
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -41,6 +43,7 @@ TEST_CASE("cuda non-causal attention with keys of another length matches the CPU
     for (const Dims& d : dims) {
       std::vector<Backend> backends{Backend::Auto};
       if (dt != DType::F32) backends.push_back(Backend::Own);
+      if (dt != DType::F32 && d.T % 128 == 0 && d.Tk % 128 == 0 && d.D == 64) backends.push_back(Backend::Cudnn);
       for (Backend b : backends) {
         INFO("B " << d.B << " T " << d.T << " Tk " << d.Tk << " H " << d.H << " G " << d.G << " D " << d.D << " "
                   << dtype_name(dt) << " backend " << static_cast<int>(b));
@@ -75,17 +78,19 @@ TEST_CASE("cuda non-causal attention with keys of another length matches the CPU
     }
 }
 
-TEST_CASE("cuda non-causal attention under attention_backend cudnn is refused by name", "[cuda][context]") {
+TEST_CASE("cuda non-causal attention cuDNN cannot run under attention_backend cudnn is refused by name",
+          "[cuda][context]") {
   init();
   const Policy policy(Backend::Cudnn);
   const Tensor q = Tensor::zeros({1, 128, 2, 64}, DType::BF16, Device::CUDA);
-  const Tensor k = Tensor::zeros({1, 256, 2, 64}, DType::BF16, Device::CUDA);
+  const Tensor k = Tensor::zeros({1, 200, 2, 64}, DType::BF16, Device::CUDA);  // Tk % 128 != 0
   Tensor out = Tensor::zeros(q.shape(), DType::BF16, Device::CUDA), lse = Tensor::zeros({1, 2, 128}, DType::F32, Device::CUDA);
   try {
     ops::attention_forward(out, lse, q, k, k, false);
     FAIL("accepted");
   } catch (const mt::Error& e) {
-    CHECK(std::string(e.what()).find("context-parallel attention blocks") != std::string::npos);
+    CHECK(std::string(e.what()).find("training.attention_backend is cudnn") != std::string::npos);
+    CHECK(std::string(e.what()).find("Tk % 128 == 0") != std::string::npos);
   }
 }
 
@@ -143,20 +148,28 @@ TEST_CASE("cuda rope and qkv_split_rope at two chunks' positions match the CPU",
 TEST_CASE("cuda load-balanced attention blocks merged equal causal attention on the CPU", "[cuda][context]") {
   init();
   uint64_t seed = 7000;
+  // fp32 on our kernels; bf16 through cuDNN only (attention_backend cudnn: a block it does not run is an error).
   for (DType dt : {DType::F32, DType::BF16})
     for (int P : {2, 4}) {
+      const Policy policy(dt == DType::BF16 ? Backend::Cudnn : Backend::Auto);
       const int64_t B = 1, H = 8, G = 2, D = 64, c = 128, T = 2 * P * c;  // chunks of 128: cuDNN runs bf16 blocks
       INFO(dtype_name(dt) << " P " << P);
       const Tensor q64 = rounded(randn64({B, T, H, D}, ++seed), dt), k64 = rounded(randn64({B, T, G, D}, ++seed), dt),
-                   v64 = rounded(randn64({B, T, G, D}, ++seed), dt);
+                   v64 = rounded(randn64({B, T, G, D}, ++seed), dt), do64 = rounded(randn64({B, T, H, D}, ++seed), dt);
       Tensor out_r = Tensor::empty(q64.shape(), DType::F64), lse_r = Tensor::empty({B, H, T}, DType::F64);
       ops::attention_forward(out_r, lse_r, q64, k64, v64);
-      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt);
-      std::vector<Tensor> ql, kl, vl;
+      Tensor dq_r = Tensor::empty(q64.shape(), DType::F64), dk_r = Tensor::empty(k64.shape(), DType::F64),
+             dv_r = Tensor::empty(k64.shape(), DType::F64);
+      ops::attention_backward(dq_r, dk_r, dv_r, do64, q64, k64, v64, out_r, lse_r);
+      const Tensor q = to_device(q64, dt), k = to_device(k64, dt), v = to_device(v64, dt), dout = to_device(do64, dt);
+      std::vector<Tensor> ql, kl, vl, dol, dkl, dvl;
       for (int r = 0; r < P; ++r) {
         ql.push_back(test::cp_local(q, P, r));
         kl.push_back(test::cp_local(k, P, r));
         vl.push_back(test::cp_local(v, P, r));
+        dol.push_back(test::cp_local(dout, P, r));
+        dkl.push_back(Tensor::zeros(kl[r].shape(), dt, Device::CUDA));  // block r's gradient, summed over the ranks
+        dvl.push_back(Tensor::zeros(vl[r].shape(), dt, Device::CUDA));
       }
       auto half = [&](const Tensor& x, int64_t t0) {
         Shape s = x.shape();
@@ -166,6 +179,7 @@ TEST_CASE("cuda load-balanced attention blocks merged equal causal attention on 
         return o;
       };
       for (int r = 0; r < P; ++r) {
+        // Forward: the ring's schedule (parallel/context_parallel.cpp ring_forward), merged in step order.
         Tensor out = poisoned(ql[r].shape(), dt), lse = poisoned({B, H, 2 * c}, DType::F32);
         ops::attention_forward(out, lse, ql[r], kl[r], vl[r], true);
         for (int i = 1; i < P; ++i) {
@@ -180,6 +194,39 @@ TEST_CASE("cuda load-balanced attention blocks merged equal causal attention on 
         check_close("blocked attention out", out, test::cp_local(out_r, P, r), dt);
         check_close("blocked attention lse", lse, test::cp_local_lse(lse_r, P, r), dt,
                     dt != DType::F32 ? 1e-3 : kTolF32);
+        // Backward: the same blocks with the merged out and lse (ring_backward), dq here, dk/dv to the block's owner.
+        Tensor dq = poisoned(ql[r].shape(), dt);
+        {
+          Tensor dkb = poisoned(kl[r].shape(), dt), dvb = poisoned(vl[r].shape(), dt);
+          ops::attention_backward(dq, dkb, dvb, dol[r], ql[r], kl[r], vl[r], out, lse, true);
+          ops::add_(dkl[r], dkb);
+          ops::add_(dvl[r], dvb);
+        }
+        for (int i = 1; i < P; ++i) {
+          const int s = (r - i + P) % P;
+          if (s < r) {  // every query, the block's first chunk
+            const Tensor kb = half(kl[s], 0), vb = half(vl[s], 0);
+            Tensor dqb = poisoned(ql[r].shape(), dt), dkh = poisoned(kb.shape(), dt), dvh = poisoned(vb.shape(), dt);
+            ops::attention_backward(dqb, dkh, dvh, dol[r], ql[r], kb, vb, out, lse, false);
+            ops::add_(dq, dqb);
+            ops::seq_copy(dkl[s], 0, dkh, 0, c, ops::GradMode::Accumulate);
+            ops::seq_copy(dvl[s], 0, dvh, 0, c, ops::GradMode::Accumulate);
+          } else {  // the second local chunk, the whole block
+            const Tensor qh = half(ql[r], c), doh = half(dol[r], c), oh = half(out, c);
+            Tensor lh = Tensor::empty({B * H, c, 1}, DType::F32, Device::CUDA);
+            ops::seq_copy(lh, 0, lse.view({B * H, 2 * c, 1}), c, c);
+            Tensor dqh = poisoned(qh.shape(), dt), dkb = poisoned(kl[s].shape(), dt), dvb = poisoned(vl[s].shape(), dt);
+            ops::attention_backward(dqh, dkb, dvb, doh, qh, kl[s], vl[s], oh, lh.view({B, H, c}), false);
+            ops::seq_copy(dq, c, dqh, 0, c, ops::GradMode::Accumulate);
+            ops::add_(dkl[s], dkb);
+            ops::add_(dvl[s], dvb);
+          }
+        }
+        check_close("blocked attention dq", dq, test::cp_local(dq_r, P, r), dt);
+      }
+      for (int r = 0; r < P; ++r) {
+        check_close("blocked attention dk", dkl[r], test::cp_local(dk_r, P, r), dt);
+        check_close("blocked attention dv", dvl[r], test::cp_local(dv_r, P, r), dt);
       }
     }
 }

@@ -1,14 +1,15 @@
 // FP8 on the GPU against the CPU emulation (tensor/fp8): the hardware casts of cuda/fp8_cast.cu give the CPU's codes
 // bit for bit (per-tensor current and delayed scaling with the fused amax, transposed copies, 1x128 tiles along rows
-// and columns, 128x128 blocks) and the same scales and amaxes; the cuBLASLt FP8 GEMM equals the fp64 GEMM of the
-// dequantized operands within accumulation tolerance (kTolFp8Gemm below; bf16 output: the bf16 tolerance), for
-// tensor scaling (e4m3 x e4m3, e5m2 x e4m3), for blockwise scaling (tiles x blocks, tiles x tiles), with a bias and
-// accumulating into fp32.
+// and columns, both tile orientations from one pass, 128x128 blocks) and the same scales and amaxes; the cuBLASLt FP8
+// GEMM equals the fp64 GEMM of the dequantized operands within accumulation tolerance (kTolFp8Gemm below; bf16
+// output: the bf16 tolerance), for tensor scaling (e4m3 x e4m3, e5m2 x e4m3), for blockwise scaling (tiles x blocks,
+// tiles x tiles), with a bias and accumulating into fp32. The SwiGLU passes' fused amaxes equal fp8_amax's.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "cuda/fp8_cuda.h"
 #include "tensor/fp8/fp8_ops.h"
+#include "tensor/ops.h"
 #include "test_cuda_util.h"
 
 using namespace mt;
@@ -101,6 +102,21 @@ TEST_CASE("cuda FP8 casts give the CPU emulation's codes, scales and amaxes bit 
         ops::fp8_quantize_tiles(td, xd, tr);
         require_same(tr ? "tiles along columns" : "tiles along rows", to_host(td), th);
       }
+      // both orientations from one pass (bf16 and fp32 input): the same codes and scales as each on its own
+      {
+        Fp8Tensor th = Fp8Tensor::empty(R, C, t, Fp8Scaling::Tile1x128, Device::CPU);
+        Fp8Tensor tth = Fp8Tensor::empty(C, R, t, Fp8Scaling::Tile1x128, Device::CPU);
+        ops::fp8_quantize_tiles(th, xh, false);
+        ops::fp8_quantize_tiles(tth, xh, true);
+        for (const Tensor& xin : {xd, to_device(x64, DType::F32)}) {
+          INFO("input " << xin.str());
+          Fp8Tensor td = Fp8Tensor::empty(R, C, t, Fp8Scaling::Tile1x128, Device::CUDA);
+          Fp8Tensor ttd = Fp8Tensor::empty(C, R, t, Fp8Scaling::Tile1x128, Device::CUDA);
+          ops::fp8_quantize_tiles(td, ttd, xin);
+          require_same("tiles both: rows", to_host(td), th);
+          require_same("tiles both: columns", to_host(ttd), tth);
+        }
+      }
       Fp8Tensor bh = Fp8Tensor::empty(R, C, t, Fp8Scaling::Block128x128, Device::CPU);
       Fp8Tensor bth = Fp8Tensor::empty(C, R, t, Fp8Scaling::Block128x128, Device::CPU);
       Fp8Tensor bd = Fp8Tensor::empty(R, C, t, Fp8Scaling::Block128x128, Device::CUDA);
@@ -110,6 +126,31 @@ TEST_CASE("cuda FP8 casts give the CPU emulation's codes, scales and amaxes bit 
       require_same("blocks", to_host(bd), bh);
       require_same("blocks transposed", to_host(btd), bth);
     }
+}
+
+TEST_CASE("cuda SwiGLU passes take their output's FP8 amax: fp8_amax's, bit for bit, and the same output",
+          "[cuda][fp8]") {
+  init();
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{64, 512}, {37, 301}}) {  // 16-byte chunks; one column at a time
+    INFO("N " << N << " F " << F);
+    const Tensor h = to_device(wide(N, 2 * F, 70 + F, 4), DType::BF16);
+    const Tensor dy = to_device(wide(N, F, 80 + F, 4), DType::BF16);
+    Tensor a = Tensor::empty({N, F}, DType::BF16, Device::CUDA), a_ref = Tensor::empty({N, F}, DType::BF16, Device::CUDA);
+    Tensor amax = Tensor::empty({1}, DType::F32, Device::CUDA), amax_ref = Tensor::empty({1}, DType::F32, Device::CUDA);
+    ops::swiglu_forward(a_ref, h);
+    ops::swiglu_forward(a, h, &amax);
+    ops::fp8_amax(amax_ref, a_ref);
+    CHECK(bitwise_equal(a, a_ref));
+    CHECK(bitwise_equal(amax, amax_ref));
+    CHECK(to_host(amax).data<float>()[0] > 0.0f);
+    Tensor dh = Tensor::empty({N, 2 * F}, DType::BF16, Device::CUDA);
+    Tensor dh_ref = Tensor::empty({N, 2 * F}, DType::BF16, Device::CUDA);
+    ops::swiglu_backward(dh_ref, dy, h);
+    ops::swiglu_backward(dh, dy, h, &amax);
+    ops::fp8_amax(amax_ref, dh_ref);
+    CHECK(bitwise_equal(dh, dh_ref));
+    CHECK(bitwise_equal(amax, amax_ref));
+  }
 }
 
 TEST_CASE("cuda FP8 hardware casts round like the emulation at every midpoint and beyond the range", "[cuda][fp8]") {
@@ -203,6 +244,14 @@ TEST_CASE("cuda FP8 GEMM equals the fp64 GEMM of the dequantized operands", "[cu
       const Tensor bias_d = to_device(bias64, DType::BF16);
       ops::fp8_gemm(out_b, da, db, &bias_d, false);
       check_close(std::string("fp8_gemm bias bf16 ") + c.name, out_b, ref_b, DType::BF16);
+      // bf16 output with a bias and a residual (the row-parallel layer's, in the epilogue), fast accumulation
+      const Tensor res64 = rounded(randn64({M, N}, ++seed, 8.0), DType::BF16);
+      Tensor ref_r = Tensor::empty({M, N}, DType::F64);
+      ops::fp8_gemm(ref_r, qa, qb, &bias64, false, false, &res64);
+      Tensor out_r = poisoned({M, N}, DType::BF16);
+      const Tensor res_d = to_device(res64, DType::BF16);
+      ops::fp8_gemm(out_r, da, db, &bias_d, false, /*fast_accum=*/true, &res_d);
+      check_close(std::string("fp8_gemm bias residual bf16 ") + c.name, out_r, ref_r, DType::BF16);
     } else {
       // Every candidate block-scale layout (cuda/fp8_gemm.cu, Note [FP8 block scale layout]): layout 0, the one
       // fp8_gemm uses, must match the reference, and the others must not where they differ from it for this pair

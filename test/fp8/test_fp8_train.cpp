@@ -11,9 +11,11 @@
 //     differences between layouts (other summation orders) flip an occasional FP8 code (2^-4 of one element), and
 //     training updates amplify such flips chaotically (measured: 1e-3 apart after 15 steps at lr 1e-3, both
 //     layouts equally far from fp32). At lr 0 every iteration compares forward and backward on a new batch.
+//   - the FP8 copies kept from the forward survive recompute (selective, full) and pipeline 2 unchanged.
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -163,4 +165,27 @@ TEST_CASE("plan counts the FP8 weight copies", "[fp8][plan]") {
   CHECK(on.out.find("fp8 copies") != std::string::npos);
   CHECK(on.out.find(" 1.81 ") != std::string::npos);
   CHECK(kept.out.find(" 1.59 ") != std::string::npos);
+}
+
+// The FP8 linears keep their input's FP8 copies from the forward for the weight gradient; recompute re-runs that
+// forward and pipeline parallelism keeps several micro-batches' copies in flight. Neither may change a number: the
+// same codes with the same scales, so the loss is bit-identical to the plain run (the gradient norm to summation
+// order: the pipeline sums its stages' squares apart).
+TEST_CASE("FP8 with recompute (selective, full) and pipeline 2 equals the plain FP8 run", "[fp8][recompute][parallel]") {
+  for (const char* recipe : {"tensorwise", "delayed", "blockwise"}) {
+    const std::string fp8 = std::string("--set training.fp8=") + recipe + " --set training.fp8_format=hybrid";
+    const auto plain = train(std::string("plain-") + recipe, fp8);
+    for (const auto& [variant, args, np] :
+         {std::tuple<std::string, std::string, int>{"selective", "--set training.recompute=selective", 0},
+          {"full", "--set training.recompute=full", 0},
+          {"pp2", "--set parallel.pipeline=2", 2}}) {
+      const auto m = train(variant + "-" + recipe, fp8 + " " + args, np);
+      for (auto& [it, s] : plain) {
+        INFO(recipe << " " << variant << " iteration " << it << ": loss " << m.at(it).loss << " vs " << s.loss
+                    << ", grad norm " << m.at(it).grad_norm << " vs " << s.grad_norm);
+        CHECK(m.at(it).loss == s.loss);
+        CHECK(rel(m.at(it).grad_norm, s.grad_norm) < 1e-6);
+      }
+    }
+  }
 }

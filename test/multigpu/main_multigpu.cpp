@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   constexpr int kGpusNeeded = 2;
   const int n = mt::test::gpus_or_skip(kGpusNeeded, "the multi-GPU tests");
   if (n < 0) return mt::test::kSkipExitCode;
-  // [4gpu]: tensor 2 x pipeline 2, data 2 x tensor 2; [8gpu]: tensor 2 x pipeline 2 x data 2.
+  // [4gpu]: tensor 2 x pipeline 2, data 2 x tensor 2, expert 4, tensor 2 x expert 2, context 4;
+  // [8gpu]: tensor 2 x pipeline 2 x data 2.
   for (const auto& [tag, needed] : {std::pair<const char*, int>{"[4gpu]", 4}, {"[8gpu]", 8}}) {
     if (n >= needed) continue;  // every test spec (or none: all tests) without the cases of this tag
     std::printf("SKIPPED: the cases tagged %s (they need %d GPUs, %d visible); running the rest\n", tag, needed, n);

@@ -6,11 +6,14 @@
 //
 // The model is configs/ci/tiny-llama.yaml widened as in test/cuda/test_cuda_training.cpp (head dim
 // 64, the GPU kernels' common case) with 8 layers, so that pipeline 2 x virtual 2 has 2 layers a
-// chunk; global batch 8 = 4 micro-batches of 2 on one GPU, 2 of 2 per data-parallel rank.
+// chunk; global batch 8 = 4 micro-batches of 2 on one GPU, 2 of 2 per data-parallel rank. Expert, context and FP8
+// layouts use that model with their feature (kMoE, kLong, kFp8 below) and compare with the 1-GPU run of the same.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "catch.h"
 #include "common/run_binary.h"
@@ -36,35 +39,56 @@ constexpr double kTolF32 = 1e-4, kTolBF16 = 0.02, kNormFactor = 10;
 // NVLink multicast stays off (also set by main_multigpu.cpp for every run).
 const char* const kEnv = "NCCL_NVLS_ENABLE=0";
 
-std::string args(const std::string& name, const std::string& precision, const std::string& extra) {
-  return "train --config " + source_path(kConfig) + kModel + " --set training.device=cuda --set training.precision=" +
-         precision + " --set training.train_iters=" + std::to_string(kIters) +
+// A model: the dense one above, or it with the overrides of a feature (experts, a long sequence, FP8). Every layout
+// of a model is compared with the 1-GPU run of the same model.
+struct Model {
+  std::string name, overrides;
+};
+const Model kDense{"dense", ""};
+// 8 experts top-2 in every layer (aux and z losses), dropless.
+const Model kMoE{"moe",
+                 " --set model.num_experts=8 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=256"
+                 " --set model.moe_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001"};
+// Sequence 1024 so that the ring's chunks (1024 / (2 x 4) = 128 tokens at context 4) run on cuDNN in bf16; 8 heads
+// in 4 key/value groups (head dim 64) so that a2a splits the groups over context 4.
+const Model kLong{"long",
+                  " --set model.seq_length=1024 --set model.hidden_size=512 --set model.num_attention_heads=8"
+                  " --set model.num_query_groups=4 --set model.ffn_hidden_size=1024"};
+const Model kFp8{"fp8", " --set training.fp8=tensorwise"};
+
+std::string args(const std::string& name, const std::string& precision, const Model& model, const std::string& extra) {
+  return "train --config " + source_path(kConfig) + kModel + model.overrides +
+         " --set training.device=cuda --set training.precision=" + precision +
+         " --set training.train_iters=" + std::to_string(kIters) +
          " --set logging.log_interval=1 --set training.eval_iters=0 --set checkpoint.dir= --set logging.metrics_file=" +
          (temp_dir() / (name + ".jsonl")).string() + " " + extra;
 }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
-// The 1-GPU run of a precision, run once per test process.
-const std::map<int64_t, StepMetrics>& single_gpu(const std::string& precision) {
+// The 1-GPU run of a model and precision, run once per test process.
+const std::map<int64_t, StepMetrics>& single_gpu(const Model& model, const std::string& precision) {
   static std::map<std::string, std::map<int64_t, StepMetrics>> cache;
-  auto it = cache.find(precision);
+  const std::string name = "single-" + model.name + "-" + precision;
+  auto it = cache.find(name);
   if (it != cache.end()) return it->second;
-  const std::string name = "single-" + precision;
-  RunResult r = run_megatrain(args(name, precision, ""), name, 0, kEnv, 300);
+  RunResult r = run_megatrain(args(name, precision, model, ""), name, 0, kEnv, 300);
   INFO(name << " (1 GPU)\n" << r.err.substr(0, 3000));
   REQUIRE(r.code == 0);
   auto m = read_metrics(temp_dir() / (name + ".jsonl"));
   REQUIRE(m.size() == kIters);
-  return cache.emplace(precision, std::move(m)).first->second;
+  return cache.emplace(name, std::move(m)).first->second;
 }
 
-void check_layout(const std::string& layout, int np, const std::string& layout_args) {
-  for (const std::string precision : {"fp32", "bf16"}) {
+// FP8 runs in bf16 only (its GEMMs take bf16 operands); every other model in fp32 and bf16.
+void check_layout(const std::string& layout, int np, const std::string& layout_args, const Model& model = kDense) {
+  const std::vector<std::string> precisions =
+      model.name == kFp8.name ? std::vector<std::string>{"bf16"} : std::vector<std::string>{"fp32", "bf16"};
+  for (const std::string& precision : precisions) {
     const double tol = precision == "fp32" ? kTolF32 : kTolBF16;
-    const auto& single = single_gpu(precision);
-    const std::string name = layout + "-" + precision;
-    RunResult r = run_megatrain(args(name, precision, layout_args), name, np, kEnv, 300);
+    const auto& single = single_gpu(model, precision);
+    const std::string name = model.name + "-" + layout + "-" + precision;
+    RunResult r = run_megatrain(args(name, precision, model, layout_args), name, np, kEnv, 300);
     INFO(name << " (" << np << " GPUs, " << r.seconds << " s)\n" << r.err.substr(0, 3000));
     REQUIRE(!r.timed_out);
     REQUIRE(r.code == 0);
@@ -121,4 +145,38 @@ TEST_CASE("tensor 2 (sequence parallel) x pipeline 2 x virtual 2 x data 2 (distr
                "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2"
                " --set parallel.virtual_pipeline=2 --set parallel.distributed_optimizer=true"
                " --set parallel.grad_bucket_size=1000000");
+}
+
+// Expert parallelism over NCCL (all-to-all-v dispatch; expert gradients over expert-data): the MoE model.
+TEST_CASE("expert 2 matches 1 GPU", "[multigpu][parity][ep]") { check_layout("ep2", 2, "--set parallel.expert=2", kMoE); }
+
+TEST_CASE("expert 4 matches 1 GPU", "[multigpu][parity][ep][4gpu]") {
+  check_layout("ep4", 4, "--set parallel.expert=4", kMoE);
+}
+
+TEST_CASE("tensor 2 (sequence parallel) x expert 2 matches 1 GPU", "[multigpu][parity][ep][tp][4gpu]") {
+  check_layout("tp2sp-ep2", 4, "--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=2",
+               kMoE);
+}
+
+// Context parallelism over NCCL: the ring (p2p) and the all-to-all over heads (a2a), sequence 1024.
+TEST_CASE("context 2 (ring) matches 1 GPU", "[multigpu][parity][cp]") {
+  check_layout("cp2-p2p", 2, "--set parallel.context=2 --set parallel.cp_comm_type=p2p", kLong);
+}
+
+TEST_CASE("context 2 (all-to-all) matches 1 GPU", "[multigpu][parity][cp]") {
+  check_layout("cp2-a2a", 2, "--set parallel.context=2 --set parallel.cp_comm_type=a2a", kLong);
+}
+
+TEST_CASE("context 4 (ring) matches 1 GPU", "[multigpu][parity][cp][4gpu]") {
+  check_layout("cp4-p2p", 4, "--set parallel.context=4 --set parallel.cp_comm_type=p2p", kLong);
+}
+
+TEST_CASE("context 4 (all-to-all) matches 1 GPU", "[multigpu][parity][cp][4gpu]") {
+  check_layout("cp4-a2a", 4, "--set parallel.context=4 --set parallel.cp_comm_type=a2a", kLong);
+}
+
+// FP8 (tensorwise) under tensor parallelism: the amax of the split tensors reduced over the tensor group.
+TEST_CASE("FP8 tensorwise under tensor 2 (sequence parallel) matches 1 GPU", "[multigpu][parity][fp8][tp]") {
+  check_layout("tp2sp", 2, "--set parallel.tensor=2 --set parallel.sequence_parallel=true", kFp8);
 }

@@ -22,8 +22,9 @@ namespace {
 // If one of these fails, a layer keeps a new tensor per micro-batch: count it in plan.cpp's
 // layer_activation_bytes / chunk_extra_activation_bytes and in saved_bytes() below.
 static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
-static_assert(sizeof(SelfAttention::Saved) == 7 * sizeof(Tensor) + 2 * sizeof(Norm::Saved));
-static_assert(sizeof(DenseMLP::Saved) == 2 * sizeof(Tensor) + sizeof(MLPState));
+// (FP8 layers' kept input copies, Fp8Saved: plan.cpp fp8_layer_extra_bytes.)
+static_assert(sizeof(SelfAttention::Saved) == 7 * sizeof(Tensor) + 2 * sizeof(Norm::Saved) + 2 * sizeof(Fp8Saved));
+static_assert(sizeof(DenseMLP::Saved) == 2 * sizeof(Tensor) + sizeof(MLPState) + 2 * sizeof(Fp8Saved));
 static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
 static_assert(sizeof(TransformerLayer::Saved) == 4 * sizeof(Tensor) + 2 * sizeof(Norm::Saved) +
                                                     sizeof(SelfAttention::Saved) + sizeof(std::shared_ptr<MLPState>) +
@@ -51,7 +52,8 @@ int64_t saved_bytes(const Norm::Saved& s) { return nb(s.mean) + nb(s.rstd); }
 int64_t saved_bytes(const TransformerLayer::Saved& s) {
   return nb(s.x_in) + nb(s.x_mid) + nb(s.ln1_out) + nb(s.ln2_out) + saved_bytes(s.n1) + saved_bytes(s.n2) +
          nb(s.attn.q) + nb(s.attn.k) + nb(s.attn.v) + nb(s.attn.out) + nb(s.attn.lse) + nb(s.attn.q_pre) +
-         nb(s.attn.k_pre) + saved_bytes(s.attn.q_norm) + saved_bytes(s.attn.k_norm) + (s.mlp ? s.mlp->nbytes() : 0);
+         nb(s.attn.k_pre) + saved_bytes(s.attn.q_norm) + saved_bytes(s.attn.k_norm) + s.attn.qkv_x.nbytes() +
+         s.attn.proj_x.nbytes() + (s.mlp ? s.mlp->nbytes() : 0);
 }
 
 // The tensors a layer keeps, by the names model/kept_tensors.h gives them.

@@ -10,6 +10,7 @@
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/fp8/fp8_cpu.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_ops.h"
 #include "cuda/fp8_cuda.h"
 #endif
 
@@ -87,6 +88,7 @@ void fp8_amax(Tensor& amax, const Tensor& x) {
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(op, x.numel());
     if constexpr (!std::is_same_v<T, double>) cuda::fp8_amax_cuda<T>(amax.data<float>(), x.data<T>(), x.numel());
 #endif
   });
@@ -126,6 +128,9 @@ void fp8_quantize_tensor(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x, cons
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(out && out_t ? "fp8_quantize_tensor rows+t" : out ? "fp8_quantize_tensor rows"
+                                                                              : "fp8_quantize_tensor t",
+                              R, C);
     if constexpr (!std::is_same_v<T, double>) {
       cuda::fp8_quantize_tensor_cuda<T>(out ? out->data.data<uint8_t>() : nullptr,
                                         out_t ? out_t->data.data<uint8_t>() : nullptr,
@@ -153,9 +158,38 @@ void fp8_quantize_tiles(Fp8Tensor& out, const Tensor& x, bool transpose) {
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(transpose ? "fp8_quantize_tiles t" : "fp8_quantize_tiles rows", R, C);
     if constexpr (!std::is_same_v<T, double>)
       cuda::fp8_quantize_tiles_cuda<T>(out.data.data<uint8_t>(), out.scale_inv.data<float>(), x.data<T>(), R, C,
                                        transpose, out.dtype);
+#endif
+  });
+}
+
+void fp8_quantize_tiles(Fp8Tensor& out, Fp8Tensor& out_t, const Tensor& x) {
+  const char* op = "fp8_quantize_tiles";
+  const int64_t R = x.size(0), C = x.size(1);
+  MT_INTERNAL_ASSERT(out.scaling == Fp8Scaling::Tile1x128 && out_t.scaling == Fp8Scaling::Tile1x128 &&
+                         out.rows() == R && out.k() == C && out_t.rows() == C && out_t.k() == R,
+                     "op ", op, ": out ", out.data.str(), ", out_t ", out_t.data.str(), " vs x ", x.str());
+  if (x.device() == Device::CPU) {  // the reference: each orientation on its own
+    fp8_quantize_tiles(out, x, false);
+    fp8_quantize_tiles(out_t, x, true);
+    return;
+  }
+  check_operand(op, out, x.device());
+  check_operand(op, out_t, x.device());
+  MT_INTERNAL_ASSERT(out.dtype == out_t.dtype, "op ", op, ": both copies in one format");
+  dispatch(op, x, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer("fp8_quantize_tiles rows+t", R, C);
+    if constexpr (!std::is_same_v<T, double>)
+      cuda::fp8_quantize_tiles_both_cuda<T>(out.data.data<uint8_t>(), out.scale_inv.data<float>(),
+                                            out_t.data.data<uint8_t>(), out_t.scale_inv.data<float>(), x.data<T>(), R,
+                                            C, out.dtype);
+#else
+    (void)sizeof(T);
 #endif
   });
 }
@@ -183,6 +217,7 @@ void fp8_quantize_blocks(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x) {
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const cuda::OpTimer timer(op, R, C);
     if constexpr (!std::is_same_v<T, double>) cuda::fp8_quantize_blocks_cuda<T>(o, ot, s, st, x.data<T>(), R, C, t);
 #endif
   });
@@ -210,7 +245,7 @@ void fp8_dequantize(Tensor& out, const Fp8Tensor& q) {
 }
 
 void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate,
-              bool fast_accum) {
+              bool fast_accum, const Tensor* residual) {
   const char* op = "fp8_gemm";
   check_operand(op, a, out.device());
   check_operand(op, b, out.device());
@@ -221,6 +256,11 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
   MT_INTERNAL_ASSERT(!(a.dtype == fp8::Fp8Dtype::E5M2 && b.dtype == fp8::Fp8Dtype::E5M2), "op ", op,
                      ": e5m2 x e5m2 has no FP8 GEMM");
   if (bias) MT_INTERNAL_ASSERT(bias->numel() == N && bias->dtype() == out.dtype(), "op ", op, ": bias ", bias->str());
+  MT_INTERNAL_ASSERT(!(accumulate && residual), "op ", op, ": a residual with accumulate");
+  if (residual)
+    MT_INTERNAL_ASSERT(residual->numel() == M * N && residual->dtype() == out.dtype() &&
+                           residual->device() == out.device(),
+                       "op ", op, ": residual ", residual->str(), " vs out ", out.str());
   (void)fast_accum;
   dispatch(op, out, [&](auto z) {
     using T = decltype(z);
@@ -231,19 +271,24 @@ void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor*
         fp8_dequantize(da, a);
         fp8_dequantize(db, b);
         T* o = out.data<T>();
-        const bool add_bias = bias != nullptr;
-        if (add_bias)
+        const bool add = bias != nullptr || residual != nullptr;  // out = bias + residual, then += the product
+        if (add)
           for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < N; ++n) o[m * N + n] = bias->data<T>()[n];
+            for (int64_t n = 0; n < N; ++n)
+              o[m * N + n] = (bias ? bias->data<T>()[n] : T(0)) + (residual ? residual->data<T>()[m * N + n] : T(0));
         cpu::gemm_cpu<T>(false, true, M, N, K, T(1), da.data<T>(), K, db.data<T>(), K,
-                         (accumulate || add_bias) ? T(1) : T(0), o, N);
+                         (accumulate || add) ? T(1) : T(0), o, N);
       }
       return;
     }
 #if defined(MEGATRAIN_HAVE_CUDA)
+    const bool fast = fast_accum && a.scaling == Fp8Scaling::Tensor;
+    const cuda::OpTimer timer(a.scaling == Fp8Scaling::Tensor ? (fast ? "fp8_gemm tensor fast" : "fp8_gemm tensor")
+                                                              : "fp8_gemm blocks",
+                              M, N, K);
     if constexpr (!std::is_same_v<T, double>)
       cuda::fp8_gemm_cuda<T>(out.data<T>(), gemm_operand(a), gemm_operand(b), bias ? bias->data<T>() : nullptr,
-                             accumulate, fast_accum && a.scaling == Fp8Scaling::Tensor);
+                             accumulate, fast, residual ? residual->data<T>() : nullptr);
 #endif
   });
 }

@@ -44,6 +44,8 @@ void fp8_quantize_tensor(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x, cons
 // 1x128 tiles: transpose false: out (R, C), tiles along each row; true: out (C, R) = x^T, tiles along x's columns
 // (128 consecutive rows of x). Each tile's scale from its own amax (power of 2).
 void fp8_quantize_tiles(Fp8Tensor& out, const Tensor& x, bool transpose);
+// Both at once (one read of x on CUDA): out (R, C) as transpose false, out_t (C, R) as transpose true.
+void fp8_quantize_tiles(Fp8Tensor& out, Fp8Tensor& out_t, const Tensor& x);
 
 // 128x128 blocks of x (R, C): out (R, C) and/or out_t (C, R); out_t's scale_inv is out's transposed.
 void fp8_quantize_blocks(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x);
@@ -51,12 +53,13 @@ void fp8_quantize_blocks(Fp8Tensor* out, Fp8Tensor* out_t, const Tensor& x);
 // out (R, K) (fp32/fp64 on CPU; fp32/bf16 on CUDA) = decode(codes) * scale_inv.
 void fp8_dequantize(Tensor& out, const Fp8Tensor& q);
 
-// out (M, N) = deq(a) (M, K) @ deq(b) (N, K)^T [+ bias (N)]; accumulate: out += (bias must be null).
+// out (M, N) = deq(a) (M, K) @ deq(b) (N, K)^T [+ bias (N)] [+ residual (M, N), out's dtype: added in the GEMM's
+// epilogue, before the rounding to out's dtype]; accumulate: out += (bias and residual must be null).
 // CPU: dequantize both, then the fp32/fp64 GEMM. CUDA: cuBLASLt FP8 GEMM, fp32 accumulation, out bf16 or fp32.
 // (a, b) scalings: (Tensor, Tensor), (Tile1x128, Block128x128), (Tile1x128, Tile1x128), (Block128x128, Tile1x128).
 // fast_accum (tensor scaling): CUDA may accumulate in the tensor cores' faster, less precise mode (the forward GEMM's
 // choice in TransformerEngine); the CPU ignores it (its reference is exact either way).
 void fp8_gemm(Tensor& out, const Fp8Tensor& a, const Fp8Tensor& b, const Tensor* bias, bool accumulate,
-              bool fast_accum = false);
+              bool fast_accum = false, const Tensor* residual = nullptr);
 
 }  // namespace mt::ops
