@@ -55,7 +55,7 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
 // ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
 // Groups of at most kMaxShapeBuckets distinct row counts (the padded layout: tensor/moe_ops.h moe_padded_regions)
 // run as one batched call per distinct count instead (strided when evenly spaced, else on pointer arrays).
-inline constexpr int kMaxShapeBuckets = 4;
+inline constexpr int kMaxShapeBuckets = 16;
 // One grouped GEMM over the El experts (groups without rows skipped), or with per_group one cublasGemmEx per
 // expert (large experts: tensor/moe_ops.h moe_gemm_per_group). counts on the host.
 template <typename T>

@@ -125,7 +125,10 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC);
 // "MoE speed (session 9)"). A data-driven choice per layer and step; only on the GPU (the CPU runs the exact
 // groups), for E <= 256.
 inline constexpr double kGroupedTflops = 260, kPerGroupTflops = 500, kBatchedTflops = 600, kBatchedCallUs = 8;
-inline constexpr int64_t kPadBuckets = 4, kPadRows = 128;
+// kPadBuckets 16: with 4, skewed routings (moe-64x-top8's trained routers: one expert at 8x the mean, the rest
+// spread over two orders of magnitude) padded 131,072 rows to 147-193K (e2e op profile, session 10); the cut into
+// up to 16 runs pads a simulated such routing by 8-13% instead of 40-63% (the estimate picks 9-12 runs).
+inline constexpr int64_t kPadBuckets = 16, kPadRows = 128;
 // The region sizes (E) of the padded layout for these counts, or empty when the exact groups are estimated faster.
 std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
