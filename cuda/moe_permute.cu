@@ -1,5 +1,5 @@
 // MoE routing map, permute and unpermute on CUDA (tensor/cpu/moe_permute.cpp has the math). Gathers only: each
-// output row is written by one block, a token's slots summed in slot order (deterministic, no float atomics).
+// output row is written by one warp, a token's slots summed in slot order (deterministic, no float atomics).
 //
 // Counts: a shared-memory histogram per block of slots, added into the global counts with integer atomics (exact,
 // so deterministic). The routing map keeps the CPU's order (slots ascend inside an expert) in three launches:
@@ -13,7 +13,8 @@
 // (PadPlan), found by binary search.
 //
 // Permute / unpermute move rows as 16-byte vectors when the row width and the pointers allow (else one element
-// per thread): memory-bound, one block per row.
+// per lane): memory-bound, one warp per output row (8 rows per block), each lane loading kUnroll vectors before
+// storing them (a block per 2 KB row, as before, kept too few bytes in flight: 1.3-1.9 TB/s on an H100).
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
@@ -22,7 +23,9 @@ namespace mt::ops::cuda {
 using namespace ::mt::cuda;
 
 namespace {
-constexpr int kThreads = 128;
+constexpr int kRowWarps = 8, kRowThreads = 32 * kRowWarps, kUnroll = 4;  // the row kernels: a warp per row
+
+unsigned row_blocks(int64_t rows) { return unsigned(ceil_div(rows, int64_t{kRowWarps})); }
 constexpr int kTile = 2048;       // slots per block of the histograms and the routing map's scatter
 constexpr int kHistThreads = 256;
 
@@ -103,35 +106,42 @@ __global__ void tile_scatter_kernel(int32_t* slot_of_row, int32_t* row_of_slot, 
 }
 
 // V elements per access (V = 1: scalar; else 16-byte vectors, C % V == 0 and the pointers aligned)
+// The row kernels' warps: lane's columns are c0 + u * 32 * V (u < kUnroll) for c0 = lane * V, lane * V + 32 V kUnroll, ...
+__device__ __forceinline__ int64_t row_of_warp() { return int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32; }
+
 template <int V, typename D>
-__global__ void permute_kernel(D* out, const D* x, const int32_t* slot_of_row, int64_t C, int64_t k) {
-  const int64_t r = blockIdx.x;
+__device__ __forceinline__ void zero_row(D* dst, int64_t C) {
+  D z[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) z[i] = from_float<D>(0.f);
+  for (int64_t c = (threadIdx.x % 32) * V; c < C; c += 32 * V) store_vec<V>(dst + c, z);
+}
+
+template <int V, typename D>
+__global__ void permute_kernel(D* out, const D* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k) {
+  const int64_t r = row_of_warp();
+  if (r >= M) return;
   const int32_t slot = slot_of_row[r];
   D* dst = out + r * C;
-  if (slot < 0) {  // a padding row of the padded layout: zeros
-    D z[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) z[i] = from_float<D>(0.f);
-    for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) store_vec<V>(dst + c, z);
-    return;
-  }
+  if (slot < 0) return zero_row<V>(dst, C);  // a padding row of the padded layout: zeros
   const D* src = x + int64_t(slot / k) * C;
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
-    D v[V];
-    load_vec<V>(v, src + c);
-    store_vec<V>(dst + c, v);
+  for (int64_t c0 = (threadIdx.x % 32) * V; c0 < C; c0 += 32 * V * kUnroll) {
+    D v[kUnroll][V];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * 32 * V < C) load_vec<V>(v[u], src + c0 + u * 32 * V);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * 32 * V < C) store_vec<V>(dst + c0 + u * 32 * V, v[u]);
   }
 }
 
 // rows r with slot_of_row[r] < 0 (padding) = 0; the others untouched
 template <int V, typename D>
-__global__ void zero_unrouted_kernel(D* x, const int32_t* slot_of_row, int64_t C) {
-  const int64_t r = blockIdx.x;
-  if (slot_of_row[r] >= 0) return;
-  D z[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) z[i] = from_float<D>(0.f);
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) store_vec<V>(x + r * C + c, z);
+__global__ void zero_unrouted_kernel(D* x, const int32_t* slot_of_row, int64_t M, int64_t C) {
+  const int64_t r = row_of_warp();
+  if (r >= M || slot_of_row[r] >= 0) return;
+  zero_row<V>(x + r * C, C);
 }
 
 // The last e with start[e] <= r, start (E + 1) ascending (an empty expert never is: its start is the next one's).
@@ -164,75 +174,82 @@ __global__ void pad_rows_kernel(int32_t* row_of_slot, int64_t slots, PadPlan pla
   row_of_slot[s] = int32_t(plan.pstart[e] + r - plan.start[e]);
 }
 
-template <int V, typename D>
-__global__ void permute_backward_kernel(D* dx, const D* dout, const int32_t* row_of_slot, int64_t C, int64_t k) {
-  const int64_t n = blockIdx.x;
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
-    float acc[V] = {};
+// y[n] = sum over the token's kept slots j (in order) of w_j * rows[row_of_slot[n k + j]] (WEIGHTED false: w = 1),
+// one warp per token, each lane accumulating kUnroll vectors of the row in fp32.
+template <bool WEIGHTED, int V, typename D>
+__global__ void gather_sum_kernel(D* y, const D* rows, const float* weights, const int32_t* row_of_slot, int64_t N,
+                                  int64_t C, int64_t k) {
+  const int64_t n = row_of_warp();
+  if (n >= N) return;
+  for (int64_t c0 = (threadIdx.x % 32) * V; c0 < C; c0 += 32 * V * kUnroll) {
+    float acc[kUnroll][V] = {};
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = row_of_slot[n * k + j];
       if (r < 0) continue;
-      D v[V];
-      load_vec<V>(v, dout + int64_t(r) * C + c);
+      const float w = WEIGHTED ? weights[n * k + j] : 1.f;
+      D v[kUnroll][V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += to_float(v[i]);
+      for (int u = 0; u < kUnroll; ++u)
+        if (c0 + u * 32 * V < C) load_vec<V>(v[u], rows + int64_t(r) * C + c0 + u * 32 * V);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          if constexpr (WEIGHTED)
+            acc[u][i] += w * to_float(v[u][i]);
+          else
+            acc[u][i] += to_float(v[u][i]);
+        }
     }
-    D o[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
-    store_vec<V>(dx + n * C + c, o);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u * 32 * V >= C) continue;
+      D o[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[u][i]);
+      store_vec<V>(y + n * C + c0 + u * 32 * V, o);
+    }
   }
 }
 
-template <int V, typename D>
-__global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const int32_t* row_of_slot, int64_t C,
-                                 int64_t k) {
-  const int64_t n = blockIdx.x;
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
-    float acc[V] = {};
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t r = row_of_slot[n * k + j];
-      if (r < 0) continue;
-      const float w = weights[n * k + j];
-      D v[V];
-      load_vec<V>(v, yp + int64_t(r) * C + c);
-#pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += w * to_float(v[i]);
-    }
-    D o[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
-    store_vec<V>(y + n * C + c, o);
-  }
-}
-
-// block per slot: dyp[row] = w * dy[token]; dweights[slot] = <dy[token], yp[row]> (block reduction, fixed order)
+// warp per slot: dyp[row] = w * dy[token]; dweights[slot] = <dy[token], yp[row]> (per-lane sums in column order,
+// then the warp's butterfly: a fixed order)
 template <int V, typename D>
 __global__ void unpermute_backward_kernel(D* dyp, float* dweights, const D* dy, const D* yp, const float* weights,
-                                          const int32_t* row_of_slot, int64_t C, int64_t k) {
-  __shared__ float red[32];
-  const int64_t s = blockIdx.x, n = s / k;
+                                          const int32_t* row_of_slot, int64_t S, int64_t C, int64_t k) {
+  const int64_t s = row_of_warp(), n = s / k;
+  if (s >= S) return;
+  const int lane = threadIdx.x % 32;
   const int32_t r = row_of_slot[s];
   if (r < 0) {
-    if (threadIdx.x == 0) dweights[s] = 0.f;
+    if (lane == 0) dweights[s] = 0.f;
     return;
   }
   const float w = weights[s];
   float acc = 0.f;
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
-    D g[V], v[V], o[V];
-    load_vec<V>(g, dy + n * C + c);
-    load_vec<V>(v, yp + int64_t(r) * C + c);
+  for (int64_t c0 = lane * V; c0 < C; c0 += 32 * V * kUnroll) {
+    D g[kUnroll][V], v[kUnroll][V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float gf = to_float(g[i]);
-      acc += gf * to_float(v[i]);
-      o[i] = from_float<D>(w * gf);
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * 32 * V < C) {
+        load_vec<V>(g[u], dy + n * C + c0 + u * 32 * V);
+        load_vec<V>(v[u], yp + int64_t(r) * C + c0 + u * 32 * V);
+      }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u * 32 * V >= C) continue;
+      D o[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float gf = to_float(g[u][i]);
+        acc += gf * to_float(v[u][i]);
+        o[i] = from_float<D>(w * gf);
+      }
+      store_vec<V>(dyp + int64_t(r) * C + c0 + u * 32 * V, o);
     }
-    store_vec<V>(dyp + int64_t(r) * C + c, o);
   }
-  acc = block_sum(acc, red);
-  if (threadIdx.x == 0) dweights[s] = acc;
+  acc = warp_sum(acc);
+  if (lane == 0) dweights[s] = acc;
 }
 
 // Launches kernel<V> with 16-byte vectors when C and every pointer allow, else kernel<1>.
@@ -280,8 +297,8 @@ void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, in
   if (M == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {out, x}, [&](auto v) {
-    permute_kernel<decltype(v)::value><<<unsigned(M), kThreads, 0, current_stream()>>>(dev(out), dev(x), slot_of_row,
-                                                                                       C, k);
+    permute_kernel<decltype(v)::value><<<row_blocks(M), kRowThreads, 0, current_stream()>>>(dev(out), dev(x),
+                                                                                           slot_of_row, M, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_forward");
 }
@@ -308,7 +325,8 @@ void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, in
   if (M == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {x}, [&](auto v) {
-    zero_unrouted_kernel<decltype(v)::value><<<unsigned(M), kThreads, 0, current_stream()>>>(dev(x), slot_of_row, C);
+    zero_unrouted_kernel<decltype(v)::value><<<row_blocks(M), kRowThreads, 0, current_stream()>>>(dev(x), slot_of_row,
+                                                                                                 M, C);
   });
   MT_CUDA_CHECK_LAUNCH("moe_zero_unrouted_rows");
 }
@@ -318,8 +336,8 @@ void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot,
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {dx, dout}, [&](auto v) {
-    permute_backward_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(dx), dev(dout),
-                                                                                                row_of_slot, C, k);
+    gather_sum_kernel<false, decltype(v)::value><<<row_blocks(N), kRowThreads, 0, current_stream()>>>(
+        dev(dx), dev(dout), nullptr, row_of_slot, N, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_backward");
 }
@@ -330,8 +348,8 @@ void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const i
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {y, yp}, [&](auto v) {
-    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(y), dev(yp), weights,
-                                                                                         row_of_slot, C, k);
+    gather_sum_kernel<true, decltype(v)::value><<<row_blocks(N), kRowThreads, 0, current_stream()>>>(
+        dev(y), dev(yp), weights, row_of_slot, N, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_forward");
 }
@@ -342,8 +360,8 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {dyp, dy, yp}, [&](auto v) {
-    unpermute_backward_kernel<decltype(v)::value><<<unsigned(N * k), kThreads, 0, current_stream()>>>(
-        dev(dyp), dweights, dev(dy), dev(yp), weights, row_of_slot, C, k);
+    unpermute_backward_kernel<decltype(v)::value><<<row_blocks(N * k), kRowThreads, 0, current_stream()>>>(
+        dev(dyp), dweights, dev(dy), dev(yp), weights, row_of_slot, N * k, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_backward");
 }
