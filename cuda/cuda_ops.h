@@ -187,7 +187,10 @@ class OpTimer {
 };
 
 // ---------------------------------------------------------------- adamw.cu (fp32 master weights)
+// copy (null, or n bf16 elements, fp16 with copy_f16): = the updated param rounded to nearest even, as cast_cuda,
+// written in the same pass (the compute copy of the master weights, without re-reading them).
 void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
+                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
+                     void* copy = nullptr, bool copy_f16 = false);
 
 }  // namespace mt::ops::cuda

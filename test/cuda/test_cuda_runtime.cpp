@@ -32,7 +32,7 @@ TEST_CASE("device tensors round-trip through the caching allocator", "[cuda]") {
 
 // Blocks of 1 MiB or more: a request with no free block of its size takes the smallest free block of at most 1/8
 // more (no cudaMalloc), counted at the block's size, and returns it to the block's own free list.
-TEST_CASE("the caching allocator reuses a slightly larger free block for a new size", "[cuda][moe]") {
+TEST_CASE("the caching allocator reuses a slightly larger free block for a new size", "[cuda][allocator]") {
   mt::cuda::initialize(0);
   mt::cuda::empty_cache();  // no free blocks from earlier tests
   const int64_t MiB = int64_t(1) << 20;
