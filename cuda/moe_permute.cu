@@ -1,5 +1,6 @@
 // MoE routing map, permute and unpermute on CUDA (tensor/cpu/moe_permute.cpp has the math). Gathers only: each
-// output row is written by one warp, a token's slots summed in slot order (deterministic, no float atomics).
+// output row is written by one warp or block, a token's slots summed in slot order (deterministic, no float
+// atomics).
 //
 // Counts: a shared-memory histogram per block of slots, added into the global counts with integer atomics (exact,
 // so deterministic). The routing map keeps the CPU's order (slots ascend inside an expert) in three launches:
@@ -13,8 +14,11 @@
 // (PadPlan), found by binary search.
 //
 // Permute / unpermute move rows as 16-byte vectors when the row width and the pointers allow (else one element
-// per lane): memory-bound, one warp per output row (8 rows per block), each lane loading kUnroll vectors before
-// storing them (a block per 2 KB row, as before, kept too few bytes in flight: 1.3-1.9 TB/s on an H100).
+// per thread): memory-bound. The permute and the zeroing of padding rows run one warp per row (8 rows per block),
+// each lane loading kUnroll vectors before storing them; the per-token gathers (permute backward, unpermute) one
+// 128-thread block per token or slot. Measured on an H100 at 64x top-8 (session 10): the warp version took the
+// zeroing of padding rows from 0.090 to 0.019 ms and left the permute at 0.16-0.17 ms, but ran the gathers 5-17%
+// slower than a block per token, so those kept it.
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
@@ -23,6 +27,7 @@ namespace mt::ops::cuda {
 using namespace ::mt::cuda;
 
 namespace {
+constexpr int kThreads = 128;  // the per-token gathers: a block per token (or slot)
 constexpr int kRowWarps = 8, kRowThreads = 32 * kRowWarps, kUnroll = 4;  // the row kernels: a warp per row
 
 unsigned row_blocks(int64_t rows) { return unsigned(ceil_div(rows, int64_t{kRowWarps})); }
@@ -105,8 +110,8 @@ __global__ void tile_scatter_kernel(int32_t* slot_of_row, int32_t* row_of_slot, 
   }
 }
 
-// V elements per access (V = 1: scalar; else 16-byte vectors, C % V == 0 and the pointers aligned)
-// The row kernels' warps: lane's columns are c0 + u * 32 * V (u < kUnroll) for c0 = lane * V, lane * V + 32 V kUnroll, ...
+// V elements per access (V = 1: scalar; else 16-byte vectors, C % V == 0 and the pointers aligned).
+// The row kernels: warp w of block b owns row 8 b + w; lane l the columns l V + 32 V u (u < kUnroll) + 32 V kUnroll i.
 __device__ __forceinline__ int64_t row_of_warp() { return int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32; }
 
 template <int V, typename D>
@@ -174,82 +179,75 @@ __global__ void pad_rows_kernel(int32_t* row_of_slot, int64_t slots, PadPlan pla
   row_of_slot[s] = int32_t(plan.pstart[e] + r - plan.start[e]);
 }
 
-// y[n] = sum over the token's kept slots j (in order) of w_j * rows[row_of_slot[n k + j]] (WEIGHTED false: w = 1),
-// one warp per token, each lane accumulating kUnroll vectors of the row in fp32.
-template <bool WEIGHTED, int V, typename D>
-__global__ void gather_sum_kernel(D* y, const D* rows, const float* weights, const int32_t* row_of_slot, int64_t N,
-                                  int64_t C, int64_t k) {
-  const int64_t n = row_of_warp();
-  if (n >= N) return;
-  for (int64_t c0 = (threadIdx.x % 32) * V; c0 < C; c0 += 32 * V * kUnroll) {
-    float acc[kUnroll][V] = {};
+template <int V, typename D>
+__global__ void permute_backward_kernel(D* dx, const D* dout, const int32_t* row_of_slot, int64_t C, int64_t k) {
+  const int64_t n = blockIdx.x;
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    float acc[V] = {};
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = row_of_slot[n * k + j];
       if (r < 0) continue;
-      const float w = WEIGHTED ? weights[n * k + j] : 1.f;
-      D v[kUnroll][V];
+      D v[V];
+      load_vec<V>(v, dout + int64_t(r) * C + c);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (c0 + u * 32 * V < C) load_vec<V>(v[u], rows + int64_t(r) * C + c0 + u * 32 * V);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          if constexpr (WEIGHTED)
-            acc[u][i] += w * to_float(v[u][i]);
-          else
-            acc[u][i] += to_float(v[u][i]);
-        }
+      for (int i = 0; i < V; ++i) acc[i] += to_float(v[i]);
     }
+    D o[V];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (c0 + u * 32 * V >= C) continue;
-      D o[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[u][i]);
-      store_vec<V>(y + n * C + c0 + u * 32 * V, o);
-    }
+    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
+    store_vec<V>(dx + n * C + c, o);
   }
 }
 
-// warp per slot: dyp[row] = w * dy[token]; dweights[slot] = <dy[token], yp[row]> (per-lane sums in column order,
-// then the warp's butterfly: a fixed order)
+template <int V, typename D>
+__global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const int32_t* row_of_slot, int64_t C,
+                                 int64_t k) {
+  const int64_t n = blockIdx.x;
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    float acc[V] = {};
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = row_of_slot[n * k + j];
+      if (r < 0) continue;
+      const float w = weights[n * k + j];
+      D v[V];
+      load_vec<V>(v, yp + int64_t(r) * C + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += w * to_float(v[i]);
+    }
+    D o[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
+    store_vec<V>(y + n * C + c, o);
+  }
+}
+
+// block per slot: dyp[row] = w * dy[token]; dweights[slot] = <dy[token], yp[row]> (block reduction, fixed order)
 template <int V, typename D>
 __global__ void unpermute_backward_kernel(D* dyp, float* dweights, const D* dy, const D* yp, const float* weights,
-                                          const int32_t* row_of_slot, int64_t S, int64_t C, int64_t k) {
-  const int64_t s = row_of_warp(), n = s / k;
-  if (s >= S) return;
-  const int lane = threadIdx.x % 32;
+                                          const int32_t* row_of_slot, int64_t C, int64_t k) {
+  __shared__ float red[32];
+  const int64_t s = blockIdx.x, n = s / k;
   const int32_t r = row_of_slot[s];
   if (r < 0) {
-    if (lane == 0) dweights[s] = 0.f;
+    if (threadIdx.x == 0) dweights[s] = 0.f;
     return;
   }
   const float w = weights[s];
   float acc = 0.f;
-  for (int64_t c0 = lane * V; c0 < C; c0 += 32 * V * kUnroll) {
-    D g[kUnroll][V], v[kUnroll][V];
+  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
+    D g[V], v[V], o[V];
+    load_vec<V>(g, dy + n * C + c);
+    load_vec<V>(v, yp + int64_t(r) * C + c);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u * 32 * V < C) {
-        load_vec<V>(g[u], dy + n * C + c0 + u * 32 * V);
-        load_vec<V>(v[u], yp + int64_t(r) * C + c0 + u * 32 * V);
-      }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (c0 + u * 32 * V >= C) continue;
-      D o[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const float gf = to_float(g[u][i]);
-        acc += gf * to_float(v[u][i]);
-        o[i] = from_float<D>(w * gf);
-      }
-      store_vec<V>(dyp + int64_t(r) * C + c0 + u * 32 * V, o);
+    for (int i = 0; i < V; ++i) {
+      const float gf = to_float(g[i]);
+      acc += gf * to_float(v[i]);
+      o[i] = from_float<D>(w * gf);
     }
+    store_vec<V>(dyp + int64_t(r) * C + c, o);
   }
-  acc = warp_sum(acc);
-  if (lane == 0) dweights[s] = acc;
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) dweights[s] = acc;
 }
 
 // Launches kernel<V> with 16-byte vectors when C and every pointer allow, else kernel<1>.
@@ -336,8 +334,8 @@ void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot,
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {dx, dout}, [&](auto v) {
-    gather_sum_kernel<false, decltype(v)::value><<<row_blocks(N), kRowThreads, 0, current_stream()>>>(
-        dev(dx), dev(dout), nullptr, row_of_slot, N, C, k);
+    permute_backward_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(dx), dev(dout),
+                                                                                                row_of_slot, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_backward");
 }
@@ -348,8 +346,8 @@ void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const i
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {y, yp}, [&](auto v) {
-    gather_sum_kernel<true, decltype(v)::value><<<row_blocks(N), kRowThreads, 0, current_stream()>>>(
-        dev(y), dev(yp), weights, row_of_slot, N, C, k);
+    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(y), dev(yp), weights,
+                                                                                         row_of_slot, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_forward");
 }
@@ -360,8 +358,8 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {dyp, dy, yp}, [&](auto v) {
-    unpermute_backward_kernel<decltype(v)::value><<<row_blocks(N * k), kRowThreads, 0, current_stream()>>>(
-        dev(dyp), dweights, dev(dy), dev(yp), weights, row_of_slot, N * k, C, k);
+    unpermute_backward_kernel<decltype(v)::value><<<unsigned(N * k), kThreads, 0, current_stream()>>>(
+        dev(dyp), dweights, dev(dy), dev(yp), weights, row_of_slot, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_backward");
 }
