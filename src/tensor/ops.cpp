@@ -930,6 +930,7 @@ void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const A
               "param_copy should be a bf16 / fp16 tensor of ", param.numel(), " elements on param's device");
 #if defined(MEGATRAIN_HAVE_CUDA)
     if (param.device() == Device::CUDA && param.dtype() == DType::F32) {
+      const cuda::OpTimer timer("adamw_step (+ weight copy)", param.numel());  // MT_OP_PROFILE
       cuda::adamw_step_cuda(param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(),
                             a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale, param_copy->raw(),
                             param_copy->dtype() == DType::F16);
