@@ -219,6 +219,11 @@ void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64
 }
 
 template <typename T>
+void swiglu_backward_recompute_cuda(T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F) {
+  swiglu_backward_launch<T>("swiglu_backward_recompute_cuda", dinp, out, dout, inp, N, F);
+}
+
+template <typename T>
 void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
                                  int64_t N, int64_t F, int64_t OC, bool accumulate_dweight) {
   if (N == 0 || F == 0) {
@@ -239,6 +244,7 @@ void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* d
   template void gelu_backward_cuda<T>(T*, const T*, const T*, int64_t);                                        \
   template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t, float*);                                \
   template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t, float*);                     \
+  template void swiglu_backward_recompute_cuda<T>(T*, T*, const T*, const T*, int64_t, int64_t);                \
   template void linear_backward_swiglu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, \
                                                int64_t, bool);
 MT_INSTANTIATE(float)

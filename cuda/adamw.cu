@@ -3,7 +3,9 @@
 //   p -= lr * ((m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps) + wd * p)
 // (decoupled weight decay on the old p), as tensor/cpu/adamw.cpp. Arithmetic in fp64 like the
 // reference (the kernel is memory-bound: 28 bytes per element); the bias corrections are computed
-// once on the host. Grid-stride over 4-float vectors when all four buffers are 16-byte aligned.
+// once on the host. Grid-stride over 4-float vectors when all four buffers are 16-byte aligned (and the copy 8).
+// With a copy (bf16 / fp16), the updated weights are also written rounded, as cast_cuda would: 2 more bytes per
+// element here instead of a separate cast pass of 6 (reading the fp32 weights again).
 #include <cmath>
 
 #include "cuda/cuda_ops.h"
@@ -29,8 +31,11 @@ __device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float
   p = static_cast<float>(pd - a.lr * ((mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps) + a.wd * pd));
 }
 
-template <int VEC>
-__global__ void adamw_step_kernel(float* param, float* m, float* v, const float* grad, int64_t n, AdamWParams a) {
+// CT: the copy's element type, or float for none
+template <int VEC, typename CT>
+__global__ void adamw_step_kernel(float* param, float* m, float* v, const float* grad, int64_t n, AdamWParams a,
+                                  CT* copy) {
+  constexpr bool kCopy = !std::is_same_v<CT, float>;
   const int64_t chunks = n / VEC, stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t c = tid; c < chunks; c += stride) {
@@ -45,24 +50,44 @@ __global__ void adamw_step_kernel(float* param, float* m, float* v, const float*
     store_vec<VEC>(param + i, p);
     store_vec<VEC>(m + i, mm);
     store_vec<VEC>(v + i, vv);
+    if constexpr (kCopy) {
+      CT c[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) c[k] = from_float<CT>(p[k]);
+      store_vec<VEC>(copy + i, c);
+    }
   }
-  for (int64_t i = chunks * VEC + tid; i < n; i += stride) adamw_update(param[i], m[i], v[i], grad[i], a);
+  for (int64_t i = chunks * VEC + tid; i < n; i += stride) {
+    adamw_update(param[i], m[i], v[i], grad[i], a);
+    if constexpr (kCopy) copy[i] = from_float<CT>(param[i]);
+  }
+}
+
+template <typename CT>
+void launch_adamw(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy) {
+  constexpr int kThreads = 256;
+  cudaStream_t s = current_stream();
+  if (aligned(param, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grad, 16) && aligned(copy, 8))
+    adamw_step_kernel<4><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy);
+  else
+    adamw_step_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy);
 }
 
 }  // namespace
 
 void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale) {
+                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale, void* copy,
+                     bool copy_f16) {
   if (n <= 0) return;
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const AdamWParams a{lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2};
-  constexpr int kThreads = 256;
-  cudaStream_t s = current_stream();
-  if (aligned(param, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grad, 16))
-    adamw_step_kernel<4><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a);
+  if (!copy)
+    launch_adamw<float>(param, m, v, grad, n, a, nullptr);
+  else if (!copy_f16)
+    launch_adamw(param, m, v, grad, n, a, static_cast<__nv_bfloat16*>(copy));
   else
-    adamw_step_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a);
+    launch_adamw(param, m, v, grad, n, a, static_cast<__half*>(copy));
   MT_CUDA_CHECK_LAUNCH("adamw_step_cuda");
 }
 

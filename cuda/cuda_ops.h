@@ -79,6 +79,10 @@ template <typename T> void gelu_backward_cuda(T* dinp, const T* dout, const T* i
 template <typename T> void swiglu_forward_cuda(T* out, const T* inp, int64_t N, int64_t F, float* out_amax = nullptr);
 template <typename T>
 void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64_t F, float* dinp_amax = nullptr);
+// swiglu_backward_cuda that also writes out (N, F) = swiglu(inp) in the same pass (the forward's expression, same
+// bits), so the forward need not keep it. dinp may alias inp.
+template <typename T>
+void swiglu_backward_recompute_cuda(T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F);
 // dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += (= unless accumulate_dweight) dout^T @ swiglu(h), dbias
 // (fp32) += column sums of dout;
 // swiglu(h) is recomputed in the SwiGLU backward's pass (one extra write), never kept. dh may alias h.
@@ -183,7 +187,10 @@ class OpTimer {
 };
 
 // ---------------------------------------------------------------- adamw.cu (fp32 master weights)
+// copy (null, or n bf16 elements, fp16 with copy_f16): = the updated param rounded to nearest even, as cast_cuda,
+// written in the same pass (the compute copy of the master weights, without re-reading them).
 void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
+                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
+                     void* copy = nullptr, bool copy_f16 = false);
 
 }  // namespace mt::ops::cuda

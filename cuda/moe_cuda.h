@@ -30,6 +30,19 @@ void moe_routing_map_cuda(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* c
                           int64_t slots, int64_t E);
 template <typename T>
 void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k);
+// The padded layout of the routing map (tensor/moe_ops.h moe_pad_routing_map): start (E + 1) the experts' first
+// rows in the routing map (prefix sums of counts), pstart (E + 1) the first rows of their regions (prefix sums of
+// the region sizes). Passed by value (kernel parameters: 2 x 257 x 4 + 4 bytes).
+struct PadPlan {
+  static constexpr int kMaxExperts = 256;
+  int32_t start[kMaxExperts + 1], pstart[kMaxExperts + 1];
+  int32_t E;
+};
+// tail: entries of slot_of_row_pad past the regions, set to -1.
+void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
+                              int64_t slots, const PadPlan& plan, int64_t tail);
+template <typename T>
+void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, int64_t C);
 template <typename T>
 void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 template <typename T>
@@ -40,6 +53,9 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 
 // ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
+// Groups of at most kMaxShapeBuckets distinct row counts (the padded layout: tensor/moe_ops.h moe_padded_regions)
+// run as one batched call per distinct count instead (strided when evenly spaced, else on pointer arrays).
+inline constexpr int kMaxShapeBuckets = 16;
 // One grouped GEMM over the El experts (groups without rows skipped), or with per_group one cublasGemmEx per
 // expert (large experts: tensor/moe_ops.h moe_gemm_per_group). counts on the host.
 template <typename T>

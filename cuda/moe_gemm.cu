@@ -8,8 +8,13 @@
 //   dW_e^T  (IC, OC)  = x_e^T (stored (IC, m_e))    x dout_e (stored (OC, m_e), op T)  m=IC n=OC  k=m_e  (fp32 C)
 // Compute in fp32 (CUBLAS_COMPUTE_32F: no TF32, as gemm.cu). The pointer arrays are written into scratch from the
 // caching allocator by a kernel that takes them as parameters (stream-ordered: no host staging, no cudaMalloc).
+// Groups of at most kMaxShapeBuckets distinct row counts (the padded layout of the MoE layer, tensor/moe_ops.h
+// moe_padded_regions) run as ONE batched call per distinct count instead: cublasGemmStridedBatchedEx when the
+// experts are evenly spaced (all equal), else cublasGemmBatchedEx on pointer arrays; both near the dense rate, the
+// fp32 weight gradients included (the batched calls have the mixed-type form the grouped one lacks).
 // Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the GPU image ships libcublasLt 13.1.0.3 (seen 2026-11-23).
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -48,6 +53,39 @@ __global__ void fill_ptrs_kernel(void** dst, PtrBatch b) {
   if (int(threadIdx.x) < b.n) dst[threadIdx.x] = const_cast<void*>(b.p[threadIdx.x]);
 }
 
+// One batched call of `batch` problems of the same shape: cublasGemmStridedBatchedEx when the operands are evenly
+// spaced (sa, sb, sc: their strides), else cublasGemmBatchedEx on device pointer arrays (ptrs: [a; b; c], batch
+// each). Both run near the dense GEMMs' rate, the fp32-output weight gradients included (the grouped call has no
+// mixed-type form). Returns false (nothing run) when cuBLAS refuses the type combination.
+bool batched_call(cublasOperation_t opa, cublasOperation_t opb, int M, int N, int K, const void* A, int la, int64_t sa,
+                  const void* B, int lb, int64_t sb, void* C, int lc, int64_t sc, void* const* ptrs, float beta,
+                  int batch, cudaDataType_t ab_type, cudaDataType_t c_type) {
+  const float alpha = 1.f;
+  cublasStatus_t st;
+  if (!ptrs)
+    st = cublasGemmStridedBatchedEx(blas(), opa, opb, M, N, K, &alpha, A, ab_type, la, sa, B, ab_type, lb, sb, &beta,
+                                    C, c_type, lc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  else
+    st = cublasGemmBatchedEx(blas(), opa, opb, M, N, K, &alpha, const_cast<const void* const*>(ptrs), ab_type, la,
+                             const_cast<const void* const*>(ptrs + batch), ab_type, lb, &beta, ptrs + 2 * batch, c_type, lc,
+                             batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  MT_CUBLAS_CHECK(st);
+  return true;
+}
+
+// dst (device) = the host pointers, written by kernels that take them as parameters (no staging, no allocation)
+void write_ptrs(void** dst, const std::vector<const void*>& host, const char* what) {
+  cudaStream_t st = current_stream();
+  for (size_t i = 0; i < host.size(); i += PtrBatch::kMax) {
+    PtrBatch batch;
+    batch.n = int(std::min(host.size() - i, size_t(PtrBatch::kMax)));
+    for (int j = 0; j < batch.n; ++j) batch.p[j] = host[i + size_t(j)];
+    fill_ptrs_kernel<<<1, PtrBatch::kMax, 0, st>>>(dst + i, batch);
+    MT_CUDA_CHECK_LAUNCH(what);
+  }
+}
+
 // One problem per group: the host-side arrays of a grouped call, and its device pointer arrays.
 struct Grouped {
   std::vector<cublasOperation_t> ta, tb;
@@ -63,10 +101,59 @@ struct Grouped {
     lda.push_back(int(la)), ldb.push_back(int(lb)), ldc.push_back(int(lc));
     alpha.push_back(1.f), beta.push_back(be), size.push_back(1);
   }
-  // per_group: one cublasGemmEx per problem (large experts: the grouped call ran them at half the rate)
+  // Problems of at most kMaxShapeBuckets distinct (m, n, k): one batched call per shape. Every problem of a call
+  // shares the operations, leading dimensions and beta (true of the expert GEMMs). False when not taken.
+  bool run_buckets(cudaDataType_t ab_type, cudaDataType_t c_type, const char* what) {
+    const int G = int(m.size());
+    std::vector<std::array<int, 3>> shapes;
+    for (int g = 0; g < G; ++g) {
+      const std::array<int, 3> sh = {m[g], n[g], k[g]};
+      if (std::find(shapes.begin(), shapes.end(), sh) == shapes.end()) shapes.push_back(sh);
+      if (shapes.size() > size_t(kMaxShapeBuckets)) return false;
+    }
+    for (const auto& sh : shapes) {
+      std::vector<int> idx;
+      for (int g = 0; g < G; ++g)
+        if (m[g] == sh[0] && n[g] == sh[1] && k[g] == sh[2]) idx.push_back(g);
+      const int B = int(idx.size());
+      // evenly spaced operands: the strided call, no pointer arrays
+      auto stride = [&](auto get) -> int64_t {
+        if (B == 1) return 0;
+        const int64_t s0 = static_cast<const char*>(get(idx[1])) - static_cast<const char*>(get(idx[0]));
+        for (int i = 2; i < B; ++i)
+          if (static_cast<const char*>(get(idx[i])) - static_cast<const char*>(get(idx[i - 1])) != s0) return -1;
+        return s0;
+      };
+      const int64_t sa = stride([&](int g) { return a[g]; }), sb = stride([&](int g) { return b[g]; }),
+                    sc = stride([&](int g) { return static_cast<const void*>(c[g]); });
+      const int g0 = idx[0];
+      const size_t ab = ab_type == CUDA_R_32F ? 4 : 2, cb = c_type == CUDA_R_32F ? 4 : 2;
+      bool ok;
+      if (sa >= 0 && sb >= 0 && sc >= 0 && sa % ab == 0 && sb % ab == 0 && sc % cb == 0) {
+        ok = batched_call(ta[g0], tb[g0], sh[0], sh[1], sh[2], a[g0], lda[g0], sa / int64_t(ab), b[g0], ldb[g0],
+                          sb / int64_t(ab), c[g0], ldc[g0], sc / int64_t(cb), nullptr, beta[g0], B, ab_type, c_type);
+      } else {
+        std::vector<const void*> host(size_t(3 * B));
+        for (int i = 0; i < B; ++i) host[i] = a[idx[i]], host[B + i] = b[idx[i]], host[2 * B + i] = c[idx[i]];
+        Scratch scratch(host.size() * sizeof(void*));
+        write_ptrs(scratch.as<void*>(), host, what);
+        ok = batched_call(ta[g0], tb[g0], sh[0], sh[1], sh[2], nullptr, lda[g0], 0, nullptr, ldb[g0], 0, nullptr,
+                          ldc[g0], 0, scratch.as<void*>(), beta[g0], B, ab_type, c_type);
+      }
+      if (!ok)  // a type combination the batched calls refuse: one GEMM per problem of this shape
+        for (int g : idx)
+          MT_CUBLAS_CHECK(cublasGemmEx(blas(), ta[g], tb[g], m[g], n[g], k[g], &alpha[g], a[g], ab_type, lda[g], b[g],
+                                       ab_type, ldb[g], &beta[g], c[g], c_type, ldc[g], CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+    }
+    return true;
+  }
+
+  // Else per_group: one cublasGemmEx per problem (large experts: the grouped call ran them at half the rate).
   void run(cudaDataType_t ab_type, cudaDataType_t c_type, bool per_group, const char* what) {
     const int G = int(m.size());
     if (G == 0) return;
+    if (run_buckets(ab_type, c_type, what)) return;
     if (ab_type != c_type || per_group) {
       // cublasGemmGroupedBatchedEx has no mixed-type form ("not supported" for bf16/fp16 inputs with an fp32
       // output, seen on an H100 with cuBLAS 13.1): the fp32 weight gradients run one cublasGemmEx per expert.
@@ -80,16 +167,9 @@ struct Grouped {
     // staging copy, no allocation
     std::vector<const void*> host(size_t(3 * G));
     for (int g = 0; g < G; ++g) host[g] = a[g], host[G + g] = b[g], host[2 * G + g] = c[g];
-    cudaStream_t st = current_stream();
     Scratch scratch(host.size() * sizeof(void*));
     void** ptrs = scratch.as<void*>();
-    for (size_t i = 0; i < host.size(); i += PtrBatch::kMax) {
-      PtrBatch batch;
-      batch.n = int(std::min(host.size() - i, size_t(PtrBatch::kMax)));
-      for (int j = 0; j < batch.n; ++j) batch.p[j] = host[i + size_t(j)];
-      fill_ptrs_kernel<<<1, PtrBatch::kMax, 0, st>>>(ptrs + i, batch);
-      MT_CUDA_CHECK_LAUNCH(what);
-    }
+    write_ptrs(ptrs, host, what);
     auto** p = const_cast<const void**>(ptrs);
     auto* const* cp = ptrs + 2 * G;
     MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(blas(), ta.data(), tb.data(), m.data(), n.data(), k.data(),

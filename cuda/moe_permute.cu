@@ -1,5 +1,6 @@
 // MoE routing map, permute and unpermute on CUDA (tensor/cpu/moe_permute.cpp has the math). Gathers only: each
-// output row is written by one block, a token's slots summed in slot order (deterministic, no float atomics).
+// output row is written by one warp or block, a token's slots summed in slot order (deterministic, no float
+// atomics).
 //
 // Counts: a shared-memory histogram per block of slots, added into the global counts with integer atomics (exact,
 // so deterministic). The routing map keeps the CPU's order (slots ascend inside an expert) in three launches:
@@ -8,8 +9,16 @@
 // in order. Every slot is read a constant number of times: O(N k + tiles x E), where the former version had one
 // thread per expert read all N k slots (milliseconds per layer at N k = 131072).
 //
+// Padded layout (tensor/moe_ops.h moe_pad_routing_map): expert e's rows at the start of its region of the padded
+// rows; one thread per padded row and per slot, the experts' compact and padded starts passed as kernel parameters
+// (PadPlan), found by binary search.
+//
 // Permute / unpermute move rows as 16-byte vectors when the row width and the pointers allow (else one element
-// per thread): memory-bound, one block per row.
+// per thread): memory-bound. The permute and the zeroing of padding rows run one warp per row (8 rows per block),
+// each lane loading kUnroll vectors before storing them; the per-token gathers (permute backward, unpermute) one
+// 128-thread block per token or slot. Measured on an H100 at 64x top-8 (session 10): the warp version took the
+// zeroing of padding rows from 0.090 to 0.019 ms and left the permute at 0.16-0.17 ms, but ran the gathers 5-17%
+// slower than a block per token, so those kept it.
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
@@ -18,7 +27,10 @@ namespace mt::ops::cuda {
 using namespace ::mt::cuda;
 
 namespace {
-constexpr int kThreads = 128;
+constexpr int kThreads = 128;  // the per-token gathers: a block per token (or slot)
+constexpr int kRowWarps = 8, kRowThreads = 32 * kRowWarps, kUnroll = 4;  // the row kernels: a warp per row
+
+unsigned row_blocks(int64_t rows) { return unsigned(ceil_div(rows, int64_t{kRowWarps})); }
 constexpr int kTile = 2048;       // slots per block of the histograms and the routing map's scatter
 constexpr int kHistThreads = 256;
 
@@ -98,17 +110,73 @@ __global__ void tile_scatter_kernel(int32_t* slot_of_row, int32_t* row_of_slot, 
   }
 }
 
-// V elements per access (V = 1: scalar; else 16-byte vectors, C % V == 0 and the pointers aligned)
+// V elements per access (V = 1: scalar; else 16-byte vectors, C % V == 0 and the pointers aligned).
+// The row kernels: warp w of block b owns row 8 b + w; lane l the columns l V + 32 V u (u < kUnroll) + 32 V kUnroll i.
+__device__ __forceinline__ int64_t row_of_warp() { return int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32; }
+
 template <int V, typename D>
-__global__ void permute_kernel(D* out, const D* x, const int32_t* slot_of_row, int64_t C, int64_t k) {
-  const int64_t r = blockIdx.x;
-  const D* src = x + int64_t(slot_of_row[r] / k) * C;
+__device__ __forceinline__ void zero_row(D* dst, int64_t C) {
+  D z[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) z[i] = from_float<D>(0.f);
+  for (int64_t c = (threadIdx.x % 32) * V; c < C; c += 32 * V) store_vec<V>(dst + c, z);
+}
+
+template <int V, typename D>
+__global__ void permute_kernel(D* out, const D* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k) {
+  const int64_t r = row_of_warp();
+  if (r >= M) return;
+  const int32_t slot = slot_of_row[r];
   D* dst = out + r * C;
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
-    D v[V];
-    load_vec<V>(v, src + c);
-    store_vec<V>(dst + c, v);
+  if (slot < 0) return zero_row<V>(dst, C);  // a padding row of the padded layout: zeros
+  const D* src = x + int64_t(slot / k) * C;
+  for (int64_t c0 = (threadIdx.x % 32) * V; c0 < C; c0 += 32 * V * kUnroll) {
+    D v[kUnroll][V];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * 32 * V < C) load_vec<V>(v[u], src + c0 + u * 32 * V);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * 32 * V < C) store_vec<V>(dst + c0 + u * 32 * V, v[u]);
   }
+}
+
+// rows r with slot_of_row[r] < 0 (padding) = 0; the others untouched
+template <int V, typename D>
+__global__ void zero_unrouted_kernel(D* x, const int32_t* slot_of_row, int64_t M, int64_t C) {
+  const int64_t r = row_of_warp();
+  if (r >= M || slot_of_row[r] >= 0) return;
+  zero_row<V>(x + r * C, C);
+}
+
+// The last e with start[e] <= r, start (E + 1) ascending (an empty expert never is: its start is the next one's).
+__device__ int64_t expert_of(const int32_t* start, int64_t E, int64_t r) {
+  int64_t lo = 0, hi = E;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (start[mid] <= r) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// thread per padded row p of expert e's region: slot_of_row_pad[p] = the slot of expert e's (p - pstart[e])-th
+// row, or -1 (padding)
+__global__ void pad_slots_kernel(int32_t* slot_of_row_pad, const int32_t* slot_of_row, PadPlan plan) {
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= plan.pstart[plan.E]) return;
+  const int64_t e = expert_of(plan.pstart, plan.E, p), i = p - plan.pstart[e];
+  slot_of_row_pad[p] = i < plan.start[e + 1] - plan.start[e] ? slot_of_row[plan.start[e] + i] : -1;
+}
+
+// thread per slot: compact row r of expert e -> pstart[e] + r - start[e]; -1 stays
+__global__ void pad_rows_kernel(int32_t* row_of_slot, int64_t slots, PadPlan plan) {
+  const int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= slots) return;
+  const int32_t r = row_of_slot[s];
+  if (r < 0) return;
+  const int64_t e = expert_of(plan.start, plan.E, r);
+  row_of_slot[s] = int32_t(plan.pstart[e] + r - plan.start[e]);
 }
 
 template <int V, typename D>
@@ -227,10 +295,38 @@ void moe_permute_forward_cuda(T* out, const T* x, const int32_t* slot_of_row, in
   if (M == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {out, x}, [&](auto v) {
-    permute_kernel<decltype(v)::value><<<unsigned(M), kThreads, 0, current_stream()>>>(dev(out), dev(x), slot_of_row,
-                                                                                       C, k);
+    permute_kernel<decltype(v)::value><<<row_blocks(M), kRowThreads, 0, current_stream()>>>(dev(out), dev(x),
+                                                                                           slot_of_row, M, C, k);
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_forward");
+}
+
+void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
+                              int64_t slots, const PadPlan& plan, int64_t tail) {
+  cudaStream_t st = current_stream();
+  if (tail > 0)  // all bits set: -1
+    MT_CUDA_CHECK(cudaMemsetAsync(slot_of_row_pad + plan.pstart[plan.E], 0xFF, size_t(tail) * sizeof(int32_t), st));
+  constexpr int kT = 256;
+  if (plan.pstart[plan.E] > 0) {
+    pad_slots_kernel<<<unsigned(ceil_div(int64_t{plan.pstart[plan.E]}, int64_t{kT})), kT, 0, st>>>(slot_of_row_pad,
+                                                                                                   slot_of_row, plan);
+    MT_CUDA_CHECK_LAUNCH("moe_pad_routing_map (slots)");
+  }
+  if (slots > 0) {
+    pad_rows_kernel<<<unsigned(ceil_div(slots, int64_t{kT})), kT, 0, st>>>(row_of_slot, slots, plan);
+    MT_CUDA_CHECK_LAUNCH("moe_pad_routing_map (rows)");
+  }
+}
+
+template <typename T>
+void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, int64_t C) {
+  if (M == 0) return;
+  using D = dev_t<T>;
+  by_width<D>(C, {x}, [&](auto v) {
+    zero_unrouted_kernel<decltype(v)::value><<<row_blocks(M), kRowThreads, 0, current_stream()>>>(dev(x), slot_of_row,
+                                                                                                 M, C);
+  });
+  MT_CUDA_CHECK_LAUNCH("moe_zero_unrouted_rows");
 }
 
 template <typename T>
@@ -271,6 +367,7 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
 #define MT_INSTANTIATE(T)                                                                                        \
   template void moe_permute_forward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
   template void moe_permute_backward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
+  template void moe_zero_unrouted_rows_cuda<T>(T*, const int32_t*, int64_t, int64_t);                            \
   template void moe_unpermute_forward_cuda<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t,     \
                                               int64_t);                                                          \
   template void moe_unpermute_backward_cuda<T>(T*, float*, const T*, const T*, const float*, const int32_t*,    \

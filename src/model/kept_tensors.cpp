@@ -58,8 +58,11 @@ std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d) {
       {"mlp.router.logits", N * m.experts, true},    {"mlp.router.scores", N * m.experts, true},
       {"mlp.router.choice", N * m.topk, false, true}, {"mlp.router.weights", N * m.topk, true},
       {"mlp.slot_of_row", N * m.topk, false, true},  {"mlp.row_of_slot", N * m.topk, false, true},
-      {"mlp.xl", R * d.hidden},                      {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)},
-      {"mlp.experts.a", R * m.ffn},                  {"mlp.yp", N * m.topk * d.hidden}};
+      {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)}, {"mlp.yp", N * m.topk * d.hidden}};
+  // the experts' input rows: with EP 1 permuted again from the layer's input in backward (moe_layer.h)
+  if (m.expert_parallel) out.push_back({"mlp.xl", R * d.hidden});
+  // SwiGLU experts recompute a = swiglu(h) in their backward (experts.h); GELU ones keep it
+  if (!m.swiglu) out.push_back({"mlp.experts.a", R * m.ffn});
   if (m.capacity) out.push_back({"mlp.router.indices", N * m.topk, false, true});
   if (m.aux_loss) out.push_back({"mlp.router.aux_loss", 1, true});
   if (m.z_loss) out.push_back({"mlp.router.z_loss", 1, true});

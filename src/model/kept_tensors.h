@@ -48,6 +48,7 @@ struct MoEDims {
   bool swiglu = true;      // fc1 is [gate; up] (2 x ffn wide)
   bool capacity = false;   // moe_expert_capacity_factor set: the choice after the drop is a second (N, k) map
   bool aux_loss = false, z_loss = false;  // the balancing losses' values (1 element each)
+  bool expert_parallel = false;  // EP > 1: the received rows are kept; EP 1 permutes them again in backward
 };
 std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d);
 // The whole layer: under full recompute only its input.

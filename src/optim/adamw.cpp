@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "runtime/communicator.h"
 
@@ -109,6 +111,10 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
     v_bound_ = cfg_.adam_beta2 * v_bound_ + (1.0 - cfg_.adam_beta2) * grad_norm * grad_norm;
   Tensor& master = store_->flat_master();
   Tensor& grads = store_->flat_grads();
+  // On the GPU the update also writes the compute copy (bf16 / fp16) of the weights it changed, in the same pass
+  // (as sync_values_from_master would: bit for bit); `written` collects those runs of the flat buffer.
+  const bool fused_copy = store_->has_separate_master() && master.device() == Device::CUDA;
+  std::vector<std::pair<int64_t, int64_t>> written;
   // One update per run of adjacent segments (in the flat buffers and in the state) with the same
   // weight decay: few launches on a GPU.
   for (size_t i = 0; i < segments_.size();) {
@@ -131,10 +137,26 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
     Tensor p = master.slice(begin, end - begin);
     Tensor m = m_.slice(state_begin, end - begin);
     Tensor v = v_.slice(state_begin, end - begin);
-    ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a);
+    if (fused_copy) {
+      Tensor copy = store_->flat_values().slice(begin, end - begin);
+      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a, &copy);
+      written.emplace_back(begin, end);
+    } else {
+      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a);
+    }
     i = j;
   }
-  for (const ShardRange& r : shard_) store_->sync_values_from_master(r.begin, r.size());
+  // The compute copy of the rest of the shard (with the fused copy: only the padding between regions).
+  std::sort(written.begin(), written.end());
+  for (const ShardRange& r : shard_) {
+    int64_t at = r.begin;
+    for (const auto& [b, e] : written) {
+      if (e <= at || b >= r.end) continue;
+      if (b > at) store_->sync_values_from_master(at, b - at);
+      at = std::max(at, e);
+    }
+    if (at < r.end) store_->sync_values_from_master(at, r.end - at);
+  }
 }
 
 // The full-size flat buffer from every rank's state: rank q's state holds chunk q of each bucket,

@@ -2,13 +2,16 @@
 // live in tensor/cpu/moe_*.cpp; a device without an implementation is a user-visible error naming the op.
 #include "tensor/moe_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "tensor/cpu/moe_cpu.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
+#include "cuda/cuda_ops.h"
 #include "cuda/moe_cuda.h"
 #endif
 
@@ -57,6 +60,7 @@ template <typename F>
 void any_float(const char* op, const Tensor& t, F&& f) {
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(t)) {
+    const cuda::OpTimer timer(op, t.numel());  // MT_OP_PROFILE
     switch (t.dtype()) {
       case DType::F32: f(float{}); return;
       case DType::BF16: f(bf16{}); return;
@@ -292,10 +296,11 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   const char* op = "moe_permute_forward";
   check_2d(op, x, "x");
   check_2d(op, out, "out");
-  const int64_t N = x.size(0), C = x.size(1), M = out.size(0);
+  const int64_t C = x.size(1), M = out.size(0);
   check(op, out, "out", x, x.dtype(), {M, C});
-  check(op, slot_of_row, "slot_of_row", x, DType::I32, {N * k});
-  MOE_ASSERT(M <= N * k, "out ", out.str(), " has more rows than the ", N * k, " slots");
+  MOE_ASSERT(slot_of_row.defined() && slot_of_row.dim() == 1 && slot_of_row.numel() >= M,
+             "slot_of_row should be 1-d with at least the ", M, " rows of out");
+  check(op, slot_of_row, "slot_of_row", x, DType::I32, {slot_of_row.numel()});
   any_float(op, x, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -303,6 +308,71 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+  });
+}
+
+void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,
+                         const std::vector<int64_t>& counts, const std::vector<int64_t>& regions) {
+  const char* op = "moe_pad_routing_map";
+  const auto E = static_cast<int64_t>(counts.size());
+  MOE_ASSERT(static_cast<int64_t>(regions.size()) == E, regions.size(), " regions for ", E, " experts");
+  int64_t M = 0, P = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    MOE_ASSERT(counts[e] >= 0 && regions[e] >= counts[e], "expert ", e, ": region ", regions[e], " < its ",
+               counts[e], " rows");
+    M += counts[e], P += regions[e];
+  }
+  const int64_t S = row_of_slot.numel();
+  MOE_ASSERT(row_of_slot.dim() == 1 && M <= S, "row_of_slot ", row_of_slot.str(), " for ", M, " routed rows");
+  check(op, slot_of_row, "slot_of_row", row_of_slot, DType::I32, {S});
+  check(op, row_of_slot, "row_of_slot", row_of_slot, DType::I32, {S});
+  MOE_ASSERT(slot_of_row_pad.defined() && slot_of_row_pad.dim() == 1 && slot_of_row_pad.numel() >= P,
+             "slot_of_row_pad should be 1-d with at least the ", P, " padded rows");
+  check(op, slot_of_row_pad, "slot_of_row_pad", row_of_slot, DType::I32, {slot_of_row_pad.numel()});
+  const int64_t tail = slot_of_row_pad.numel() - P;  // rows past the regions: padding (-1)
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(row_of_slot)) {
+    MOE_ASSERT(E <= cuda::PadPlan::kMaxExperts, E, " experts: the padded layout takes at most ",
+               cuda::PadPlan::kMaxExperts);
+    MOE_ASSERT(P < (int64_t{1} << 31), P, " padded rows overflow int32");
+    cuda::PadPlan plan{};
+    plan.E = static_cast<int32_t>(E);
+    for (int64_t e = 0; e < E; ++e) {
+      plan.start[e + 1] = plan.start[e] + static_cast<int32_t>(counts[e]);
+      plan.pstart[e + 1] = plan.pstart[e] + static_cast<int32_t>(regions[e]);
+    }
+    const cuda::OpTimer timer(op, S, P);
+    cuda::moe_pad_routing_map_cuda(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
+                                   slot_of_row.data<int32_t>(), S, plan, tail);
+    return;
+  }
+#endif
+  if (row_of_slot.device() != Device::CPU) unsupported(op, row_of_slot);
+  cpu::moe_pad_routing_map_cpu(slot_of_row_pad.data<int32_t>(), row_of_slot.data<int32_t>(),
+                               slot_of_row.data<int32_t>(), counts.data(), regions.data(), S, E);
+  std::fill_n(slot_of_row_pad.data<int32_t>() + P, tail, -1);
+}
+
+int64_t moe_alloc_rows(int64_t rows) {
+  if (rows <= 32) return rows;
+  int64_t shift = 0;
+  while ((rows >> shift) >= 64) ++shift;  // rows >> shift in [32, 64): steps of 1/32 of the octave
+  const int64_t step = int64_t{1} << shift;
+  return (rows + step - 1) / step * step;
+}
+
+void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
+  const char* op = "moe_zero_unrouted_rows";
+  check_2d(op, x, "x");
+  const int64_t M = x.size(0), C = x.size(1);
+  check(op, slot_of_row, "slot_of_row", x, DType::I32, {M});
+  any_float(op, x, [&](auto z) {
+    using T = decltype(z);
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(x)) return cuda::moe_zero_unrouted_rows_cuda<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
+#endif
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+      cpu::moe_zero_unrouted_rows_cpu<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
   });
 }
 
@@ -380,7 +450,7 @@ void grouped_shapes(const char* op, const Tensor& x, const Tensor& weight, const
              weight.str());
   MOE_ASSERT(x.size(1) == weight.size(2), "x ", x.str(), " does not match weight ", weight.str());
   const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  MOE_ASSERT(M == x.size(0), "counts sum to ", M, ", x is ", x.str());
+  MOE_ASSERT(M <= x.size(0), "counts sum to ", M, ", x is ", x.str());
   MOE_ASSERT(weight.device() == x.device() && weight.dtype() == x.dtype(), "weight ", weight.str(), " vs x ",
              x.str());
 }
@@ -393,6 +463,69 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
                                static_cast<double>(OC) >= kGroupGemmMaxFlops;
 }
 
+#if defined(MEGATRAIN_HAVE_CUDA)
+static_assert(cuda::kMaxShapeBuckets == kPadBuckets, "the GPU's batched buckets are the padded layout's runs");
+#endif
+
+std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC) {
+  const auto E = static_cast<int64_t>(counts.size());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (E > cuda::PadPlan::kMaxExperts) return {};
+#endif
+  if (device != Device::CUDA || E == 0) return {};
+  int64_t M = 0;
+  for (int64_t c : counts) M += c;
+  if (M == 0) return {};
+  // seconds of one product (IC -> OC) for `rows` rows at `tflops`
+  const double per_row = 2.0 * static_cast<double>(IC) * static_cast<double>(OC) * 1e-12;
+  auto t = [&](double rows, double tflops) { return rows * per_row / tflops; };
+  const double exact = t(static_cast<double>(M), moe_gemm_per_group(M, E, IC, OC) ? kPerGroupTflops : kGroupedTflops);
+  // experts with rows, largest first; runs [a, i) of them padded to round_up(count of a)
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (counts[e] > 0) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return counts[x] > counts[y]; });
+  const auto n = static_cast<int64_t>(order.size());
+  auto padded = [&](int64_t a) { return (counts[order[a]] + kPadRows - 1) / kPadRows * kPadRows; };
+  auto run_cost = [&](int64_t a, int64_t i) {
+    return t(static_cast<double>((i - a) * padded(a)), kBatchedTflops) + kBatchedCallUs * 1e-6;
+  };
+  // best[j][i]: the least time of the first i experts in j runs; cut[j][i]: where the last run starts
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(kPadBuckets + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int64_t>> cut(kPadBuckets + 1, std::vector<int64_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (int64_t j = 1; j <= kPadBuckets; ++j)
+    for (int64_t i = 1; i <= n; ++i)
+      for (int64_t a = j - 1; a < i; ++a)
+        if (best[j - 1][a] < inf && best[j - 1][a] + run_cost(a, i) < best[j][i])
+          best[j][i] = best[j - 1][a] + run_cost(a, i), cut[j][i] = a;
+  int64_t runs = 1;
+  for (int64_t j = 2; j <= kPadBuckets; ++j)
+    if (best[j][n] < best[runs][n]) runs = j;
+  if (!(best[runs][n] < exact)) return {};
+  std::vector<int64_t> regions(static_cast<size_t>(E), 0);
+  for (int64_t j = runs, i = n; j >= 1; --j) {
+    const int64_t a = cut[j][i];
+    for (int64_t x = a; x < i; ++x) regions[order[x]] = padded(a);
+    i = a;
+  }
+  return regions;
+}
+
+namespace {
+// The op's name for MT_OP_PROFILE: which cuBLAS path the counts take.
+std::string gemm_name(const char* op, const std::vector<int64_t>& counts, int64_t M, int64_t IC, int64_t OC) {
+  std::vector<int64_t> sizes;
+  for (int64_t c : counts)
+    if (c > 0 && std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);
+  const char* path = static_cast<int64_t>(sizes.size()) <= kPadBuckets ? "batched"
+                     : moe_gemm_per_group(M, static_cast<int64_t>(counts.size()), IC, OC) ? "per-group"
+                                                                                           : "grouped";
+  return std::string(op) + " [" + path + "] IC=" + std::to_string(IC) + " OC=" + std::to_string(OC);
+}
+}  // namespace
+
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight,
                                 const std::vector<int64_t>& counts) {
   const char* op = "moe_grouped_linear_forward";
@@ -401,6 +534,8 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
+    std::string name;
+    if (cuda::op_profile_enabled()) op = (name = gemm_name(op, counts, x.size(0), weight.size(2), weight.size(1))).c_str();
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -433,6 +568,10 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
+    std::string name;
+    if (cuda::op_profile_enabled())
+      op = (name = gemm_name(op, counts, x.size(0), weight.size(2), weight.size(1)) + (dx ? " dx" : "") +
+                   (dweight ? " dweight" : "")).c_str();
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -460,6 +599,37 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     }
     r0 += m;
   }
+}
+
+void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
+                                        const Tensor& h, const std::vector<int64_t>& counts, GradMode dweight_mode) {
+  const char* op = "moe_grouped_linear_backward_swiglu";
+  check_2d(op, h, "h");
+  const int64_t M = h.size(0), F = h.size(1) / 2;
+  MOE_ASSERT(h.size(1) == 2 * F, "h ", h.str(), " should be (M, 2F)");
+  MOE_ASSERT(weight.defined() && weight.dim() == 3 && weight.size(2) == F, "weight should be (El, OC, F) for h ",
+             h.str());
+  check(op, dh, "dh", h, h.dtype(), h.shape());
+  const Device dev = h.device();
+  Tensor a = Tensor::empty({M, F}, h.dtype(), dev);
+  {
+    Tensor da = Tensor::empty({M, F}, h.dtype(), dev);  // back to the cache before the weight-gradient GEMMs
+    moe_grouped_linear_backward(&da, nullptr, dout, a, weight, counts);  // a: shape only (dx alone reads no x)
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (on_cuda(h)) {
+      any_float(op, h, [&](auto z) {
+        using T = decltype(z);
+        if constexpr (!std::is_same_v<T, double>)
+          cuda::swiglu_backward_recompute_cuda<T>(dh.data<T>(), a.data<T>(), da.data<T>(), h.data<T>(), M, F);
+      });
+    } else
+#endif
+    {  // the reference: swiglu forward, then swiglu backward (may overwrite h: read row by row before written)
+      swiglu_forward(a, h);
+      swiglu_backward(dh, da, h);
+    }
+  }
+  if (dweight) moe_grouped_linear_backward(nullptr, dweight, dout, a, weight, counts, dweight_mode);
 }
 
 }  // namespace mt::ops

@@ -68,8 +68,26 @@ void moe_apply_capacity(Tensor& indices, const Tensor& weights, int64_t E, int64
 // int32: the slot of permuted row r for r < M = sum(counts), -1 after; row_of_slot (N*k) int32: the permuted row of
 // each slot, -1 for dropped slots. counts (E) int32 as moe_expert_counts.
 void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, const Tensor& indices, int64_t E);
-// out (M, C) (=): out[r] = x[slot_of_row[r] / k].
+// out (M, C) (=): out[r] = x[slot_of_row[r] / k], 0 where slot_of_row[r] < 0 (a padding row). slot_of_row is 1-d
+// with at least M entries: (N*k) from moe_routing_map, or (E*Mp) from moe_pad_routing_map.
 void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row, int64_t k);
+// The padded layout of a routing map for padded batched experts (all E experts on this rank): expert e's rows
+// become the first counts[e] rows of its region of regions[e] >= counts[e] rows (regions laid out in expert
+// order), the rest of the region padding. slot_of_row_pad (sum of regions) int32 (=): the slot of each padded row,
+// -1 for padding (moe_permute_forward writes those rows 0); row_of_slot (N*k) in place: each kept slot's row in the
+// padded layout (-1 stays). counts (E, host) as moe_routing_map gave them. The unpermute ops then work unchanged
+// on the padded rows; the padding rows of a gradient that flows into the expert GEMMs must be 0
+// (moe_zero_unrouted_rows), so they add nothing to the weight gradients. slot_of_row_pad may be longer than the
+// regions (allocated for moe_alloc_rows of them): its rows past them get -1 (padding too). CUDA: E <= 256.
+void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,
+                         const std::vector<int64_t>& counts, const std::vector<int64_t>& regions);
+// The rows to allocate for `rows` padded rows: rounded up to a step of 1/32 of their power of two (at most 3% more),
+// so that the padded layer's buffers, whose row count changes with the routing every layer and step, come in a
+// few sizes the caching allocator can reuse (its free lists are by exact size: new sizes meant new cudaMalloc calls
+// and, once the device was full of cached blocks, a release of the whole cache every few steps).
+int64_t moe_alloc_rows(int64_t rows);
+// x (M, C): rows r with slot_of_row[r] < 0 (padding) = 0, the others untouched; slot_of_row (M) int32.
+void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
 void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k);
 // y (N, C) (=): y[n] = sum_j weights[n, j] * yp[row_of_slot[n*k+j]] over the kept slots (the combine).
@@ -81,7 +99,8 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
                             const Tensor& row_of_slot);
 
 // ---------------------------------------------------------------- grouped expert GEMMs
-// x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum = M); weight (El, OC, IC) stacks
+// x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum <= M: rows past the groups are
+// neither read nor written, in out and dx alike); weight (El, OC, IC) stacks
 // one (OC, IC) matrix per group. out (M, OC) (=): out[rows of e] = x[rows of e] @ weight[e]^T. On the GPU one
 // grouped GEMM (every group in one cublasGemmGroupedBatchedEx call) when the groups are small; when a group
 // averages at least kGroupGemmMaxFlops (moe_gemm_per_group), one cublasGemmEx per group, which on an H100 ran the
@@ -90,11 +109,40 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
 // stay grouped.
 inline constexpr double kGroupGemmMaxFlops = 17179869184.0;  // 2^34: 2 x rows x IC x OC per group, on average
 bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC);
+// Equal groups (every count the same, the padded layout) run on the GPU as ONE cublasGemmStridedBatchedEx per
+// product, fp32 weight gradients included.
+//
+// Padded batched experts (moe_padded_regions): the MoE layer lays its rows out in regions of a few distinct sizes
+// (moe_pad_routing_map), each region an expert's rows and zero padding, so that each projection runs as at most
+// kPadBuckets batched GEMMs (one per distinct size; the GPU runs groups of at most that many distinct sizes that
+// way, tensor/../cuda/moe_gemm.cu), near the dense rate, instead of one grouped call at about 40% of it. The
+// region sizes: the experts sorted by count and cut into at most kPadBuckets runs, each padded to its largest count
+// rounded up to kPadRows (fewer distinct GEMM shapes from step to step: cuBLAS's choices are cached by shape), the
+// cut minimizing the estimated time (padded rows at kBatchedTflops plus kBatchedCallUs per call). The layout is
+// taken when that estimate beats the exact groups' (kGroupedTflops, or kPerGroupTflops where moe_gemm_per_group),
+// e.g. for collapsed routing (one expert taking every token: max / mean = E / k) the largest experts get their own
+// region sizes. Rates: H100 measurements of these calls at the benchmark configs' shapes (benchmarks/RESULTS.md,
+// "MoE speed (session 9)"). A data-driven choice per layer and step; only on the GPU (the CPU runs the exact
+// groups), for E <= 256.
+inline constexpr double kGroupedTflops = 260, kPerGroupTflops = 500, kBatchedTflops = 600, kBatchedCallUs = 8;
+// kPadBuckets 16: with 4, skewed routings (moe-64x-top8's trained routers: one expert at 8x the mean, the rest
+// spread over two orders of magnitude) padded 131,072 rows to 147-193K (e2e op profile, session 10); the cut into
+// up to 16 runs pads a simulated such routing by 8-13% instead of 40-63% (the estimate picks 9-12 runs).
+inline constexpr int64_t kPadBuckets = 16, kPadRows = 128;
+// The region sizes (E) of the padded layout for these counts, or empty when the exact groups are estimated faster.
+std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
 // dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
 // for groups without rows: 0) dout^T x per group.
 void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
                                  const Tensor& weight, const std::vector<int64_t>& counts,
                                  GradMode dweight_mode = GradMode::Accumulate);
+// The backward of the grouped linear that follows a SwiGLU (the experts' fc2), through the SwiGLU, without its
+// input (as linear_backward_swiglu for the dense MLP): a = swiglu(h) (M, F) is recomputed in the SwiGLU
+// backward's pass, so the forward need not keep it. dh (M, 2F) (=) = swiglu'(h) . (dout @ weight[e]) per group;
+// dweight (El, OC, F) += (= with Overwrite) dout^T a per group. dh may alias h.
+void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
+                                        const Tensor& h, const std::vector<int64_t>& counts,
+                                        GradMode dweight_mode = GradMode::Accumulate);
 
 }  // namespace mt::ops

@@ -917,13 +917,30 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed,
 
 // ---------------------------------------------------------------- optimizer
 
-void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& a) {
+void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& a, Tensor* param_copy) {
   const char* op = "adamw_step";
   need(op, param, "param");
   like_numel(op, param, m, "m", param.numel());
   like_numel(op, param, v, "v", param.numel());
   like_numel(op, param, grad, "grad", param.numel());
   OP_ASSERT(a.step >= 1, "step ", a.step, " should be >= 1");
+  if (param_copy) {
+    OP_ASSERT(param_copy->numel() == param.numel() && param_copy->device() == param.device() &&
+                  (param_copy->dtype() == DType::BF16 || param_copy->dtype() == DType::F16),
+              "param_copy should be a bf16 / fp16 tensor of ", param.numel(), " elements on param's device");
+#if defined(MEGATRAIN_HAVE_CUDA)
+    if (param.device() == Device::CUDA && param.dtype() == DType::F32) {
+      const cuda::OpTimer timer("adamw_step (+ weight copy)", param.numel());  // MT_OP_PROFILE
+      cuda::adamw_step_cuda(param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(),
+                            a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale, param_copy->raw(),
+                            param_copy->dtype() == DType::F16);
+      return;
+    }
+#endif
+    adamw_step(param, m, v, grad, a);
+    cast(*param_copy, param);
+    return;
+  }
   MT_DISPATCH(op, param,
               (if constexpr (std::is_same_v<T, float>) cuda::adamw_step_cuda(
                    param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(), a.lr,

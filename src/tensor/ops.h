@@ -172,6 +172,9 @@ struct AdamWArgs {
 };
 // g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= lr * ((m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps) + wd * p). param, m, v, grad same dtype.
-void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& args);
+// param_copy (optional: bf16 / fp16, param's numel and device) = the updated param as ops::cast gives it (on the GPU
+// written by the update's own pass, fp32 param only).
+void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& args,
+                Tensor* param_copy = nullptr);
 
 }  // namespace mt::ops

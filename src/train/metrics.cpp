@@ -120,8 +120,9 @@ void MetricsWriter::train(const IterationRecord& r, double mem_gib) {
       r.iteration, r.consumed_samples, json_number(r.loss), json_number(r.grad_norm), r.lr, tok_s, r.ms_per_iter,
       r.skipped);
   if (gpu_)
-    json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}, \"comm_exposed_ms\": {:.6g}",
-                        tflops, mfu, mem_gib, r.comm_exposed_ms);
+    json += fmt::format(", \"tflops_per_gpu\": {:.6g}, \"mfu\": {:.6g}, \"mem_gib\": {:.6g}, "
+                        "\"comm_exposed_ms\": {:.6g}, \"cuda_mallocs\": {}",
+                        tflops, mfu, mem_gib, r.comm_exposed_ms, r.cuda_mallocs);
   if (d_->precision == Precision::FP16) json += fmt::format(", \"loss_scale\": {:.17g}", r.loss_scale);
   if (!r.moe.empty()) {
     json += fmt::format(", \"moe_load_max_mean\": {}, \"moe_aux_loss\": {}, \"moe_z_loss\": {}, \"moe_dropped\": {}, "

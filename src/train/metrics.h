@@ -50,6 +50,7 @@ struct IterationRecord {
   int64_t skipped = 0;   // iterations skipped (NaN/Inf or fp16 overflow) in the interval
   double loss_scale = 0; // fp16 only
   double comm_exposed_ms = 0;  // per iteration: the GPU compute stream waiting on communication (this rank)
+  int64_t cuda_mallocs = 0;    // GPU: cudaMalloc calls of the caching allocator so far (this rank; the metrics file)
   std::vector<MoELayerMetrics> moe;  // mixture-of-experts layers (empty for a dense model)
 };
 

@@ -135,9 +135,10 @@ int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int
 }
 
 int64_t moe_layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
-                                   int64_t B, int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act) {
+                                   int64_t B, int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act,
+                                   int ep) {
   const LayerDims ld = layer_dims(m, d, tp, sequence_parallel, B, T);
-  return kept_bytes(moe_layer_kept(layer_spec(d.features, 0), d.features.activation, ld, moe_dims(m, tp, ld.rows),
+  return kept_bytes(moe_layer_kept(layer_spec(d.features, 0), d.features.activation, ld, moe_dims(m, tp, ld.rows, ep),
                                    mode, keep_norm_act),
                     act);
 }
@@ -428,7 +429,7 @@ PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size) 
     r.moe_layer = moe_layer_params(m, r.tp);
     for (int i = 0; i < kNumRecomputeModes; ++i)
       r.moe_layer_act[i] = moe_layer_activation_bytes(m, d, r.tp, sp, B, T, r.activation_dtype, kRecomputeModes[i],
-                                                      !cfg.training.recompute_norm_act);
+                                                      !cfg.training.recompute_norm_act, r.ep);
     const int64_t rows = sp ? B * T / r.tp : B * T;
     r.moe_a2a = moe_a2a_bytes(m, r.ep, rows, static_cast<int64_t>(dtype_size(r.activation_dtype)),
                               r.recompute_mode == RecomputePolicy::Mode::Full);

@@ -80,7 +80,8 @@ int64_t layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int
                                int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act = false);
 // The same for a decoder layer whose MLP is an MoE layer (model/kept_tensors.h moe_layer_kept).
 int64_t moe_layer_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
-                                   int64_t B, int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act = false);
+                                   int64_t B, int64_t T, DType act, RecomputePolicy::Mode mode, bool keep_norm_act = false,
+                                   int ep = 1);
 // Bytes the `num_layers` decoder layers of one model chunk keep per micro-batch under `policy` (its norm_act too).
 int64_t chunk_layers_activation_bytes(const ModelConfig& m, const DerivedConfig& d, int tp, bool sequence_parallel,
                                       int64_t B, int64_t T, DType act, const RecomputePolicy& policy, int num_layers);

@@ -32,7 +32,7 @@ int mlp_slot_layer(const std::string& name) {
   return static_cast<int>(layer);
 }
 
-MoEDims moe_dims(const ModelConfig& m, int tp, int64_t routed_rows) {
+MoEDims moe_dims(const ModelConfig& m, int tp, int64_t routed_rows, int ep) {
   const MoEOptions o = moe_options(m);
   MoEDims d;
   d.experts = o.num_experts;
@@ -44,6 +44,7 @@ MoEDims moe_dims(const ModelConfig& m, int tp, int64_t routed_rows) {
   d.capacity = o.capacity_factor > 0.0;
   d.aux_loss = o.load_balancing != "none" && o.aux_loss_coeff != 0.0;
   d.z_loss = o.z_loss_coeff != 0.0;
+  d.expert_parallel = ep > 1;
   return d;
 }
 

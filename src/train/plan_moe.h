@@ -31,7 +31,7 @@ int mlp_slot_layer(const std::string& name);
 
 // The MLP slot of an MoE layer on one rank, for one micro-batch of B sequences of T tokens (T: this rank's share
 // under context parallelism): moe_kept's dimensions.
-MoEDims moe_dims(const ModelConfig& m, int tp, int64_t routed_rows);
+MoEDims moe_dims(const ModelConfig& m, int tp, int64_t routed_rows, int ep = 1);
 
 // All-to-all bytes of one MoE layer for one micro-batch on one rank: forward dispatch + combine, backward the same
 // two the other way (full recompute repeats the forward's): rows x topk x C elements each, plus the E int64 counts

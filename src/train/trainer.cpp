@@ -114,6 +114,15 @@ double peak_memory_gib(Device device) {
   return 0.0;
 }
 
+// cudaMalloc calls of the caching allocator so far (0 on the CPU).
+int64_t cuda_malloc_count(Device device) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (device == Device::CUDA) return static_cast<int64_t>(cuda::allocator_stats().num_cuda_mallocs);
+#endif
+  (void)device;
+  return 0;
+}
+
 // Milliseconds the GPU's compute stream waited on communication since the last call (0 on the CPU,
 // where communication is not overlapped).
 double take_exposed_comm_ms(Device device) {
@@ -605,6 +614,7 @@ TrainResult run_training(const Config& cfg) {
       rec.ms_per_iter = interval_ms / static_cast<double>(n_iters);
       rec.comm_exposed_ms /= static_cast<double>(n_iters);
       rec.moe = moe.take_interval();
+      rec.cuda_mallocs = cuda_malloc_count(run.ctx.device);
       double mem = peak_memory_gib(run.ctx.device);
       if (ps.world_size > 1) mem = run.world->all_reduce_scalar(mem, ReduceOp::Max);
       metrics.train(rec, mem);

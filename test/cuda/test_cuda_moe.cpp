@@ -1,12 +1,15 @@
 // CUDA MoE ops against the CPU reference (fp64 on the same rounded inputs): router (softmax / sigmoid, bias,
 // scaling), aux / seq-aux / z losses, routing map and permute / unpermute (fp32, bf16), grouped expert GEMMs
-// (fp32, bf16; experts without rows; first-write and accumulating weight gradients). Tolerances: test_cuda_util.h.
+// (fp32, bf16; experts without rows; first-write and accumulating weight gradients), padded batched experts (equal
+// groups: one strided batched GEMM per product; the padded layout against the exact groups on the CPU). Tolerances: test_cuda_util.h.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
+#include "moe/moe_experts_pass.h"
 #include "tensor/moe_ops.h"
 #include "test_cuda_util.h"
 
@@ -259,6 +262,82 @@ TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match t
   ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
   ops::scale_(dw_ref, 2.0);
   check_close("moe_grouped_linear_backward dweight (per group, accumulate)", dw, dw_ref, dt);
+}
+
+// Equal groups run as one cublasGemmStridedBatchedEx per product, a few distinct sizes as one batched call each
+// (fp32 weight gradients included): the CPU's results, first write and accumulate.
+TEST_CASE("cuda moe grouped GEMMs with equal groups (strided batched) match the CPU", "[cuda][moe]") {
+  init();
+  const int64_t IC = 96, OC = 136, El = 5;
+  for (const std::vector<int64_t>& counts : {std::vector<int64_t>(El, 75), std::vector<int64_t>{75, 300, 0, 75, 75}})
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    const Tensor x64 = rounded(randn64({M, IC}, 61), dt), w64 = rounded(randn64({El, OC, IC}, 62, 0.1), dt),
+                 dout64 = rounded(randn64({M, OC}, 63), dt);
+    Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
+    ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
+    const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
+    Tensor out = poisoned({M, OC}, dt);
+    ops::moe_grouped_linear_forward(out, x, w, counts);
+    check_close("moe_grouped_linear_forward (equal groups)", out, out_ref, dt);
+    Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
+    ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
+    Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
+    ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+    check_close("moe_grouped_linear_backward dx (equal groups)", dx, dx_ref, dt);
+    check_close("moe_grouped_linear_backward dweight (equal groups, first write)", dw, dw_ref, dt);
+    ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
+    ops::scale_(dw_ref, 2.0);
+    check_close("moe_grouped_linear_backward dweight (equal groups, accumulate)", dw, dw_ref, dt);
+  }
+}
+
+// The padded path of MoELayer (moe_pad_routing_map, permute with padding rows, GEMMs of a few distinct group sizes
+// as batched calls, padding rows of the output gradient zeroed, the fused SwiGLU backward) on the GPU against the
+// exact groups on the CPU (fp64), with an empty expert, one expert holding most rows and dropped slots; equal
+// regions (strided batched) and two region sizes (the equal ones not evenly spaced: pointer arrays).
+TEST_CASE("cuda moe padded batched experts match the CPU (an empty and a very unbalanced expert)", "[cuda][moe]") {
+  init();
+  const int64_t N = 600, C = 64, F = 48, E = 6, k = 2;
+  const Tensor idx = test::unbalanced_routing(N), didx = ints_to_device(idx);
+  // the layout's maps: the same integers as the CPU's
+  {
+    Tensor s2r = Tensor::empty({N * k}, DType::I32), r2s = Tensor::empty({N * k}, DType::I32),
+           cnt = Tensor::empty({E}, DType::I32);
+    ops::moe_routing_map(s2r, r2s, cnt, idx, E);
+    const std::vector<int64_t> counts(cnt.data<int32_t>(), cnt.data<int32_t>() + E);
+    const std::vector<int64_t> regions = test::two_regions(counts);
+    int64_t P = 0;
+    for (int64_t r : regions) P += r;
+    Tensor ds2r = Tensor::empty({N * k}, DType::I32, Device::CUDA), dr2s = Tensor::empty({N * k}, DType::I32, Device::CUDA),
+           dcnt = Tensor::empty({E}, DType::I32, Device::CUDA);
+    ops::moe_routing_map(ds2r, dr2s, dcnt, didx, E);
+    Tensor pad = Tensor::empty({P}, DType::I32), dpad = Tensor::empty({P}, DType::I32, Device::CUDA);
+    ops::moe_pad_routing_map(pad, r2s, s2r, counts, regions);
+    ops::moe_pad_routing_map(dpad, dr2s, ds2r, counts, regions);
+    CHECK(same_ints(dpad, pad));
+    CHECK(same_ints(dr2s, r2s));
+  }
+  const Tensor x64 = randn64({N, C}, 71), w64 = rounded(randn64({N, k}, 72), DType::F32),
+               w1_64 = randn64({E, 2 * F, C}, 73, 0.2), w2_64 = randn64({E, C, F}, 74, 0.2), dy64 = randn64({N, C}, 75);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor x = rounded(x64, dt), w1 = rounded(w1_64, dt), w2 = rounded(w2_64, dt), dy = rounded(dy64, dt);
+    const test::ExpertsPass ref = test::run_experts_pass(nullptr, idx, x, w64, w1, w2, dy);
+    for (test::Layout layout : {test::Layout(test::one_region), test::Layout(test::two_regions)}) {
+      const test::ExpertsPass gpu = test::run_experts_pass(layout, didx, to_device(x, dt), to_device(w64, DType::F32),
+                                                           to_device(w1, dt), to_device(w2, dt), to_device(dy, dt));
+      CHECK(gpu.rows > ref.rows);
+      // bf16: the intermediate activations (h, a, yp, dyp, dh) round to bf16 on the GPU, not on the CPU
+      const double t = dt == DType::BF16 ? 3e-2 : tol(dt);
+      check_close("padded experts y", gpu.y, ref.y, dt, t);
+      check_close("padded experts dx", gpu.dx, ref.dx, dt, t);
+      check_close("padded experts dweights", gpu.dweights, ref.dweights, dt, t);
+      check_close("padded experts dw1", gpu.dw1, ref.dw1, dt, t);
+      check_close("padded experts dw2", gpu.dw2, ref.dw2, dt, t);
+      const Tensor dw1 = to_host64(gpu.dw1);  // the empty expert's gradient is exactly 0
+      for (int64_t i = 0; i < 2 * F * C; ++i) REQUIRE(dw1.data<double>()[2 * 2 * F * C + i] == 0.0);
+    }
+  }
 }
 
 #endif

@@ -7,10 +7,12 @@
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
+#include <numeric>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_ops.h"
 #include "tensor/moe_ops.h"
 #include "test_cuda_util.h"
 
@@ -34,7 +36,10 @@ struct Profile {
   }
 };
 
-void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F) {
+// padded: the layer's padded batched path (moe_pad_routing_map, equal-group GEMMs = one strided batched GEMM per
+// product, padding rows of dyp zeroed); else the exact groups. skew > 0: the logits of expert 0 raised by skew
+// (an unbalanced routing: max / mean > 1). Both run the SwiGLU backward fused with the recompute of a.
+void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool padded, double skew = 0) {
   const int64_t N = 8 * 2048, C = 1024, reps = 10;
   const DType bf = DType::BF16, f32 = DType::F32;
   Profile p{config};
@@ -52,6 +57,12 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F) {
        2.0 * N * C * E);
   Tensor scores = Tensor::empty({N, E}, f32, Device::CUDA), weights = Tensor::empty({N, k}, f32, Device::CUDA);
   Tensor choice = Tensor::empty({N, k}, DType::I32, Device::CUDA);
+  if (skew > 0) {  // expert 0's logit column + skew
+    Tensor row = Tensor::empty({N, E}, f32);
+    row.copy_from(logits);
+    for (int64_t n = 0; n < N; ++n) row.data<float>()[n * E] += float(skew);
+    logits.copy_from(row);
+  }
   p.op("moe_router_forward (softmax, top-k)",
        median_ms([&] { ops::moe_router_forward(choice, weights, scores, logits, nullptr, spec); }, reps));
   Tensor aux = Tensor::empty({1}, f32, Device::CUDA);
@@ -65,17 +76,36 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F) {
   std::vector<int64_t> cnt(counts_host.data<int32_t>(), counts_host.data<int32_t>() + E);
   int64_t M = 0, most = 0;
   for (int64_t c : cnt) M += c, most = std::max(most, c);
-  std::printf("BENCH %-14s routed rows %lld, busiest expert %lld (mean %lld)\n", config, (long long)M, (long long)most,
-              (long long)(M / E));
+  std::printf("BENCH %-14s %s routed rows %lld, busiest expert %lld (mean %lld), padded choice %d\n", config,
+              padded ? "[padded]" : "[exact] ", (long long)M, (long long)most, (long long)(M / E),
+              int(!ops::moe_padded_regions(Device::CUDA, cnt, C, 2 * F).empty()));
+  const int64_t Mr = M;  // routed rows (the FLOPs counted below; padded rows are wasted work)
+  Tensor pad;
+  if (padded) {  // the layer's regions; when it would not pad, every expert padded to the busiest one's count
+    std::vector<int64_t> regions = ops::moe_padded_regions(Device::CUDA, cnt, C, 2 * F);
+    if (regions.empty()) regions.assign(size_t(E), most);
+    std::printf("BENCH %-14s [padded] regions:", config);
+    for (int64_t r : regions) std::printf(" %lld", (long long)r);
+    std::printf("\n");
+    M = std::accumulate(regions.begin(), regions.end(), int64_t{0});
+    pad = Tensor::empty({M}, DType::I32, Device::CUDA);
+    Tensor r2s0 = r2s.clone();
+    p.op("moe_pad_routing_map (+ a copy of the map)", median_ms([&] {
+           r2s.copy_from(r2s0);
+           ops::moe_pad_routing_map(pad, r2s, s2r, cnt, regions);
+         }, reps));
+    cnt = regions;
+  }
+  const Tensor& s2r_used = padded ? pad : s2r;
   Tensor xp = Tensor::empty({M, C}, bf, Device::CUDA);
-  p.op("moe_permute_forward", median_ms([&] { ops::moe_permute_forward(xp, x, s2r, k); }, reps));
+  p.op("moe_permute_forward", median_ms([&] { ops::moe_permute_forward(xp, x, s2r_used, k); }, reps));
   Tensor h = Tensor::empty({M, 2 * F}, bf, Device::CUDA), a = Tensor::empty({M, F}, bf, Device::CUDA);
   p.op("grouped fc1 forward", median_ms([&] { ops::moe_grouped_linear_forward(h, xp, w1, cnt); }, reps),
-       2.0 * M * C * 2 * F);
+       2.0 * Mr * C * 2 * F);
   p.op("swiglu_forward", median_ms([&] { ops::swiglu_forward(a, h); }, reps));
   Tensor yp = Tensor::empty({M, C}, bf, Device::CUDA);
   p.op("grouped fc2 forward", median_ms([&] { ops::moe_grouped_linear_forward(yp, a, w2, cnt); }, reps),
-       2.0 * M * F * C);
+       2.0 * Mr * F * C);
   Tensor y = Tensor::empty({N, C}, bf, Device::CUDA);
   p.op("moe_unpermute_forward", median_ms([&] { ops::moe_unpermute_forward(y, yp, weights, r2s); }, reps));
   const double fwd = p.total;
@@ -85,22 +115,34 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F) {
   Tensor dyp = Tensor::empty({M, C}, bf, Device::CUDA), dweights = Tensor::empty({N, k}, f32, Device::CUDA);
   p.op("moe_unpermute_backward",
        median_ms([&] { ops::moe_unpermute_backward(dyp, dweights, dy, yp, weights, r2s); }, reps));
+  if (padded)
+    p.op("moe_zero_unrouted_rows (dyp)", median_ms([&] { ops::moe_zero_unrouted_rows(dyp, pad); }, reps));
   Tensor da = Tensor::empty({M, F}, bf, Device::CUDA);
   p.op("grouped fc2 backward dx", median_ms([&] {
          ops::moe_grouped_linear_backward(&da, nullptr, dyp, a, w2, cnt, ops::GradMode::Accumulate);
-       }, reps), 2.0 * M * F * C);
+       }, reps), 2.0 * Mr * F * C);
   p.op("grouped fc2 backward dweight (fp32 +=)", median_ms([&] {
          ops::moe_grouped_linear_backward(nullptr, &dw2, dyp, a, w2, cnt, ops::GradMode::Accumulate);
-       }, reps), 2.0 * M * F * C);
+       }, reps), 2.0 * Mr * F * C);
   Tensor dh = Tensor::empty({M, 2 * F}, bf, Device::CUDA);
-  p.op("swiglu_backward", median_ms([&] { ops::swiglu_backward(dh, da, h); }, reps));
+  p.op("swiglu_backward + recompute a", median_ms([&] {
+         ops::cuda::swiglu_backward_recompute_cuda<mt::bf16>(dh.data<mt::bf16>(), a.data<mt::bf16>(), da.data<mt::bf16>(),
+                                                             h.data<mt::bf16>(), M, F);
+       }, reps));
+  {  // not in the sum: the whole fused fc2 backward (dx GEMM + SwiGLU pass + dweight GEMM) as the layer runs it
+    const double ms = median_ms([&] {
+      ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dyp, w2, h, cnt, ops::GradMode::Accumulate);
+    }, reps);
+    std::printf("BENCH %-14s %-40s %8.3f ms (the three lines above, as one op)\n", config,
+                "moe_grouped_linear_backward_swiglu", ms);
+  }
   Tensor dxp = Tensor::empty({M, C}, bf, Device::CUDA);
   p.op("grouped fc1 backward dx", median_ms([&] {
          ops::moe_grouped_linear_backward(&dxp, nullptr, dh, xp, w1, cnt, ops::GradMode::Accumulate);
-       }, reps), 2.0 * M * C * 2 * F);
+       }, reps), 2.0 * Mr * C * 2 * F);
   p.op("grouped fc1 backward dweight (fp32 +=)", median_ms([&] {
          ops::moe_grouped_linear_backward(nullptr, &dw1, dh, xp, w1, cnt, ops::GradMode::Accumulate);
-       }, reps), 2.0 * M * C * 2 * F);
+       }, reps), 2.0 * Mr * C * 2 * F);
   Tensor dx = Tensor::empty({N, C}, bf, Device::CUDA);
   p.op("moe_permute_backward", median_ms([&] { ops::moe_permute_backward(dx, dxp, r2s, k); }, reps));
   Tensor dlogits = Tensor::empty({N, E}, f32, Device::CUDA);
@@ -116,15 +158,19 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F) {
          ops::cast(dxb, dxr);
          ops::add_(dx, dxb);
        }, reps));
-  std::printf("BENCH %-14s moe layer forward %.3f ms, backward %.3f ms, total %.3f ms (x 12 layers: %.1f ms)\n", config,
-              fwd, p.total - fwd, p.total, 12 * p.total);
+  std::printf("BENCH %-14s %s moe layer forward %.3f ms, backward %.3f ms, total %.3f ms (x 12 layers: %.1f ms)\n",
+              config, padded ? "[padded]" : "[exact] ", fwd, p.total - fwd, p.total, 12 * p.total);
 }
 }  // namespace
 
 TEST_CASE("cuda moe layer op timings", "[.bench][cuda][moe]") {
   init();
-  bench_moe_layer("moe-8x-top2", 8, 2, 3584);
-  bench_moe_layer("moe-64x-top8", 64, 8, 512);
+  for (bool padded : {false, true}) {
+    bench_moe_layer("moe-8x-top2", 8, 2, 3584, padded);
+    bench_moe_layer("moe-64x-top8", 64, 8, 512, padded);
+    bench_moe_layer("moe-64x-collapsed", 64, 8, 512, padded, 8.0);  // expert 0 takes every token (max / mean 8)
+    bench_moe_layer("moe-8x-collapsed", 8, 2, 3584, padded, 8.0);   // expert 0 takes every token (max / mean 4)
+  }
 }
 
 #endif

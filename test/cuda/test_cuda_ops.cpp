@@ -517,6 +517,35 @@ TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
       check_close("adamw_step v", v, vr, DType::F32);
     }
 }
+// The optimizer's fused compute copy: the same update, and the copy equal to ops::cast of the updated weights bit for
+// bit (bf16 and fp16; vector and scalar paths, the copy shifted by one element).
+TEST_CASE("cuda adamw with the weights' bf16 / fp16 copy written in the same pass", "[cuda][adamw]") {
+  init();
+  for (DType ct : {DType::BF16, DType::F16})
+    for (int64_t n : {int64_t(3), int64_t(100003)})
+      for (int64_t shift : {int64_t(0), int64_t(1)}) {
+        const Tensor p0 = rounded(randn64({n}, 7 + n, 0.02), DType::F32);
+        const Tensor zero = Tensor::zeros({n}, DType::F64);
+        Tensor p = to_device(p0, DType::F32), m = to_device(zero, DType::F32), v = to_device(zero, DType::F32);
+        Tensor pr = to_device(p0, DType::F32), mr = to_device(zero, DType::F32), vr = to_device(zero, DType::F32);
+        Tensor copy = to_device_shifted(zero, ct, shift), ref = Tensor::empty({n}, ct, Device::CUDA);
+        ops::AdamWArgs a;
+        a.lr = 1e-3;
+        a.weight_decay = 0.1;
+        for (int64_t step = 1; step <= 2; ++step) {
+          a.step = step;
+          const Tensor g = to_device(rounded(randn64({n}, 2000 * step + n), DType::F32), DType::F32);
+          ops::adamw_step(p, m, v, g, a, &copy);
+          ops::adamw_step(pr, mr, vr, g, a);
+        }
+        ops::cast(ref, pr);
+        CHECK(bitwise_equal(p, pr));
+        CHECK(bitwise_equal(m, mr));
+        CHECK(bitwise_equal(v, vr));
+        CHECK(bitwise_equal(copy, ref));
+      }
+}
+
 TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match the CPU", "[cuda][cross_entropy]") {
   init();
   const int64_t N = 3000;

@@ -1,9 +1,13 @@
 // The MoE ops against fp64 finite differences and direct computations: router (softmax / sigmoid, pre-softmax,
 // scaling, expert bias, ties), aux / seq-aux / z losses, expert-bias update, capacity, routing map, permute /
-// unpermute, grouped GEMMs (with empty groups).
+// unpermute, grouped GEMMs (with empty groups), the padded layout of padded batched experts and its choice.
+#include <algorithm>
+#include <map>
 #include <numeric>
+#include <set>
 
 #include "catch.h"
+#include "moe/moe_experts_pass.h"
 #include "ops/gradcheck.h"
 #include "tensor/moe_ops.h"
 
@@ -253,6 +257,137 @@ TEST_CASE("moe grouped linear equals one GEMM per expert, empty groups included"
   ops::moe_grouped_linear_backward(nullptr, &dw2, dout, x, w, counts, ops::GradMode::Accumulate);
   ops::scale_(dw, 2.0);
   CHECK(rel_err(dw2, dw) < 1e-15);
+}
+
+TEST_CASE("moe padded batched experts: the padded layout gives the exact groups' results", "[moe][experts]") {
+  // an empty expert, one with most of the rows, dropped slots: padding rows must add nothing anywhere
+  const int64_t N = 60, C = 6, F = 5, E = 6, k = 2;
+  const Tensor idx = unbalanced_routing(N);
+  const Tensor x = randn({N, C}, 31), w = randn({N, k}, 32), w1 = randn({E, 2 * F, C}, 33, D, 0.5),
+               w2 = randn({E, C, F}, 34, D, 0.5), dy = randn({N, C}, 35);
+  const ExpertsPass exact = run_experts_pass(nullptr, idx, x, w, w1, w2, dy);
+  CHECK(exact.rows == N * k - 3);
+  for (Layout layout : {Layout(one_region), Layout(two_regions)}) {
+    const ExpertsPass padded = run_experts_pass(layout, idx, x, w, w1, w2, dy);
+    CHECK(padded.rows > exact.rows);
+    CHECK(rel_err(padded.y, exact.y) < 1e-14);
+    CHECK(rel_err(padded.dx, exact.dx) < 1e-14);
+    CHECK(rel_err(padded.dweights, exact.dweights) < 1e-14);
+    CHECK(rel_err(padded.dw1, exact.dw1) < 1e-14);
+    CHECK(rel_err(padded.dw2, exact.dw2) < 1e-14);
+    for (int64_t i = 0; i < 2 * F * C; ++i) CHECK(padded.dw1.data<double>()[2 * 2 * F * C + i] == 0.0);  // expert 2
+  }
+
+  // the layout itself: padded row of each kept slot, the slot of each padded row, -1 for padding
+  Tensor s2r = Tensor::empty({N * k}, DType::I32), r2s = Tensor::empty({N * k}, DType::I32),
+         cnt = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(s2r, r2s, cnt, idx, E);
+  const std::vector<int64_t> counts(cnt.data<int32_t>(), cnt.data<int32_t>() + E), regions = two_regions(counts);
+  REQUIRE(counts[3] == N * 5 / 6);
+  std::vector<int64_t> pstart(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) pstart[e + 1] = pstart[e] + regions[e];
+  const int64_t P = pstart[E];
+  Tensor pad = Tensor::empty({P}, DType::I32), r2p = r2s.clone();
+  ops::moe_pad_routing_map(pad, r2p, s2r, counts, regions);
+  int64_t kept = 0;
+  for (int64_t s = 0; s < N * k; ++s) {
+    const int32_t e = idx.data<int32_t>()[s], p = r2p.data<int32_t>()[s];
+    if (e < 0) {
+      CHECK(p == -1);
+      continue;
+    }
+    ++kept;
+    CHECK(p >= pstart[e]);
+    CHECK(p < pstart[e] + counts[e]);
+    CHECK(pad.data<int32_t>()[p] == s);
+  }
+  CHECK(std::count_if(pad.data<int32_t>(), pad.data<int32_t>() + P, [](int32_t v) { return v >= 0; }) == kept);
+  // padding rows: permute writes 0, moe_zero_unrouted_rows zeroes them and leaves the others
+  Tensor xp = Tensor::empty({P, C}, D);
+  ops::moe_permute_forward(xp, x, pad, k);
+  Tensor g = randn({P, C}, 36), g0 = g.clone();
+  ops::moe_zero_unrouted_rows(g, pad);
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const bool padding = pad.data<int32_t>()[r] < 0;
+      CHECK(xp.data<double>()[r * C + c] ==
+            (padding ? 0.0 : x.data<double>()[(pad.data<int32_t>()[r] / k) * C + c]));
+      CHECK(g.data<double>()[r * C + c] == (padding ? 0.0 : g0.data<double>()[r * C + c]));
+    }
+}
+
+namespace {
+// The padded layout's estimated time, recomputed here from its definition (tensor/moe_ops.h): every region size
+// used by an expert with rows is one batched call of (experts of that size) x size rows.
+double layout_seconds(const std::vector<int64_t>& counts, const std::vector<int64_t>& regions, int64_t IC,
+                      int64_t OC) {
+  std::map<int64_t, int64_t> runs;  // region size -> experts with rows
+  for (size_t e = 0; e < counts.size(); ++e)
+    if (counts[e] > 0) ++runs[regions[e]];
+  double t = 0;
+  for (const auto& [size, n] : runs)
+    t += 2.0 * IC * OC * n * size * 1e-12 / ops::kBatchedTflops + ops::kBatchedCallUs * 1e-6;
+  return t;
+}
+}  // namespace
+
+TEST_CASE("moe padded batched experts: the regions, chosen on the GPU by the time estimate", "[moe][experts]") {
+  const int64_t C = 1024, F2 = 1024;  // small experts: against the grouped call (kGroupedTflops)
+  const std::vector<int64_t> balanced(64, 2048);
+  CHECK(ops::moe_padded_regions(Device::CUDA, balanced, C, F2) == balanced);
+  CHECK(ops::moe_padded_regions(Device::CPU, balanced, C, F2).empty());
+  CHECK(ops::moe_padded_regions(Device::CUDA, std::vector<int64_t>(8, 0), C, F2).empty());
+  // a balanced routing rounds up to kPadRows
+  std::vector<int64_t> near(64, 2000);
+  near[5] = 2001;
+  CHECK(ops::moe_padded_regions(Device::CUDA, near, C, F2) == std::vector<int64_t>(64, 2048));
+  // collapsed routing (64 experts top-8: one expert takes every token), the others uneven, one empty
+  std::vector<int64_t> collapsed(64);
+  for (int64_t e = 0; e < 64; ++e) collapsed[e] = 700 + (e * 977) % 2900;
+  collapsed[9] = 16384;
+  collapsed[20] = 0;
+  const std::vector<int64_t> r = ops::moe_padded_regions(Device::CUDA, collapsed, C, F2);
+  REQUIRE(r.size() == 64);
+  std::set<int64_t> sizes;
+  for (int64_t e = 0; e < 64; ++e) {
+    CHECK(r[e] >= collapsed[e]);
+    CHECK(r[e] % ops::kPadRows == 0);
+    if (collapsed[e] > 0) sizes.insert(r[e]);
+  }
+  CHECK(r[9] == 16384);
+  CHECK(r[20] == 0);
+  CHECK(static_cast<int64_t>(sizes.size()) <= ops::kPadBuckets);
+  // the best cut of the sorted experts into at most kPadBuckets runs: every other cut estimates no faster (all
+  // cuts of a smaller case, by brute force)
+  const std::vector<int64_t> few = {130, 3000, 0, 900, 2500, 140, 1000, 16384};
+  const std::vector<int64_t> best = ops::moe_padded_regions(Device::CUDA, few, C, F2);
+  REQUIRE(best.size() == few.size());
+  const double t_best = layout_seconds(few, best, C, F2);
+  std::vector<int64_t> order = {7, 1, 4, 6, 3, 5, 0};  // with rows, largest first
+  const auto n = static_cast<int64_t>(order.size());
+  for (int64_t mask = 0; mask < (1 << (n - 1)); ++mask) {  // bit i: a run starts at sorted position i + 1
+    if (__builtin_popcountll(mask) + 1 > ops::kPadBuckets) continue;
+    std::vector<int64_t> reg(few.size(), 0);
+    int64_t head = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i > 0 && (mask >> (i - 1) & 1)) head = i;
+      reg[order[i]] = (few[order[head]] + ops::kPadRows - 1) / ops::kPadRows * ops::kPadRows;
+    }
+    CHECK(t_best <= layout_seconds(few, reg, C, F2) * (1 + 1e-12));
+  }
+  // the allocated rows: at most 1/32 more, in few sizes (a 30% range of row counts: about 10)
+  std::set<int64_t> classes;
+  for (int64_t P = 131072; P < 170000; P += 7) {
+    const int64_t a = ops::moe_alloc_rows(P);
+    CHECK(a >= P);
+    CHECK(a * 32 <= P * 33);
+    classes.insert(a);
+  }
+  CHECK(classes.size() <= 11);
+  CHECK(ops::moe_alloc_rows(32768) == 32768);
+  // and the exact groups when they are estimated faster: a nearly balanced many-expert routing with one expert far
+  // above the rest is still padded (its own region), but tiny experts (per-call cost) are not
+  CHECK(ops::moe_padded_regions(Device::CUDA, std::vector<int64_t>(64, 8), 64, 64).empty());
 }
 
 TEST_CASE("moe aux loss of rows split over ranks: the shares sum to the whole set's loss and gradient",

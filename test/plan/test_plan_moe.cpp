@@ -25,7 +25,7 @@ static_assert(sizeof(Router::Saved) == 7 * sizeof(Tensor) + sizeof(ops::AuxLossG
 static_assert(sizeof(Experts::Saved) == sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor));
 static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + 2 * sizeof(Tensor) + sizeof(std::vector<int64_t>) +
                                              sizeof(TokenDispatcher::Plan) + sizeof(Tensor) + sizeof(Experts::Saved) +
-                                             3 * sizeof(Tensor));
+                                             3 * sizeof(Tensor) + sizeof(int64_t));  // + the padded flag (aligned)
 
 Config tiny_moe();
 
@@ -288,7 +288,7 @@ TEST_CASE("plan moe: active parameters, FLOPs, memory under expert-data sharding
                                                      RecomputePolicy::Mode::None);
   const int64_t dense_mlp_kept = rows * 48 * 2 * 2;  // SwiGLU fc1 output (the activation recomputed)
   const int64_t moe_kept_bytes = rows * E * 4 * 2 + rows * k * 4 * 4 +  // logits, scores; choice, 2 maps, weights
-                                 rows * k * C * 2 + rows * k * F * 2 * 2 + rows * k * F * 2 +  // xl, h, a
+                                 rows * k * C * 2 + rows * k * F * 2 * 2 +  // xl, h (SwiGLU's a recomputed)
                                  rows * k * C * 2 + rows * Fs * 2 * 2 + rows * Fs * 2 + 4;  // yp, shared h, a; aux
   CHECK(r.moe_layer_act[0] == dense_layer - dense_mlp_kept + moe_kept_bytes);
   const int64_t extra = chunk_extra_activation_bytes(cfg.model, 1, false, 2, 8, DType::BF16, true, true);

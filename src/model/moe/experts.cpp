@@ -49,26 +49,35 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   s.counts = counts;
   s.h = c.empty({M, ffn_ * (swiglu_ ? 2 : 1)});
   ops::moe_grouped_linear_forward(s.h, x, stacked(fc1_, false), counts);
-  s.a = c.empty({M, ffn_});
+  Tensor a = c.empty({M, ffn_});
   if (swiglu_)
-    ops::swiglu_forward(s.a, s.h);
+    ops::swiglu_forward(a, s.h);  // not kept: the backward recomputes it from h
   else
-    ops::gelu_forward(s.a, s.h);
+    ops::gelu_forward(a, s.h);
   Tensor y = c.empty({M, C});
-  ops::moe_grouped_linear_forward(y, s.a, stacked(fc2_, false), counts);
+  ops::moe_grouped_linear_forward(y, a, stacked(fc2_, false), counts);
+  if (!swiglu_) s.a = a;
   return y;
 }
 
-Tensor Experts::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
+Tensor Experts::backward_fc2(Tensor dy, Saved& s) const {
   const ModelContext& c = *ctx_;
-  Tensor da = c.empty(s.a.shape());
   Tensor dw2 = stacked(fc2_, true);
-  ops::moe_grouped_linear_backward(&da, &dw2, dy, s.a, stacked(fc2_, false), s.counts, grad_mode(fc2_));
-  Tensor dh = c.empty(s.h.shape());
-  if (swiglu_)
-    ops::swiglu_backward(dh, da, s.h);
-  else
+  Tensor dh;
+  if (swiglu_) {  // through the SwiGLU, recomputing a = swiglu(h) in its pass; dh overwrites h
+    dh = s.h;
+    ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dy, stacked(fc2_, false), s.h, s.counts, grad_mode(fc2_));
+  } else {
+    Tensor da = c.empty(s.a.shape());
+    ops::moe_grouped_linear_backward(&da, &dw2, dy, s.a, stacked(fc2_, false), s.counts, grad_mode(fc2_));
+    dh = c.empty(s.h.shape());
     ops::gelu_backward(dh, da, s.h);
+  }
+  return dh;
+}
+
+Tensor Experts::backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const {
+  const ModelContext& c = *ctx_;
   Tensor dx = c.empty(x.shape());
   Tensor dw1 = stacked(fc1_, true);
   ops::moe_grouped_linear_backward(&dx, &dw1, dh, x, stacked(fc1_, false), s.counts, grad_mode(fc1_));

@@ -1,7 +1,7 @@
 // The experts of one MoE layer held by this rank (Megatron-Core's GroupedMLP): for each local expert e, its
 // rows -> linear_fc1 (C -> 2F [gate; up] for SwiGLU, F for GELU) -> activation -> linear_fc2 (F -> C). No biases.
 // All local experts run as one grouped GEMM per projection (ops::moe_grouped_linear_*) and one activation launch
-// over all rows.
+// over all rows. Equal counts (the MoE layer's padded layout) make each projection one strided batched GEMM.
 //
 // Parameters, one per expert, named by the GLOBAL expert index so that a checkpoint reshards over
 // expert-parallel ranks by name: `<prefix>.<e>.linear_fc1.weight` (2F or F, C) and `<prefix>.<e>.linear_fc2.weight`
@@ -26,12 +26,17 @@ class Experts {
           bool swiglu, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     std::vector<int64_t> counts;  // rows of each local expert
-    Tensor h, a;                  // fc1 output (M, 2F or F) and activation output (M, F)
+    Tensor h, a;                  // fc1 output (M, 2F or F); activation output (M, F), GELU only (SwiGLU's is
+                                  // recomputed in backward, as the dense llama MLP)
   };
   // x (M, C) grouped by local expert, counts[e] rows each -> (M, C).
   Tensor forward(Saved& s, const Tensor& x, const std::vector<int64_t>& counts) const;
   // dy (M, C) -> dx (M, C); the weights' gradients accumulate (the first write of a step overwrites). Consumes s.
-  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;
+  Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const { return backward_fc1(backward_fc2(dy, s), s, x); }
+  // The same in two halves, so that a caller can drop dy before it needs x (fewer buffers alive at once):
+  // fc2 and the activation: dy -> dh (M, 2F or F; SwiGLU: written over s.h); then fc1: dh -> dx, consuming s.
+  Tensor backward_fc2(Tensor dy, Saved& s) const;
+  Tensor backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const;
   int64_t local_experts() const { return local_experts_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "model/moe/moe_layer.h"
 
+#include <numeric>
+
 #include "core/check.h"
 #include "tensor/moe_ops.h"
 
@@ -46,11 +48,24 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   s.counts.assign(counts_host.data<int32_t>(), counts_host.data<int32_t>() + E);
   int64_t M = 0;
   for (int64_t n : s.counts) M += n;
+  // padded batched experts: only with every expert on this rank (the dispatch is then the identity)
+  const std::vector<int64_t> regions =
+      dispatcher_.local_experts() == E
+          ? ops::moe_padded_regions(x.device(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1))
+          : std::vector<int64_t>{};
+  s.padded = !regions.empty();
+  if (s.padded) {  // rows past the regions (up to moe_alloc_rows): padding too
+    M = ops::moe_alloc_rows(std::accumulate(regions.begin(), regions.end(), int64_t{0}));
+    Tensor pad = Tensor::empty({M}, DType::I32, x.device());
+    ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, s.counts, regions);
+    s.slot_of_row = pad;
+  }
   Tensor xp = c.empty({M, C});
   ops::moe_permute_forward(xp, x, s.slot_of_row, k);
   s.xl = dispatcher_.dispatch(s.plan, xp, s.counts);
-  Tensor yl = experts_.forward(s.experts, s.xl, s.plan.local_counts);
+  Tensor yl = experts_.forward(s.experts, s.xl, s.padded ? regions : s.plan.local_counts);
   s.yp = dispatcher_.combine(s.plan, yl);
+  if (dispatcher_.local_experts() == E) s.xl = Tensor();  // EP 1: permuted again from x in backward (memory)
   Tensor y = c.empty({N, C});
   ops::moe_unpermute_forward(y, s.yp, s.router.weights, s.row_of_slot);
   if (shared_fc1_) {
@@ -82,11 +97,23 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     }
     dx_shared = shared_fc1_->backward(dh, x);
   }
+  // buffers released as soon as read (fewer of them alive at once)
+  const int64_t rows = s.yp.size(0);
   Tensor dyp = c.empty(s.yp.shape());
   Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
   ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
-  Tensor dyl = dispatcher_.combine_backward(s.plan, dyp);
-  Tensor dxl = experts_.backward(dyl, s.experts, s.xl);
+  s.yp = Tensor();
+  if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
+  Tensor dh = experts_.backward_fc2(dispatcher_.combine_backward(s.plan, dyp), s.experts);
+  dyp = Tensor();
+  Tensor xl = std::move(s.xl);
+  if (!xl.defined()) {  // EP 1: the experts' input rows again
+    xl = c.empty({rows, x.size(1)});
+    ops::moe_permute_forward(xl, x, s.slot_of_row, k);
+  }
+  Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
+  dh = Tensor();
+  xl = Tensor();
   Tensor dxp = dispatcher_.dispatch_backward(s.plan, dxl);
   Tensor dx = c.empty(x.shape());
   ops::moe_permute_backward(dx, dxp, s.row_of_slot, k);

@@ -6,6 +6,11 @@
 //            -> permute: rows grouped by global expert (ops::moe_permute_forward)
 //            -> dispatch: all-to-all-v over the expert-parallel group (parallel/token_dispatcher.h)
 //            -> experts: grouped GEMMs of this rank's experts (experts.h)
+//               [padded batched experts, one rank holding every expert, when ops::moe_padded_regions estimates
+//               it faster for this step's counts: the permute writes each expert's rows at the start of its
+//               region (a few distinct region sizes), padding rows 0, and each projection runs as one batched GEMM
+//               per region size; the padding rows' output gradients are zeroed, so they add nothing to the weight
+//               gradients]
 //            -> combine: all-to-all-v back -> unpermute: y[n] = sum_j w[n, j] * expert_{i[n, j]}(x[n])
 //            [+ shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token] [+ residual]
 //
@@ -32,10 +37,12 @@ class MoELayer {
   MoELayer(const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     Router::Saved router;
-    Tensor slot_of_row, row_of_slot;  // the routing map (N*k) int32
+    Tensor slot_of_row, row_of_slot;  // the routing map (N*k) int32; padded: slot_of_row (padded rows), rows padded
+    bool padded = false;              // the experts' rows in the padded layout (ops::moe_padded_regions)
     std::vector<int64_t> counts;      // (E) rows this rank routes to each global expert
     TokenDispatcher::Plan plan;
-    Tensor xl;                        // the rows of this rank's experts (dispatched)
+    Tensor xl;                        // the rows of this rank's experts (dispatched; EP 1: not kept, permuted
+                                      // again from the layer's input in backward)
     Experts::Saved experts;
     Tensor yp;                        // the experts' outputs back in routed order (M, C)
     Tensor shared_h, shared_a;        // shared expert: fc1 output, activation output

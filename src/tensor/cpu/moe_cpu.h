@@ -31,6 +31,10 @@ template <typename T>
 void moe_apply_capacity_cpu(int32_t* indices, const T* weights, int64_t slots, int64_t E, int64_t capacity);
 void moe_routing_map_cpu(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* counts, const int32_t* indices,
                          int64_t slots, int64_t E);
+void moe_pad_routing_map_cpu(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
+                             const int64_t* counts, const int64_t* regions, int64_t slots, int64_t E);
+template <typename T>
+void moe_zero_unrouted_rows_cpu(T* x, const int32_t* slot_of_row, int64_t M, int64_t C);
 template <typename T>
 void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k);
 template <typename T>

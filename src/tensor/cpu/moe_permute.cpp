@@ -44,9 +44,39 @@ void moe_routing_map_cpu(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* co
   }
 }
 
+void moe_pad_routing_map_cpu(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,
+                             const int64_t* counts, const int64_t* regions, int64_t slots, int64_t E) {
+  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0), pstart(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + counts[e], pstart[e + 1] = pstart[e] + regions[e];
+  std::vector<int32_t> pad_of_row(static_cast<size_t>(start[E]));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 0; i < regions[e]; ++i) {
+      const int64_t p = pstart[e] + i;
+      if (i < counts[e]) {
+        slot_of_row_pad[p] = slot_of_row[start[e] + i];
+        pad_of_row[start[e] + i] = static_cast<int32_t>(p);
+      } else {
+        slot_of_row_pad[p] = -1;
+      }
+    }
+  for (int64_t s = 0; s < slots; ++s)
+    if (row_of_slot[s] >= 0) row_of_slot[s] = pad_of_row[row_of_slot[s]];
+}
+
+template <typename T>
+void moe_zero_unrouted_rows_cpu(T* x, const int32_t* slot_of_row, int64_t M, int64_t C) {
+  for (int64_t r = 0; r < M; ++r)
+    if (slot_of_row[r] < 0) std::fill_n(x + r * C, C, T(0));
+}
+
 template <typename T>
 void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k) {
-  for (int64_t r = 0; r < M; ++r) std::copy_n(x + (slot_of_row[r] / k) * C, C, out + r * C);
+  for (int64_t r = 0; r < M; ++r) {
+    if (slot_of_row[r] < 0)  // a padding row
+      std::fill_n(out + r * C, C, T(0));
+    else
+      std::copy_n(x + (slot_of_row[r] / k) * C, C, out + r * C);
+  }
 }
 
 template <typename T>
@@ -103,6 +133,7 @@ void moe_unpermute_backward_cpu(T* dyp, T* dweights, const T* dy, const T* yp, c
 #define MT_INSTANTIATE(T)                                                                                       \
   template void moe_apply_capacity_cpu<T>(int32_t*, const T*, int64_t, int64_t, int64_t);                      \
   template void moe_permute_forward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
+  template void moe_zero_unrouted_rows_cpu<T>(T*, const int32_t*, int64_t, int64_t);                             \
   template void moe_permute_backward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
   template void moe_unpermute_forward_cpu<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t); \
   template void moe_unpermute_backward_cpu<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t,    \
