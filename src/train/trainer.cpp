@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include <pthread.h>
@@ -48,9 +49,20 @@ namespace {
 // checkpoint); a second SIGINT exits at once. Only async-signal-safe calls here.
 std::atomic<int> g_stop_signal{0};
 std::atomic<int> g_sigint_count{0};
+bool g_signal_voice = true;  // this process prints the handler's lines (set before the handlers are installed)
 void say(const char* msg) {
+  if (!g_signal_voice) return;
   ssize_t ignored = ::write(STDERR_FILENO, msg, std::strlen(msg));
   (void)ignored;
+}
+// One voice for the handler's lines, as for the log: rank 0 only, unless MEGATRAIN_LOG_ALL_RANKS=1. The handlers
+// go in before MPI starts, so the rank is the launcher's (mpirun, srun); no launcher: rank 0. Without this, mpirun
+// terminating the other ranks after rank 0's config error made each of them print a SIGTERM line.
+bool signal_voice() {
+  if (const char* all = std::getenv("MEGATRAIN_LOG_ALL_RANKS"); all && std::string(all) == "1") return true;
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(var)) return std::atoi(v) == 0;
+  return true;
 }
 extern "C" void on_stop_signal(int sig) {
   if (sig == SIGINT && g_sigint_count.fetch_add(1) > 0) {
@@ -279,6 +291,7 @@ int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
 }  // namespace
 
 void install_stop_signal_handlers() {
+  g_signal_voice = signal_voice();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

@@ -105,6 +105,12 @@ TEST_CASE("under mpirun with 2 ranks a stop signal saves one complete checkpoint
   CHECK(fs::exists(saved / "shard_r00000.json"));
   CHECK(fs::exists(saved / "shard_r00001.json"));
   CHECK(read_file(p.out).find("SIGTERM received at iteration") != std::string::npos);
+  // One voice: both ranks got the signal, rank 0 alone says so.
+  const std::string err = read_file(p.err);
+  size_t said = 0;
+  for (size_t at = err.find("SIGTERM: stopping"); at != std::string::npos; at = err.find("SIGTERM: stopping", at + 1))
+    ++said;
+  CHECK(said == 1);
 
   // SIGTERM to mpirun: Open MPI forwards it to the ranks, which save and exit 0 (mpirun itself then
   // exits 1 by its own rule, so only the checkpoint is checked).
