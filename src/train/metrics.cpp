@@ -169,7 +169,7 @@ void MetricsWriter::note_val(int64_t iteration, double val_loss) {
   if (std::isfinite(val_loss) && (best_val_.first < 0 || val_loss < best_val_.second)) best_val_ = {iteration, val_loss};
 }
 
-void MetricsWriter::start(int64_t iteration) {
+void MetricsWriter::start(int64_t iteration, bool keep_later) {
   if (!write_) return;
   if (!cfg_->logging.tensorboard_dir.empty()) {
     tb_ = std::make_unique<TensorBoardWriter>(cfg_->logging.tensorboard_dir, iteration + 1);
@@ -191,7 +191,7 @@ void MetricsWriter::start(int64_t iteration) {
       const bool ok = j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer();
       const int64_t it = ok ? j["iteration"].get<int64_t>() : -1;
       const Kind kind = j.contains("val_loss") ? Kind::Val : j.contains("test_loss") ? Kind::Test : Kind::Train;
-      if (!ok || it > iteration || !first_record(kind, it)) {
+      if (!ok || (it > iteration && !keep_later) || !first_record(kind, it)) {
         ++dropped;  // unreadable (cut by a crash), past the start, or a duplicate
         continue;
       }
@@ -199,7 +199,7 @@ void MetricsWriter::start(int64_t iteration) {
       kept.push_back(line);
     }
   }
-  if (dropped > 0) {
+  if (dropped > 0 && !keep_later) {
     const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp, std::ios::trunc);

@@ -438,7 +438,7 @@ TrainResult run_training(const Config& cfg) {
                            d.data_parallel_size, consumed, cfg.data.prefetch);
 
   MetricsWriter metrics(cfg, d, run.flops_per_token, run.ctx.device == Device::CUDA, ps.world_rank == 0);
-  metrics.start(iteration);
+  metrics.start(iteration, /*keep_later=*/cfg.training.skip_train);
   // checkpoint.async_save: the save in flight, committed (collectively) once every rank wrote its
   // shard, before the next save, and before the run ends; its errors surface there. Its tensors are host
   // copies in `snapshot`'s buffers (allocated once, before the first iteration; train/checkpoint_snapshot.h),

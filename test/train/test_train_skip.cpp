@@ -80,6 +80,32 @@ TEST_CASE("training.skip_train evaluates a checkpoint: the losses its run logged
   CHECK(listing(d / "ckpt") == before);
 }
 
+TEST_CASE("training.skip_train of an older checkpoint keeps the run's metrics records", "[e2e][skip_train]") {
+  // A training run resumed from iteration 3 would drop the file's records past 3; skip_train trains nothing, so
+  // it keeps them, and the validation record of iteration 3 is already there (not written twice).
+  const fs::path d = temp_dir() / "skip_train_older";
+  const std::string common = "train --config " + kTiny + " --set training.eval_iters=2 --set checkpoint.dir=" +
+                             (d / "ckpt").string() + " --set logging.metrics_file=" + (d / "metrics.jsonl").string() +
+                             " --set training.train_iters=6 --set training.eval_interval=3 ";
+  RunResult r = run_megatrain(common + "--set checkpoint.save_interval=3", "skip_train_older_run");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const std::string before = read_file(d / "metrics.jsonl");
+  REQUIRE(eval_records(d / "metrics.jsonl").count(6));
+  r = run_megatrain(common + "--set training.skip_train=true --set checkpoint.load=" +
+                        (d / "ckpt" / "iter_0000003").string(),
+                    "skip_train_older_eval");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("validation at iter 3") != std::string::npos);
+  // Every record kept as it was; only what the file lacked is appended: the test split at iteration 3.
+  const std::string after = read_file(d / "metrics.jsonl");
+  REQUIRE(after.rfind(before, 0) == 0);
+  const auto added = nlohmann::json::parse(after.substr(before.size()));
+  CHECK(added["iteration"] == 3);
+  CHECK(added.contains("test_loss"));
+}
+
 TEST_CASE("training.skip_train with eval_iters 0 is a config error naming both keys", "[e2e][skip_train]") {
   const RunResult r = run_megatrain("train --config " + kTiny + " --set training.skip_train=true "
                                     "--set training.eval_iters=0 --set checkpoint.dir=",
