@@ -171,7 +171,11 @@ void MetricsWriter::note_val(int64_t iteration, double val_loss) {
 
 void MetricsWriter::start(int64_t iteration, bool keep_later) {
   if (!write_) return;
-  if (!cfg_->logging.tensorboard_dir.empty()) {
+  // keep_later: no event file, whose SessionLog START at iteration + 1 would make TensorBoard drop the run's later steps.
+  if (!cfg_->logging.tensorboard_dir.empty() && keep_later)
+    log::info("logging.tensorboard_dir: no events written by training.skip_train (the log and the metrics file "
+              "have the losses)");
+  if (!cfg_->logging.tensorboard_dir.empty() && !keep_later) {
     tb_ = std::make_unique<TensorBoardWriter>(cfg_->logging.tensorboard_dir, iteration + 1);
     log::info("TensorBoard event file: {}", tb_->path());
   }

@@ -70,7 +70,7 @@ class MetricsWriter {
   // file) are removed, saying how many, and a record already in the file is not written again (a
   // finished job run again appends nothing). Opens logging.tensorboard_dir's event file.
   // keep_later (training.skip_train, which trains nothing): the file is left as it is, records past `iteration`
-  // included, and new records are appended (still never one already there).
+  // included, and new records are appended (still never one already there); no TensorBoard event file.
   void start(int64_t iteration, bool keep_later = false);
   // More TensorBoard scalars at a step (e.g. per-layer expert load); nothing without tensorboard_dir.
   void add_scalars(int64_t step, const Scalars& scalars);

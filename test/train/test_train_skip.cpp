@@ -1,7 +1,8 @@
 // training.skip_train (Megatron's --skip-train): evaluate a checkpoint and exit. The validation and test losses
 // of the loaded weights equal the ones the training run logged at that iteration (same batches, same recipe);
 // nothing is trained or written to the checkpoint directory; the weights can be evaluated under another recipe
-// (here the FP8 emulation), which gives another loss; skip_train with nothing to evaluate is a config error.
+// (here the FP8 emulation), which gives another loss; an older checkpoint's evaluation keeps the run's later
+// metrics records and TensorBoard steps; skip_train with nothing to evaluate is a config error.
 #include <map>
 
 #include "catch.h"
@@ -86,11 +87,14 @@ TEST_CASE("training.skip_train of an older checkpoint keeps the run's metrics re
   const fs::path d = temp_dir() / "skip_train_older";
   const std::string common = "train --config " + kTiny + " --set training.eval_iters=2 --set checkpoint.dir=" +
                              (d / "ckpt").string() + " --set logging.metrics_file=" + (d / "metrics.jsonl").string() +
-                             " --set training.train_iters=6 --set training.eval_interval=3 ";
+                             " --set training.train_iters=6 --set training.eval_interval=3 --set logging.tensorboard_dir=" +
+                             (d / "tb").string() + " ";
   RunResult r = run_megatrain(common + "--set checkpoint.save_interval=3", "skip_train_older_run");
   INFO(r.err);
   REQUIRE(r.code == 0);
   const std::string before = read_file(d / "metrics.jsonl");
+  const auto tb_before = listing(d / "tb");
+  REQUIRE(tb_before.size() == 1);
   REQUIRE(eval_records(d / "metrics.jsonl").count(6));
   r = run_megatrain(common + "--set training.skip_train=true --set checkpoint.load=" +
                         (d / "ckpt" / "iter_0000003").string(),
@@ -104,6 +108,8 @@ TEST_CASE("training.skip_train of an older checkpoint keeps the run's metrics re
   const auto added = nlohmann::json::parse(after.substr(before.size()));
   CHECK(added["iteration"] == 3);
   CHECK(added.contains("test_loss"));
+  // No event file: its SessionLog START at iteration 4 would make TensorBoard drop the run's steps 4-6.
+  CHECK(listing(d / "tb") == tb_before);
 }
 
 TEST_CASE("training.skip_train with eval_iters 0 is a config error naming both keys", "[e2e][skip_train]") {
