@@ -7,6 +7,7 @@
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "moe/moe_experts_pass.h"
@@ -209,87 +210,62 @@ TEST_CASE("cuda moe routing map, permute, unpermute and aux loss at training-lik
   }
 }
 
+namespace {
+
+// The grouped linear on the GPU against the CPU in fp64: forward, backward (dx and the fp32 weight gradient's first
+// write), then the weight gradient accumulated once more (= twice the reference). Inputs rounded to dt; x, w, dout
+// drawn from seeds seed, seed + 1, seed + 2 (w scaled by w_std). tag names the path in the messages.
+void check_grouped_linear(const std::vector<int64_t>& counts, int64_t IC, int64_t OC, DType dt, uint64_t seed,
+                          double w_std, const std::string& tag) {
+  const int64_t El = static_cast<int64_t>(counts.size());
+  const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  auto label = [&](const std::string& what) {
+    if (tag.empty()) return what.empty() ? std::string() : " (" + what + ")";
+    return " (" + tag + (what.empty() ? "" : ", " + what) + ")";
+  };
+  const Tensor x64 = rounded(randn64({M, IC}, seed), dt), w64 = rounded(randn64({El, OC, IC}, seed + 1, w_std), dt),
+               dout64 = rounded(randn64({M, OC}, seed + 2), dt);
+  Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
+  ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
+  const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
+  Tensor out = poisoned({M, OC}, dt);
+  ops::moe_grouped_linear_forward(out, x, w, counts);
+  check_close("moe_grouped_linear_forward" + label(""), out, out_ref, dt);
+  Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
+  ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
+  Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
+  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+  check_close("moe_grouped_linear_backward dx" + label(""), dx, dx_ref, dt);
+  check_close("moe_grouped_linear_backward dweight" + label("first write"), dw, dw_ref, dt);
+  ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
+  ops::scale_(dw_ref, 2.0);
+  check_close("moe_grouped_linear_backward dweight" + label("accumulate"), dw, dw_ref, dt);
+}
+
+}  // namespace
+
 TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included", "[cuda][moe]") {
   init();
-  const int64_t IC = 96, OC = 80;
-  const std::vector<int64_t> counts = {37, 0, 130, 1, 0, 64};
-  const int64_t El = 6, M = 232;
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const Tensor x64 = rounded(randn64({M, IC}, 21), dt), w64 = rounded(randn64({El, OC, IC}, 22, 0.1), dt),
-                 dout64 = rounded(randn64({M, OC}, 23), dt);
-    Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
-    ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
-    const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
-    Tensor out = poisoned({M, OC}, dt);
-    ops::moe_grouped_linear_forward(out, x, w, counts);
-    check_close("moe_grouped_linear_forward", out, out_ref, dt);
-    Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
-    ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
-    Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
-    ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
-    check_close("moe_grouped_linear_backward dx", dx, dx_ref, dt);
-    check_close("moe_grouped_linear_backward dweight (first write)", dw, dw_ref, dt);
-    ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
-    ops::scale_(dw_ref, 2.0);
-    check_close("moe_grouped_linear_backward dweight (accumulate)", dw, dw_ref, dt);
-  }
+  for (DType dt : {DType::F32, DType::BF16}) check_grouped_linear({37, 0, 130, 1, 0, 64}, 96, 80, dt, 21, 0.1, "");
 }
 
 // Groups large enough (2^34 FLOPs per group on average) run one cublasGemmEx per group (tensor/moe_ops.h
 // moe_gemm_per_group): the same results as the CPU, an empty group included.
 TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match the CPU", "[cuda][moe]") {
   init();
-  const int64_t IC = 1024, OC = 2048;
-  const std::vector<int64_t> counts = {4000, 0, 8300};
-  const int64_t El = 3, M = 12300;
+  const int64_t IC = 1024, OC = 2048, El = 3, M = 12300;
   REQUIRE(ops::moe_gemm_per_group(M, El, IC, OC));
   REQUIRE(!ops::moe_gemm_per_group(M, El, IC / 2, OC));
-  const DType dt = DType::BF16;
-  const Tensor x64 = rounded(randn64({M, IC}, 51), dt), w64 = rounded(randn64({El, OC, IC}, 52, 0.03), dt),
-               dout64 = rounded(randn64({M, OC}, 53), dt);
-  Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
-  ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
-  const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
-  Tensor out = poisoned({M, OC}, dt);
-  ops::moe_grouped_linear_forward(out, x, w, counts);
-  check_close("moe_grouped_linear_forward (per group)", out, out_ref, dt);
-  Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
-  ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
-  Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
-  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
-  check_close("moe_grouped_linear_backward dx (per group)", dx, dx_ref, dt);
-  check_close("moe_grouped_linear_backward dweight (per group, first write)", dw, dw_ref, dt);
-  ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
-  ops::scale_(dw_ref, 2.0);
-  check_close("moe_grouped_linear_backward dweight (per group, accumulate)", dw, dw_ref, dt);
+  check_grouped_linear({4000, 0, 8300}, IC, OC, DType::BF16, 51, 0.03, "per group");
 }
 
 // Equal groups run as one cublasGemmStridedBatchedEx per product, a few distinct sizes as one batched call each
 // (fp32 weight gradients included): the CPU's results, first write and accumulate.
 TEST_CASE("cuda moe grouped GEMMs with equal groups (strided batched) match the CPU", "[cuda][moe]") {
   init();
-  const int64_t IC = 96, OC = 136, El = 5;
+  const int64_t El = 5;
   for (const std::vector<int64_t>& counts : {std::vector<int64_t>(El, 75), std::vector<int64_t>{75, 300, 0, 75, 75}})
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    const Tensor x64 = rounded(randn64({M, IC}, 61), dt), w64 = rounded(randn64({El, OC, IC}, 62, 0.1), dt),
-                 dout64 = rounded(randn64({M, OC}, 63), dt);
-    Tensor out_ref = Tensor::empty({M, OC}, DType::F64);
-    ops::moe_grouped_linear_forward(out_ref, x64, w64, counts);
-    const Tensor x = to_device(x64, dt), w = to_device(w64, dt), dout = to_device(dout64, dt);
-    Tensor out = poisoned({M, OC}, dt);
-    ops::moe_grouped_linear_forward(out, x, w, counts);
-    check_close("moe_grouped_linear_forward (equal groups)", out, out_ref, dt);
-    Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
-    ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
-    Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
-    ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
-    check_close("moe_grouped_linear_backward dx (equal groups)", dx, dx_ref, dt);
-    check_close("moe_grouped_linear_backward dweight (equal groups, first write)", dw, dw_ref, dt);
-    ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
-    ops::scale_(dw_ref, 2.0);
-    check_close("moe_grouped_linear_backward dweight (equal groups, accumulate)", dw, dw_ref, dt);
-  }
+    for (DType dt : {DType::F32, DType::BF16}) check_grouped_linear(counts, 96, 136, dt, 61, 0.1, "equal groups");
 }
 
 // The padded path of MoELayer (moe_pad_routing_map, permute with padding rows, GEMMs of a few distinct group sizes
