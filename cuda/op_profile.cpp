@@ -36,6 +36,12 @@ struct Profile {
 
 Profile* g_profile = nullptr;
 
+// A key without its trailing shape ("op [a,b]" -> "op"): the idle report sums over shapes.
+std::string op_name(const std::string& key) {
+  const size_t at = key.rfind(" [");
+  return at == std::string::npos ? key : key.substr(0, at);
+}
+
 void report() {
   Profile& p = *g_profile;
   std::lock_guard<std::mutex> lock(p.mu);
@@ -80,6 +86,25 @@ void report() {
   for (const Row& r : rows)
     std::fprintf(f, "%12.3f %8zu %10.4f %12.3f %6.2f  %s\n", r.est, r.calls, r.median, r.total,
                  100.0 * r.est / est_total, r.key.c_str());
+  // Where the GPU waited for the host: the time from an op's predecessor's end (in issue order) to its start,
+  // booked to the op that waited and the op before it (a host synchronization, or launches slower than the GPU,
+  // between the two).
+  std::map<std::string, std::pair<double, size_t>> idle;
+  double idle_total = 0;
+  for (size_t i = 1; i < p.records.size(); ++i) {
+    float gap = 0;
+    if (cudaEventElapsedTime(&gap, p.records[i - 1].end, p.records[i].start) != cudaSuccess || gap <= 0.002f) continue;
+    auto& [ms, n] = idle[op_name(p.records[i].key) + "  <-  " + op_name(p.records[i - 1].key)];
+    ms += gap, ++n, idle_total += gap;
+  }
+  std::vector<std::pair<double, std::string>> by_idle;
+  for (auto& [key, v] : idle) by_idle.emplace_back(v.first, key);
+  std::sort(by_idle.rbegin(), by_idle.rend());
+  std::fprintf(f, "GPU idle between ops: %.3f ms in all (gaps over 2 us), by op  <-  the op before it, largest first:\n",
+               idle_total);
+  std::fprintf(f, "%12s %8s  %s\n", "idle ms", "gaps", "op");
+  for (size_t i = 0; i < by_idle.size() && i < 40; ++i)
+    std::fprintf(f, "%12.3f %8zu  %s\n", by_idle[i].first, idle[by_idle[i].second].second, by_idle[i].second.c_str());
   if (f != stderr) std::fclose(f);
   cudaGetLastError();
 }
