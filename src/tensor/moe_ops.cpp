@@ -95,6 +95,7 @@ void moe_router_forward(Tensor& indices, Tensor& weights, Tensor& scores, const 
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(logits)) {
     cuda_f32(op, logits);
+    const cuda::OpTimer timer(op, logits.numel());  // MT_OP_PROFILE
     cuda::moe_router_forward_cuda(indices.data<int32_t>(), weights.data<float>(), scores.data<float>(),
                                   logits.data<float>(), bias ? bias->data<float>() : nullptr, N, E, spec);
     return;
@@ -118,6 +119,7 @@ void moe_router_backward(Tensor& dlogits, const Tensor& dweights, const Tensor& 
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(scores)) {
     cuda_f32(op, scores);
+    const cuda::OpTimer timer(op, scores.numel());
     cuda::moe_router_backward_cuda(dlogits.data<float>(), dweights.data<float>(), scores.data<float>(),
                                    indices.data<int32_t>(), N, E, spec);
     return;
@@ -156,6 +158,7 @@ void aux_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& score
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(scores)) {
     cuda_f32(op, scores);
+    const cuda::OpTimer timer(op, scores.numel());
     cuda::moe_aux_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
                             scores.data<float>(), indices.data<int32_t>(), N, E, k, groups, coeff, sigmoid, dloss,
                             a_host);
@@ -176,6 +179,7 @@ void z_loss(const char* op, Tensor* loss, Tensor* dlogits, const Tensor& logits,
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(logits)) {
     cuda_f32(op, logits);
+    const cuda::OpTimer timer(op, logits.numel());
     cuda::moe_z_loss_cuda(loss ? loss->data<float>() : nullptr, dlogits ? dlogits->data<float>() : nullptr,
                           logits.data<float>(), N, E, coeff, dloss);
     return;
@@ -210,6 +214,7 @@ void moe_expert_counts(Tensor& counts, const Tensor& indices, int64_t E) {
   MOE_ASSERT(indices.dtype() == DType::I32, "indices ", indices.str(), " should be int32");
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(indices)) {
+    const cuda::OpTimer timer(op, indices.numel());
     cuda::moe_expert_counts_cuda(counts.data<int32_t>(), indices.data<int32_t>(), indices.numel(), E);
     return;
   }
@@ -282,6 +287,7 @@ void moe_routing_map(Tensor& slot_of_row, Tensor& row_of_slot, Tensor& counts, c
   check(op, counts, "counts", indices, DType::I32, {E});
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(indices)) {
+    const cuda::OpTimer timer(op, S, E);
     cuda::moe_routing_map_cuda(slot_of_row.data<int32_t>(), row_of_slot.data<int32_t>(), counts.data<int32_t>(),
                                indices.data<int32_t>(), S, E);
     return;

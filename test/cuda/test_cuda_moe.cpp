@@ -31,8 +31,10 @@ bool same_ints(const Tensor& device, const Tensor& host) {
 
 TEST_CASE("cuda moe router and losses match the CPU", "[cuda][moe]") {
   init();
-  const int64_t N = 257, E = 16;
+  const int64_t N = 257;
   uint64_t seed = 700;
+  // E 5 / 16: several rows per warp (lane segments of 8 / 16; 5 leaves lanes without an expert); 64: two per lane
+  for (int64_t E : {int64_t(5), int64_t(16), int64_t(64)})
   for (bool sigmoid : {false, true})
     for (bool pre : {false, true})
       for (int64_t k : {int64_t(1), int64_t(4)}) {
@@ -42,9 +44,12 @@ TEST_CASE("cuda moe router and losses match the CPU", "[cuda][moe]") {
         spec.sigmoid = sigmoid;
         spec.pre_softmax = pre;
         spec.scaling = 1.5;
-        INFO("sigmoid " << sigmoid << " pre " << pre << " k " << k);
-        const Tensor l64 = rounded(randn64({N, E}, ++seed, 3.0), DType::F32);
-        const Tensor b64 = rounded(randn64({E}, ++seed, 0.05), DType::F32);
+        INFO("E " << E << " sigmoid " << sigmoid << " pre " << pre << " k " << k);
+        Tensor l64 = rounded(randn64({N, E}, ++seed, 3.0), DType::F32);
+        Tensor b64 = rounded(randn64({E}, ++seed, 0.05), DType::F32);
+        // ties: row 7's logits all equal and experts 0-3 with one bias: its picks go to the lower indices first
+        for (int64_t e = 0; e < E; ++e) l64.data<double>()[7 * E + e] = 0.5;
+        for (int64_t e = 0; e < std::min<int64_t>(E, 4); ++e) b64.data<double>()[e] = 0.25;  // above the others
         // CPU reference
         Tensor idx_ref = Tensor::empty({N, k}, DType::I32), w_ref = Tensor::empty({N, k}, DType::F64),
                s_ref = Tensor::empty({N, E}, DType::F64);
