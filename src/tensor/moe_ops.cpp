@@ -486,26 +486,40 @@ std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t
   const double per_row = 2.0 * static_cast<double>(IC) * static_cast<double>(OC) * 1e-12;
   auto t = [&](double rows, double tflops) { return rows * per_row / tflops; };
   const double exact = t(static_cast<double>(M), moe_gemm_per_group(M, E, IC, OC) ? kPerGroupTflops : kGroupedTflops);
-  // experts with rows, largest first; runs [a, i) of them padded to round_up(count of a)
+  // experts with rows, largest first, grouped by padded size (round_up(count, kPadRows)): a cut between two
+  // experts of one size would add a call and save no padding, so the runs cut between groups only
   std::vector<int64_t> order;
   for (int64_t e = 0; e < E; ++e)
     if (counts[e] > 0) order.push_back(e);
   std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return counts[x] > counts[y]; });
-  const auto n = static_cast<int64_t>(order.size());
-  auto padded = [&](int64_t a) { return (counts[order[a]] + kPadRows - 1) / kPadRows * kPadRows; };
-  auto run_cost = [&](int64_t a, int64_t i) {
-    return t(static_cast<double>((i - a) * padded(a)), kBatchedTflops) + kBatchedCallUs * 1e-6;
-  };
-  // best[j][i]: the least time of the first i experts in j runs; cut[j][i]: where the last run starts
-  const double inf = 1e300;
+  std::vector<int64_t> size, first{0};  // group g: padded size size[g], experts order[first[g], first[g + 1])
+  for (size_t x = 0; x < order.size(); ++x) {
+    const int64_t p = (counts[order[x]] + kPadRows - 1) / kPadRows * kPadRows;
+    if (size.empty() || size.back() != p) {
+      if (!size.empty()) first.push_back(static_cast<int64_t>(x));
+      size.push_back(p);
+    }
+  }
+  first.push_back(static_cast<int64_t>(order.size()));
+  const auto n = static_cast<int64_t>(size.size());
+  // best[j][i]: the least time of the first i groups in j runs; cut[j][i]: where the last run starts. A run
+  // [a, i) costs one call plus (experts in it) x size[a] rows; a outer, i inner (the same ties as i outer: the
+  // least a wins)
+  const double inf = 1e300, call = kBatchedCallUs * 1e-6;
   std::vector<std::vector<double>> best(kPadBuckets + 1, std::vector<double>(n + 1, inf));
   std::vector<std::vector<int64_t>> cut(kPadBuckets + 1, std::vector<int64_t>(n + 1, 0));
   best[0][0] = 0;
   for (int64_t j = 1; j <= kPadBuckets; ++j)
-    for (int64_t i = 1; i <= n; ++i)
-      for (int64_t a = j - 1; a < i; ++a)
-        if (best[j - 1][a] < inf && best[j - 1][a] + run_cost(a, i) < best[j][i])
-          best[j][i] = best[j - 1][a] + run_cost(a, i), cut[j][i] = a;
+    for (int64_t a = j - 1; a < n; ++a) {
+      if (!(best[j - 1][a] < inf)) continue;
+      const double base = best[j - 1][a] + call, per_expert = t(static_cast<double>(size[a]), kBatchedTflops);
+      double* bj = best[j].data();
+      int64_t* cj = cut[j].data();
+      for (int64_t i = a + 1; i <= n; ++i) {
+        const double c = base + static_cast<double>(first[i] - first[a]) * per_expert;
+        if (c < bj[i]) bj[i] = c, cj[i] = a;
+      }
+    }
   int64_t runs = 1;
   for (int64_t j = 2; j <= kPadBuckets; ++j)
     if (best[j][n] < best[runs][n]) runs = j;
@@ -513,7 +527,7 @@ std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t
   std::vector<int64_t> regions(static_cast<size_t>(E), 0);
   for (int64_t j = runs, i = n; j >= 1; --j) {
     const int64_t a = cut[j][i];
-    for (int64_t x = a; x < i; ++x) regions[order[x]] = padded(a);
+    for (int64_t x = first[a]; x < first[i]; ++x) regions[order[x]] = size[a];
     i = a;
   }
   return regions;
