@@ -328,7 +328,9 @@ TEST_CASE("cuda gelu and swiglu match the CPU", "[cuda][activation]") {
       ops::gelu_backward(dx_ref, g64, x64);
       check_close("gelu_backward", dx, dx_ref, dt);
     }
-    for (int64_t F : {int64_t(37), int64_t(256), int64_t(4104)}) {
+    // rows of one partial warp (37: one column at a time), several rows per block (256, 512; 1200: threads left
+    // over), one row per block (4104)
+    for (int64_t F : {int64_t(37), int64_t(256), int64_t(512), int64_t(1200), int64_t(4104)}) {
       const int64_t N = 29;
       const Tensor x64 = rounded(randn64({N, 2 * F}, ++seed, 3.0), dt), g64 = rounded(randn64({N, F}, ++seed), dt);
       Tensor y = poisoned({N, F}, dt), y_ref = Tensor::empty({N, F}, DType::F64);
