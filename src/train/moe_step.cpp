@@ -1,7 +1,9 @@
 #include "train/moe_step.h"
 
 #include <algorithm>
+#include <span>
 
+#include "core/check.h"
 #include "parallel/moe_sync.h"
 
 namespace mt {
@@ -20,14 +22,38 @@ void MoEStepDriver::before_iteration(double loss_scale) {
   for (MoEMLP* l : layers_) l->router().set_loss_grad_scale(loss_scale / micro);
 }
 
+namespace {
+// The values of device scalars of one dtype (F32 or F64), gathered on their device and read with one copy.
+std::vector<double> read_scalars(const std::vector<Tensor>& ts) {
+  if (ts.empty()) return {};
+  const DType dt = ts.front().dtype();
+  Tensor dev = Tensor::empty({static_cast<int64_t>(ts.size())}, dt, ts.front().device());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    MT_INTERNAL_ASSERT(ts[i].numel() == 1 && ts[i].dtype() == dt, "loss value ", ts[i].str());
+    Tensor slot = dev.slice(static_cast<int64_t>(i), 1);
+    slot.copy_from(ts[i]);  // device to device: no host synchronization
+  }
+  Tensor host = Tensor::empty(dev.shape(), dt);
+  host.copy_from(dev);
+  std::vector<double> out(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i)
+    out[i] = dt == DType::F64 ? host.data<double>()[i] : static_cast<double>(host.data<float>()[i]);
+  return out;
+}
+}  // namespace
+
 void MoEStepDriver::after_iteration() {
+  std::vector<Tensor> pending;
+  for (MoEMLP* l : layers_) l->pending_losses(pending);
+  const std::vector<double> values = read_scalars(pending);
+  std::span<const double> rest(values);
   for (MoEMLP* l : layers_) {
     if (l->options().expert_bias) {
       std::vector<int64_t> load = l->router().expert_load();
       sum_over_routing_ranks(load, *ps_);
       l->router().update_expert_bias(load);
     }
-    const MoEStepStats s = l->take_stats();
+    const MoEStepStats s = l->take_stats(rest);
     double* a = acc_.data() + stride() * static_cast<size_t>(l->layer_number());
     for (int64_t e = 0; e < num_experts_; ++e) a[e] += static_cast<double>(s.tokens_per_expert[static_cast<size_t>(e)]);
     double* t = a + num_experts_;

@@ -38,7 +38,7 @@ const Layout kTensor = {"tp2sp-ep2", 4, "--set parallel.tensor=2 --set parallel.
 struct MoEStep {
   double loss = 0, grad_norm = 0, load = 0;
   int64_t dropped = 0;
-  std::vector<double> tokens_mean;  // per MoE layer
+  std::vector<double> tokens_mean, aux, z;  // per MoE layer
 };
 
 std::map<int64_t, MoEStep> read_moe_metrics(const fs::path& file) {
@@ -54,7 +54,11 @@ std::map<int64_t, MoEStep> read_moe_metrics(const fs::path& file) {
     REQUIRE(j.contains("moe_load_max_mean"));
     s.load = j["moe_load_max_mean"].get<double>();
     s.dropped = j["moe_dropped"].get<int64_t>();
-    for (const auto& l : j["moe_layers"]) s.tokens_mean.push_back(l["tokens_mean"].get<double>());
+    for (const auto& l : j["moe_layers"]) {
+      s.tokens_mean.push_back(l["tokens_mean"].get<double>());
+      s.aux.push_back(l["aux_loss"].get<double>());
+      s.z.push_back(l["z_loss"].get<double>());
+    }
     m[j["iteration"].get<int64_t>()] = s;
   }
   return m;
@@ -90,6 +94,13 @@ void check_layouts(const std::string& config, const std::string& model_args, con
       CHECK(m[it].load == s.load);
       CHECK(m[it].dropped == s.dropped);
       CHECK(m[it].tokens_mean == s.tokens_mean);
+      REQUIRE(m[it].aux.size() == s.aux.size());
+      for (size_t i = 0; i < s.aux.size(); ++i) {  // the layers' loss values (read from the device once per step)
+        INFO("MoE layer " << i << ": aux " << m[it].aux[i] << " vs " << s.aux[i] << ", z " << m[it].z[i] << " vs "
+                          << s.z[i]);
+        CHECK(rel(m[it].aux[i], s.aux[i]) < 1e-5);
+        CHECK(rel(m[it].z[i], s.z[i]) < 1e-5);
+      }
     }
   }
 }
@@ -103,6 +114,17 @@ TEST_CASE("moe 8x top-2 (aux + z loss): every layout matches the single-rank run
   std::vector<Layout> layouts(std::begin(kLayouts), std::end(kLayouts));
   layouts.push_back(kTensor);
   check_layouts(cfg, "", "moe8", layouts, 8, kSlots);
+  // each layer's losses where the routers start (logits near 0): aux = coeff E sum_e f_e P_e near coeff 0.01, z =
+  // coeff mean(logsumexp^2) near 0.001 ln(8)^2 = 0.0043; their ranges are disjoint, so a swap or a lost value fails
+  const MoEStep first = read_moe_metrics(temp_dir() / "moe8-single.jsonl").at(1);
+  REQUIRE(first.aux.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    INFO("MoE layer " << i << ": aux " << first.aux[i] << ", z " << first.z[i]);
+    CHECK(first.aux[i] > 0.008);
+    CHECK(first.aux[i] < 0.015);
+    CHECK(first.z[i] > 0.8 * 0.001 * std::log(8.0) * std::log(8.0));
+    CHECK(first.z[i] < 1.25 * 0.001 * std::log(8.0) * std::log(8.0));
+  }
   // a capacity: each rank drops its own micro-batch's slots over ceil(32 x 2 x 2 / 8 x 1.0) per expert
   check_layouts(cfg, "--set model.moe_expert_capacity_factor=1.0", "moe8-capacity",
                 {{"ep2", 2, "--set parallel.expert=2"}}, 8, 0);

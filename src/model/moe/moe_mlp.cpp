@@ -53,9 +53,16 @@ Tensor MoEMLP::backward(const Tensor& dy, std::shared_ptr<MLPState>& state, cons
   return dx;
 }
 
-MoEStepStats MoEMLP::take_stats() {
-  for (const Tensor& t : pending_aux_) stats_.aux_loss += MoELayer::loss_value(t);
-  for (const Tensor& t : pending_z_) stats_.z_loss += MoELayer::loss_value(t);
+void MoEMLP::pending_losses(std::vector<Tensor>& out) const {
+  out.insert(out.end(), pending_aux_.begin(), pending_aux_.end());
+  out.insert(out.end(), pending_z_.begin(), pending_z_.end());
+}
+
+MoEStepStats MoEMLP::take_stats(std::span<const double>& values) {
+  const size_t na = pending_aux_.size(), n = na + pending_z_.size();
+  MT_INTERNAL_ASSERT(values.size() >= n, "MoE layer ", layer_, ": ", values.size(), " loss values for ", n);
+  for (size_t i = 0; i < n; ++i) (i < na ? stats_.aux_loss : stats_.z_loss) += values[i];
+  values = values.subspan(n);
   pending_aux_.clear();
   pending_z_.clear();
   MoEStepStats out = stats_;

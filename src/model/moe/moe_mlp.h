@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,15 +37,20 @@ class MoEMLP final : public MLPModule {
   const MoEOptions& options() const { return opt_; }
   MoELayer& layer() { return layer_impl_; }
   Router& router() { return layer_impl_.router(); }
-  // The statistics since the last take (then cleared).
-  MoEStepStats take_stats();
+  // The micro-batches' loss values not yet taken (aux, then z; device scalars), appended to `out`: the trainer
+  // reads every layer's at once (one synchronization per step), then passes them to take_stats in that order.
+  void pending_losses(std::vector<Tensor>& out) const;
+  // The statistics since the last take (then cleared); `values`: pending_losses' values, this layer's consumed
+  // from the front.
+  MoEStepStats take_stats(std::span<const double>& values);
 
  private:
   int layer_;
   MoEOptions opt_;
   MoELayer layer_impl_;
   mutable MoEStepStats stats_;
-  mutable std::vector<Tensor> pending_aux_, pending_z_;  // the micro-batches' balancing-loss values (1 element each)  // counted by backward (const, like every module's backward)
+  // counted by backward (const, like every module's backward)
+  mutable std::vector<Tensor> pending_aux_, pending_z_;  // the micro-batches' loss values (1 element each)
 };
 
 }  // namespace mt
