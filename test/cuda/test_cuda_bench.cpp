@@ -191,6 +191,13 @@ TEST_CASE("cuda cudnn attention configurations at 32K, heads repeated", "[.bench
   init();
   sweep_attention({1, 32768, 32, 32, 64}, false, 20.0, false);
 }
+// The 2K-token shapes of the benchmark configs with 64-wide heads, non-deterministic backward: the MoE configs
+// (micro-batch 8, 16 heads, 4 KV groups) and llama-1b (micro-batch 8, 32 heads, 8 groups).
+TEST_CASE("cuda cudnn attention configurations at 2K tokens", "[.bench][cudnn-sweep-2k]") {
+  init();
+  sweep_attention({8, 2048, 16, 4, 64}, false, 8.0);
+  sweep_attention({8, 2048, 32, 8, 64}, false, 8.0);
+}
 // A context-parallel block at that length (CP2: chunks of 8192; the second chunk's queries over a whole
 // 16384-key block, non-causal), deterministic as the CP tests run it.
 TEST_CASE("cuda cudnn attention configurations of a context-parallel block", "[.bench][cudnn-sweep-block]") {
