@@ -143,6 +143,21 @@ TEST_CASE("cuda op timings", "[.bench][cuda]") {
     report("sum_squares fp32 1e8 (incl. sync)", median_ms([&] { (void)ops::sum_squares(grad); }, 20), 4.0 * P);
   }
 }
+// AdamW over 3e8 fp32 parameters with the bf16 copy (30 bytes per element), as the trainer runs it on one flat
+// buffer. Run with: mt_test_cuda "[adamw-bw]".
+TEST_CASE("cuda adamw bandwidth", "[.bench][adamw-bw]") {
+  init();
+  const int64_t P = 300000000;
+  Tensor p = dev_randn({P}, DType::F32, 23, 0.02), m = dev_randn({P}, DType::F32, 24, 1e-3);
+  Tensor v = dev_randn({P}, DType::F32, 25, 1e-3), copy = Tensor::empty({P}, DType::BF16, Device::CUDA);
+  ops::fill_(v, 1e-6);
+  const Tensor grad = dev_randn({P}, DType::F32, 26);
+  ops::AdamWArgs a;
+  a.lr = 1e-4;
+  a.weight_decay = 0.1;
+  report("adamw_step fp32 3e8 + bf16 copy", median_ms([&] { ops::adamw_step(p, m, v, grad, a, &copy); }, 10), 30.0 * P);
+}
+
 // Every cuDNN engine configuration for one attention shape, timed (cuda_ops.h cudnn_attention_sweep); a
 // non-causal block also on our own kernels.
 namespace {
