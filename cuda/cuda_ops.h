@@ -34,6 +34,10 @@ template <typename T> double sum_squares_cuda(const T* x, int64_t n);
 template <typename T>
 void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC, int64_t OC,
                          const T* residual = nullptr);
+// out(N, OC) fp32 = inp(N, IC) @ weight(OC, IC)^T from 16-bit operands: exact products, fp32 accumulation (the
+// MoE router's logits without an fp32 copy of the activations)
+template <typename T>
+void linear_forward_f32out_cuda(float* out, const T* inp, const T* weight, int64_t N, int64_t IC, int64_t OC);
 // dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += (= unless accumulate_dweight)
 // dout^T @ inp; dbias (fp32) += column sums of dout. Null outputs are skipped.
 template <typename T>

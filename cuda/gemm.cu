@@ -237,6 +237,17 @@ void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, i
 }
 
 template <typename T>
+void linear_forward_f32out_cuda(float* out, const T* inp, const T* weight, int64_t N, int64_t IC, int64_t OC) {
+  if (N == 0 || OC == 0) return;
+  if (IC == 0) {
+    fill_cuda(out, N * OC, 0.0);
+    return;
+  }
+  constexpr cudaDataType_t t = cuda_type<T>();
+  gemm("linear_forward_f32out_cuda", {true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, CUDA_R_32F, nullptr, 0.f});
+}
+
+template <typename T>
 void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                           int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
   constexpr cudaDataType_t t = cuda_type<T>();
@@ -309,5 +320,7 @@ MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
+template void linear_forward_f32out_cuda<mt::bf16>(float*, const mt::bf16*, const mt::bf16*, int64_t, int64_t, int64_t);
+template void linear_forward_f32out_cuda<mt::f16>(float*, const mt::f16*, const mt::f16*, int64_t, int64_t, int64_t);
 
 }  // namespace mt::ops::cuda

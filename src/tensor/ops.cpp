@@ -285,6 +285,30 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
               if (residual) add(out, out, *residual));  // the CPU's reference: y + residual, a second pass
 }
 
+void linear_forward_wide(Tensor& out, const Tensor& inp, const Tensor& weight) {
+  const char* op = "linear_forward_wide";
+  need(op, out, "out");
+  if (inp.defined() && inp.dtype() == out.dtype()) return linear_forward(out, inp, weight, nullptr);  // fp32 / fp64
+  const auto [N, IC, OC] = linear_dims(op, inp, weight);
+  OP_ASSERT(out.dtype() == DType::F32 && (inp.dtype() == DType::BF16 || inp.dtype() == DType::F16), "out ",
+            out.str(), " should be fp32 for 16-bit inp ", inp.str());
+  on_device(op, inp, out, "out", DType::F32);
+  OP_ASSERT(out.dim() >= 1 && out.size(-1) == OC && rows(out) == N, "out ", out.str(), " should be (", N, ", ", OC, ")");
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (inp.device() == Device::CUDA) {
+    std::string pname;
+    if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
+    const cuda::OpTimer timer(op, inp.numel());
+    if (inp.dtype() == DType::BF16)
+      cuda::linear_forward_f32out_cuda<bf16>(out.data<float>(), inp.data<bf16>(), weight.data<bf16>(), N, IC, OC);
+    else
+      cuda::linear_forward_f32out_cuda<f16>(out.data<float>(), inp.data<f16>(), weight.data<f16>(), N, IC, OC);
+    return;
+  }
+#endif
+  unsupported(op, inp);  // the CPU holds 16-bit tensors only on their way to or from a file
+}
+
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight, GradMode dinp_mode, GradMode dweight_mode) {
   const char* op = "linear_backward";

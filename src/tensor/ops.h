@@ -34,6 +34,10 @@ double sum_squares(const Tensor& x);                       // sum of x^2, accumu
 // CUDA adds the residual in the GEMM (read as its C operand: one rounding, no separate add pass).
 void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor* bias,
                     const Tensor* residual = nullptr);
+// out(N, OC) = inp @ weight^T in out's wider dtype (fp32; fp64 for fp64 operands): bf16 / fp16 operands are
+// multiplied exactly and summed in fp32 by the GEMM itself (CUDA), fp32 / fp64 ones as linear_forward. The MoE
+// router's logits: the same math as an fp32 GEMM of upcast copies, without the copies.
+void linear_forward_wide(Tensor& out, const Tensor& inp, const Tensor& weight);
 // dinp(N, IC) (=, or += with Accumulate) = dout(N, OC) @ weight(OC, IC)
 // dweight(OC, IC) += (= with Overwrite) dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped.
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,

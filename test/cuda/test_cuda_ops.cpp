@@ -141,6 +141,23 @@ TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "
       }
 }
 
+// The MoE router's logits: 16-bit operands into fp32 outputs (exact products, fp32 sums), fp32 as linear_forward.
+TEST_CASE("cuda linear_forward_wide gives fp32 outputs from 16-bit operands as the CPU in fp64", "[cuda][linear][moe]") {
+  init();
+  struct Dims { int64_t N, IC, OC; };
+  uint64_t seed = 2100;
+  for (DType dt : kDTypes)
+    for (Dims d : {Dims{257, 1024, 64}, Dims{300, 1024, 8}, Dims{37, 45, 19}}) {
+      INFO(dtype_name(dt) << " N " << d.N << " IC " << d.IC << " OC " << d.OC);
+      const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt);
+      const Tensor w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+      Tensor y = poisoned({d.N, d.OC}, DType::F32), y_ref = Tensor::empty({d.N, d.OC}, DType::F64);
+      ops::linear_forward_wide(y, to_device(x64, dt), to_device(w64, dt));
+      ops::linear_forward(y_ref, x64, w64, nullptr);
+      check_close("linear_forward_wide", y, y_ref, DType::F32);
+    }
+}
+
 TEST_CASE("cuda linear + GELU (fused epilogues) match the CPU", "[cuda][linear_gelu]") {
   init();
   struct Dims { int64_t N, IC, OC; };

@@ -38,9 +38,12 @@ Tensor Router::to_router(const Tensor& t) const {
 void Router::forward(Saved& s, const Tensor& x) const {
   const int64_t N = x.size(0), E = opt_.num_experts, k = opt_.topk;
   const Device dev = x.device();
-  const Tensor xr = to_router(x), wr = to_router(weight_->value);
+  // logits in the router dtype from the activations as they are (16-bit: exact products, fp32 sums in the GEMM)
   s.logits = Tensor::empty({N, E}, rdt_, dev);
-  ops::linear_forward(s.logits, xr, wr, nullptr);
+  if (x.dtype() == weight_->value.dtype())
+    ops::linear_forward_wide(s.logits, x, weight_->value);
+  else
+    ops::linear_forward(s.logits, to_router(x), to_router(weight_->value), nullptr);
   s.scores = Tensor::empty({N, E}, rdt_, dev);
   s.choice = Tensor::empty({N, k}, DType::I32, dev);
   s.weights = Tensor::empty({N, k}, rdt_, dev);
