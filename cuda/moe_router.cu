@@ -1,9 +1,9 @@
 // The MoE router and its losses on CUDA (tensor/cpu/moe_router.cpp has the math): a segment of lanes per row, in
-// fp64; sums over a row's experts by a fixed butterfly (so within fp64 rounding of the CPU's sequential sums), sums over the
-// picked experts in pick order as the CPU; loss values summed over the per-row partials by one block in a fixed
-// order (strided per thread, then a tree): deterministic. The balancing loss's per-(group, expert) counts are
-// shared-memory histograms added with integer atomics (exact). Scratch (fp64 partials, counts) comes from the
-// caller (the tensor layer's caching allocator).
+// fp64; sums over a row's experts by a fixed butterfly (so within fp64 rounding of the CPU's sequential sums),
+// sums over the picked experts in pick order as the CPU; loss values summed over the per-row partials by one block
+// in a fixed order (strided per thread, then a tree): deterministic. The balancing loss's per-(group, expert)
+// counts are shared-memory histograms added with integer atomics (exact). Scratch (fp64 partials, counts) comes
+// from the caller (the tensor layer's caching allocator).
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
