@@ -38,6 +38,12 @@ void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, i
 // MoE router's logits without an fp32 copy of the activations)
 template <typename T>
 void linear_forward_f32out_cuda(float* out, const T* inp, const T* weight, int64_t N, int64_t IC, int64_t OC);
+// dinp (N, IC) bf16 (=) = dout @ weight and dweight (OC, IC) fp32 (+=, = unless accumulate_dweight) = dout^T @ inp
+// for an fp32 dout (N, OC): dout split exactly into three bf16 parts (hi + mid + lo), the GEMMs run on the parts
+// (K = 3 OC for dinp; three stacked gradients summed in fp32 for dweight): fp32 sums of exact products, as an fp32
+// GEMM of upcast copies. The MoE router's backward. Null outputs are skipped.
+void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
+                               const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight);
 // dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += (= unless accumulate_dweight)
 // dout^T @ inp; dbias (fp32) += column sums of dout. Null outputs are skipped.
 template <typename T>

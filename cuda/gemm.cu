@@ -247,6 +247,63 @@ void linear_forward_f32out_cuda(float* out, const T* inp, const T* weight, int64
   gemm("linear_forward_f32out_cuda", {true, false, OC, N, IC, weight, IC, inp, IC, out, OC, t, CUDA_R_32F, nullptr, 0.f});
 }
 
+// ---------------------------------------------------------------- fp32 gradients through 16-bit operands
+namespace {
+
+// parts (N, 3 OC) bf16: row n = [hi | mid | lo] of dout's row, hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi
+// - mid). Each difference is exact in fp32 and each part takes the next 8 significant bits (bf16 has fp32's
+// exponent range), so hi + mid + lo = x exactly for every fp32 x whose lo part is not below bf16's smallest
+// subnormal (|x| > ~2^-117).
+__global__ void split_bf16x3_kernel(__nv_bfloat16* parts, const float* x, int64_t N, int64_t OC) {
+  const int64_t n = N * OC;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    const float r = v - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(r - __bfloat162float(mid));
+    __nv_bfloat16* row = parts + (i / OC) * 3 * OC + i % OC;
+    row[0] = hi, row[OC] = mid, row[2 * OC] = lo;
+  }
+}
+
+// out (n) fp32 = ((accumulate ? out : 0) + part[0]) + part[1]) + part[2], part[j] = parts + j n
+__global__ void sum3_kernel(float* out, const float* parts, int64_t n, bool accumulate) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = ((accumulate ? out[i] + parts[i] : parts[i]) + parts[n + i]) + parts[2 * n + i];
+}
+
+unsigned elementwise_blocks(int64_t n) {
+  return unsigned(std::min<int64_t>(ceil_div(n, 256), int64_t(context().sm_count) * 8));
+}
+
+}  // namespace
+
+void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
+                               const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight) {
+  if (N == 0 || OC == 0 || IC == 0) {
+    linear_backward_cuda<mt::bf16>(dinp, dweight, nullptr, nullptr, inp, weight, N, IC, OC, false, accumulate_dweight);
+    return;
+  }
+  cudaStream_t s = current_stream();
+  // dout as three bf16 parts side by side, K = 3 OC: both products sum every part's exact products in fp32
+  Scratch parts(sizeof(mt::bf16) * size_t(N * 3 * OC));
+  split_bf16x3_kernel<<<elementwise_blocks(N * OC), 256, 0, s>>>(parts.as<__nv_bfloat16>(), dout, N, OC);
+  MT_CUDA_CHECK_LAUNCH("split_bf16x3_kernel");
+  Scratch w3(dinp ? sizeof(mt::bf16) * size_t(3 * OC * IC) : 1);  // weight stacked 3 times (3 OC, IC)
+  if (dinp)
+    for (int j = 0; j < 3; ++j)
+      MT_CUDA_CHECK(cudaMemcpyAsync(w3.as<mt::bf16>() + j * OC * IC, weight, sizeof(mt::bf16) * size_t(OC * IC),
+                                    cudaMemcpyDeviceToDevice, s));
+  Scratch dw3(dweight ? sizeof(float) * size_t(3 * OC * IC) : 1);  // the parts' weight gradients (3 OC, IC)
+  linear_backward_cuda<mt::bf16>(dinp, dweight ? dw3.as<float>() : nullptr, nullptr, parts.as<mt::bf16>(), inp,
+                                 w3.as<mt::bf16>(), N, IC, 3 * OC, false, false);
+  if (dweight) {
+    sum3_kernel<<<elementwise_blocks(OC * IC), 256, 0, s>>>(dweight, dw3.as<float>(), OC * IC, accumulate_dweight);
+    MT_CUDA_CHECK_LAUNCH("sum3_kernel");
+  }
+}
+
 template <typename T>
 void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                           int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {

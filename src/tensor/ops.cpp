@@ -330,6 +330,43 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
                                           weight.data<T>(), N, IC, OC, acc, acc_w));
 }
 
+void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                          GradMode dweight_mode) {
+  const char* op = "linear_backward_wide";
+  need(op, dout, "dout");
+  if (inp.defined() && inp.dtype() == dout.dtype())  // fp32 / fp64
+    return linear_backward(dinp, dweight, nullptr, dout, inp, weight, GradMode::Overwrite, dweight_mode);
+  const auto [N, IC, OC] = linear_dims(op, inp, weight);
+  OP_ASSERT(dout.dtype() == DType::F32 && (inp.dtype() == DType::BF16 || inp.dtype() == DType::F16), "dout ",
+            dout.str(), " should be fp32 for 16-bit inp ", inp.str());
+  on_device(op, inp, dout, "dout", DType::F32);
+  OP_ASSERT(dout.dim() >= 1 && dout.size(-1) == OC && rows(dout) == N, "dout ", dout.str(), " should be (", N, ", ",
+            OC, ")");
+  if (dinp) like_rows(op, inp, *dinp, "dinp", N, IC);
+  if (dweight) param_grad(op, inp, *dweight, "dweight", weight.shape());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (inp.device() == Device::CUDA && inp.dtype() == DType::BF16) {
+    std::string pname;
+    if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
+    const cuda::OpTimer timer(op, inp.numel());
+    cuda::linear_backward_wide_cuda(dinp ? dinp->data<bf16>() : nullptr, dweight ? dweight->data<float>() : nullptr,
+                                    dout.data<float>(), inp.data<bf16>(), weight.data<bf16>(), N, IC, OC,
+                                    dweight_mode == GradMode::Accumulate);
+    return;
+  }
+  if (inp.device() == Device::CUDA) {  // fp16: parts would leave fp16's range; through fp32 copies
+    Tensor xr = Tensor::empty(inp.shape(), DType::F32, inp.device()), wr = Tensor::empty(weight.shape(), DType::F32, inp.device());
+    cast(xr, inp);
+    cast(wr, weight);
+    Tensor dxr = dinp ? Tensor::empty(inp.shape(), DType::F32, inp.device()) : Tensor();
+    linear_backward(dinp ? &dxr : nullptr, dweight, nullptr, dout, xr, wr, GradMode::Overwrite, dweight_mode);
+    if (dinp) cast(*dinp, dxr);
+    return;
+  }
+#endif
+  unsupported(op, inp);  // the CPU holds 16-bit tensors only on their way to or from a file
+}
+
 void linear_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& weight, const Tensor* bias) {
   const char* op = "linear_gelu_forward";
   const auto [N, IC, OC] = linear_dims(op, inp, weight);

@@ -43,7 +43,7 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   const int64_t N = 8 * 2048, C = 1024, reps = 10;
   const DType bf = DType::BF16, f32 = DType::F32;
   Profile p{config};
-  const Tensor x = dev_rand({N, C}, bf, 1), wr = dev_rand({E, C}, f32, 2, 0.02);
+  const Tensor x = dev_rand({N, C}, bf, 1);
   const Tensor w1 = dev_rand({E, 2 * F, C}, bf, 3, 0.02), w2 = dev_rand({E, C, F}, bf, 4, 0.02);
   Tensor dw1 = Tensor::zeros({E, 2 * F, C}, f32, Device::CUDA), dw2 = Tensor::zeros({E, C, F}, f32, Device::CUDA);
   Tensor dwr = Tensor::zeros({E, C}, f32, Device::CUDA);
@@ -51,9 +51,9 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   spec.topk = k;
 
   // ---- forward
-  Tensor xr = Tensor::empty({N, C}, f32, Device::CUDA), logits = Tensor::empty({N, E}, f32, Device::CUDA);
-  p.op("router cast x to fp32", median_ms([&] { ops::cast(xr, x); }, reps));
-  p.op("router logits (fp32 GEMM)", median_ms([&] { ops::linear_forward(logits, xr, wr, nullptr); }, reps),
+  const Tensor wrb = dev_rand({E, C}, bf, 2, 0.02);  // the router weight's bf16 compute copy
+  Tensor logits = Tensor::empty({N, E}, f32, Device::CUDA);
+  p.op("router logits (linear_forward_wide)", median_ms([&] { ops::linear_forward_wide(logits, x, wrb); }, reps),
        2.0 * N * C * E);
   Tensor scores = Tensor::empty({N, E}, f32, Device::CUDA), weights = Tensor::empty({N, k}, f32, Device::CUDA);
   Tensor choice = Tensor::empty({N, k}, DType::I32, Device::CUDA);
@@ -149,15 +149,10 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   p.op("moe_router_backward", median_ms([&] { ops::moe_router_backward(dlogits, dweights, scores, choice, spec); }, reps));
   p.op("moe_aux_loss_backward",
        median_ms([&] { ops::moe_aux_loss_backward(dlogits, scores, choice, 1, 1e-2, false, 1.0); }, reps));
-  Tensor dxr = Tensor::empty({N, C}, f32, Device::CUDA);
-  p.op("router backward (fp32 GEMMs dx, dweight)", median_ms([&] {
-         ops::linear_backward(&dxr, &dwr, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, ops::GradMode::Accumulate);
-       }, reps), 4.0 * N * C * E);
   Tensor dxb = Tensor::empty({N, C}, bf, Device::CUDA);
-  p.op("router dx cast to bf16 + add", median_ms([&] {
-         ops::cast(dxb, dxr);
-         ops::add_(dx, dxb);
-       }, reps));
+  p.op("router backward (linear_backward_wide)",
+       median_ms([&] { ops::linear_backward_wide(&dxb, &dwr, dlogits, x, wrb); }, reps), 4.0 * N * C * E);
+  p.op("router dx add", median_ms([&] { ops::add_(dx, dxb); }, reps));
   std::printf("BENCH %-14s %s moe layer forward %.3f ms, backward %.3f ms, total %.3f ms (x 12 layers: %.1f ms)\n",
               config, padded ? "[padded]" : "[exact] ", fwd, p.total - fwd, p.total, 12 * p.total);
 }

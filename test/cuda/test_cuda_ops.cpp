@@ -158,6 +158,50 @@ TEST_CASE("cuda linear_forward_wide gives fp32 outputs from 16-bit operands as t
     }
 }
 
+// The MoE router's backward: an fp32 output gradient through 16-bit operands. Against the CPU in fp64 (dinp rounded
+// once to the 16-bit dtype, dweight at fp32 precision, = and +=); and, with identity operands, exactly: dweight =
+// dout^T and dinp = dout rounded once, bit for bit, for dout of full fp32 precision over 40 orders of magnitude
+// (the bf16 path splits dout into three bf16 parts: a lost part or a second rounding fails these).
+TEST_CASE("cuda linear_backward_wide: fp32 gradients through 16-bit operands as the CPU in fp64", "[cuda][linear][moe]") {
+  init();
+  struct Dims { int64_t N, IC, OC; };
+  uint64_t seed = 2150;
+  for (DType dt : kDTypes) {
+    for (Dims d : {Dims{300, 1024, 64}, Dims{257, 1024, 8}, Dims{37, 45, 19}}) {
+      INFO(dtype_name(dt) << " N " << d.N << " IC " << d.IC << " OC " << d.OC);
+      const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt), w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+      const Tensor g64 = rounded(randn64({d.N, d.OC}, ++seed, 1e-3), DType::F32), dw0 = randn64({d.OC, d.IC}, ++seed, 1e-2);
+      const Tensor x = to_device(x64, dt), w = to_device(w64, dt), g = to_device(g64, DType::F32);
+      Tensor dx = poisoned({d.N, d.IC}, dt), dw = to_device(dw0, DType::F32);
+      Tensor dx_ref = Tensor::empty({d.N, d.IC}, DType::F64), dw_ref = rounded(dw0, DType::F32);
+      ops::linear_backward_wide(&dx, &dw, g, x, w);  // dweight +=
+      ops::linear_backward(&dx_ref, &dw_ref, nullptr, g64, x64, w64);
+      check_close("linear_backward_wide dinp", dx, dx_ref, dt);
+      check_close("linear_backward_wide dweight (fp32 +=)", dw, dw_ref, DType::F32);
+      Tensor dw1 = poisoned({d.OC, d.IC}, DType::F32), dw1_ref = Tensor::empty({d.OC, d.IC}, DType::F64);
+      ops::linear_backward_wide(nullptr, &dw1, g, x, w, ops::GradMode::Overwrite);
+      ops::linear_backward(nullptr, &dw1_ref, nullptr, g64, x64, w64, ops::GradMode::Overwrite, ops::GradMode::Overwrite);
+      check_close("linear_backward_wide dweight (fp32 =)", dw1, dw1_ref, DType::F32);
+    }
+    // identity inp and weight (N = IC = OC): dweight = dout^T, dinp = dout, each exact up to dinp's one rounding
+    const int64_t n = 64;
+    Tensor eye64 = Tensor::zeros({n, n}, DType::F64), g64 = randn64({n, n}, ++seed);
+    for (int64_t i = 0; i < n; ++i) eye64.data<double>()[i * n + i] = 1.0;
+    for (int64_t i = 0; i < n * n; ++i) g64.data<double>()[i] *= std::pow(10.0, double(i % 41) - 20.0);
+    g64 = rounded(g64, DType::F32);
+    const Tensor eye = to_device(eye64, dt), g = to_device(g64, DType::F32);
+    Tensor dx = poisoned({n, n}, dt), dw = poisoned({n, n}, DType::F32);
+    ops::linear_backward_wide(&dx, &dw, g, eye, eye, ops::GradMode::Overwrite);
+    Tensor gt64 = Tensor::empty({n, n}, DType::F64);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) gt64.data<double>()[j * n + i] = g64.data<double>()[i * n + j];
+    INFO(dtype_name(dt) << " identity operands");
+    CHECK(bitwise_equal(to_host(dw), cast_host(gt64, DType::F32)));
+    if (dt != DType::F16)  // fp16's range ends at 65504: dinp = dout overflows there
+      CHECK(bitwise_equal(to_host(dx), cast_host(g64, dt)));
+  }
+}
+
 TEST_CASE("cuda linear + GELU (fused epilogues) match the CPU", "[cuda][linear_gelu]") {
   init();
   struct Dims { int64_t N, IC, OC; };

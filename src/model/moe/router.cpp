@@ -92,16 +92,19 @@ Tensor Router::backward(Saved& s, const Tensor& dweights, const Tensor& x) const
   // the micro-batch's z-loss is the mean of the split ranks' means
   if (s.z_loss.defined())
     ops::moe_z_loss_backward(dlogits, s.logits, opt_.z_loss_coeff, loss_grad_scale_ / split_ranks_);
+  const ops::GradMode wmode = grad_write_mode(*weight_);
+  s = Saved{};
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.dtype() == weight_->value.dtype()) {  // as the forward: from the activations as they are
+    ops::linear_backward_wide(&dx, &weight_->grad, dlogits, x, weight_->value, wmode);
+    return dx;
+  }
   const Tensor xr = to_router(x), wr = to_router(weight_->value);
   Tensor dxr = Tensor::empty(xr.shape(), rdt_, x.device());
-  const ops::GradMode wmode = grad_write_mode(*weight_);
   ops::linear_backward(&dxr, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, wmode);
-  s = Saved{};
-  return dxr.dtype() == x.dtype() ? dxr : [&] {
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    ops::cast(dx, dxr);
-    return dx;
-  }();
+  if (dxr.dtype() == x.dtype()) return dxr;
+  ops::cast(dx, dxr);
+  return dx;
 }
 
 void Router::update_expert_bias(const std::vector<int64_t>& load) {

@@ -1,5 +1,5 @@
 // The MoE router (Megatron-Core moe/router.py): logits = x W^T in fp32 (fp64 for fp64 models; from bf16 / fp16 x and
-// W their exact products summed in fp32 by the GEMM, without fp32 copies), scores, top-k
+// W their exact products summed in fp32 by the GEMM, without fp32 copies; the backward likewise, ops::linear_backward_wide), scores, top-k
 // choice (with DeepSeek-V3's expert bias in the choice only), routing weights, optional capacity drop, and the
 // balancing losses (aux_loss | seq_aux_loss, z-loss). Nothing about communication.
 //
