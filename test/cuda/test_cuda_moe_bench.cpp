@@ -7,6 +7,8 @@
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <numeric>
 #include <cstdio>
 #include <string>
@@ -156,7 +158,64 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   std::printf("BENCH %-14s %s moe layer forward %.3f ms, backward %.3f ms, total %.3f ms (x 12 layers: %.1f ms)\n",
               config, padded ? "[padded]" : "[exact] ", fwd, p.total - fwd, p.total, 12 * p.total);
 }
+// The padded layout's GEMMs at every shape it can meet at moe-64x-top8's sizes (C 1024, F 512): b experts of m
+// rows each (m a multiple of kPadRows), scattered over E = 64 like a run of equal region sizes (pointer-array
+// batched calls). Per shape and product: the first call's wall time (host clock, synchronized: cuBLAS's heuristics
+// and any kernel load on first use) and the median of the next calls (device events). Lines "SWEEP product m b
+// first_ms median_ms TFLOP/s"; a shape whose rate falls far below its neighbours' or whose first call costs
+// milliseconds shows here.
+void sweep_padded_gemms() {
+  const int64_t E = 64, C = 1024, F = 512, maxb = 13, maxm = 16384;
+  const DType bf = DType::BF16, f32 = DType::F32;
+  const Tensor w1 = dev_rand({E, 2 * F, C}, bf, 3, 0.02), w2 = dev_rand({E, C, F}, bf, 4, 0.02);
+  Tensor dw1 = Tensor::zeros({E, 2 * F, C}, f32, Device::CUDA), dw2 = Tensor::zeros({E, C, F}, f32, Device::CUDA);
+  const Tensor xbuf = dev_rand({maxb * maxm, C}, bf, 1), hbuf = dev_rand({maxb * maxm, F}, bf, 5);
+  Tensor obuf = Tensor::empty({maxb * maxm, C}, bf, Device::CUDA), dbuf = Tensor::empty({maxb * maxm, C}, bf, Device::CUDA);
+  std::vector<int64_t> ms;
+  for (int64_t m = ops::kPadRows; m <= 8192; m += ops::kPadRows) ms.push_back(m);
+  for (int64_t m : {10240, 12288, 16384}) ms.push_back(m);
+  double first_excess = 0, worst_first = 0;
+  int slow_firsts = 0;
+  for (int64_t b : {1, 2, 3, 5, 8, 13}) {
+    for (int64_t m : ms) {
+      std::vector<int64_t> cnt(E, 0);
+      for (int64_t i = 0; i < b; ++i) cnt[(i * 37 + i * i) % E] = m;  // b distinct, unevenly spaced experts
+      const int64_t rows = b * m;
+      const Tensor x = xbuf.slice(0, rows), h = hbuf.slice(0, rows);
+      Tensor o = obuf.slice(0, rows), dx = dbuf.slice(0, rows);
+      const double f1 = 2.0 * rows * C * 2 * F, f2 = 2.0 * rows * F * C;
+      struct P { const char* name; double flops; std::function<void()> fn; };
+      const P products[] = {
+          {"fc1_fwd", f1, [&] { ops::moe_grouped_linear_forward(o, x, w1, cnt); }},
+          {"fc2_fwd", f2, [&] { ops::moe_grouped_linear_forward(o, h, w2, cnt); }},
+          {"fc1_dx", f1, [&] { ops::moe_grouped_linear_backward(&dx, nullptr, o, x, w1, cnt); }},
+          {"fc1_dw", f1, [&] { ops::moe_grouped_linear_backward(nullptr, &dw1, o, x, w1, cnt); }},
+          {"fc2_dw", f2, [&] { ops::moe_grouped_linear_backward(nullptr, &dw2, o, h, w2, cnt); }},
+      };
+      for (const P& p : products) {
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        const auto t0 = std::chrono::steady_clock::now();
+        p.fn();
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        const double first = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double med = median_ms(p.fn, 3);
+        first_excess += first - med;
+        worst_first = std::max(worst_first, first - med);
+        slow_firsts += first - med > 1.0;
+        std::printf("SWEEP %-8s %6lld %3lld %8.3f %8.3f %7.1f\n", p.name, (long long)m, (long long)b, first, med,
+                    p.flops / med * 1e-9);
+      }
+    }
+  }
+  std::printf("SWEEP summary: first calls cost %.1f ms over their medians in all (worst %.2f ms, %d over 1 ms)\n",
+              first_excess, worst_first, slow_firsts);
+}
 }  // namespace
+
+TEST_CASE("cuda moe padded gemm shape sweep", "[.bench][cuda][moe-sweep]") {
+  init();
+  sweep_padded_gemms();
+}
 
 TEST_CASE("cuda moe layer op timings", "[.bench][cuda][moe]") {
   init();
