@@ -115,13 +115,6 @@ struct GemmPlan {
 
 using GemmKey = std::array<int64_t, 17>;
 
-int alignment_of(const void* p) {
-  const auto u = reinterpret_cast<uintptr_t>(p);
-  int a = 16;
-  while (a > 1 && u % a != 0) a /= 2;
-  return a;
-}
-
 GemmPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
   const Context& ctx = context();
   GemmPlan p;

@@ -94,6 +94,13 @@ __device__ __forceinline__ void store_vec(T* p, const T (&src)[VEC]) {
 }
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+// The largest power of two <= 16 dividing p's address (the alignment cuBLASLt's preferences ask for).
+inline int alignment_of(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  int a = 16;
+  while (a > 1 && u % a != 0) a /= 2;
+  return a;
+}
 
 // ---------------------------------------------------------------- reductions (fixed order)
 template <typename T>

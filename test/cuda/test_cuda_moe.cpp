@@ -273,6 +273,21 @@ TEST_CASE("cuda moe grouped GEMMs with equal groups (strided batched) match the 
     for (DType dt : {DType::F32, DType::BF16}) check_grouped_linear(counts, 96, 136, dt, 61, 0.1, "equal groups");
 }
 
+// The batched calls through cuBLASLt (cuda/batched_gemm.cu, an algorithm per exact shape and batch count): row
+// counts on and off multiples of 128, evenly spaced groups (strided) and not (pointer arrays), fp32 / bf16 / fp16;
+// and odd sizes (2-byte aligned rows) that cuBLASLt may refuse (then cuBLAS's batched calls run them).
+TEST_CASE("cuda moe batched expert GEMMs (cuBLASLt) match the CPU at several shapes, batches and alignments",
+          "[cuda][moe]") {
+  init();
+  for (int64_t r : {128, 200, 384})
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      check_grouped_linear({r, r, r}, 256, 384, dt, 71, 0.05, "strided, rows " + std::to_string(r));
+      check_grouped_linear({r, 0, r, r, 0, r}, 256, 384, dt, 73, 0.05, "pointer arrays, rows " + std::to_string(r));
+    }
+  for (DType dt : {DType::F32, DType::BF16})
+    check_grouped_linear({37, 37, 0, 37, 37}, 45, 19, dt, 75, 0.1, "odd sizes");
+}
+
 // The padded path of MoELayer (moe_pad_routing_map, permute with padding rows, GEMMs of a few distinct group sizes
 // as batched calls, padding rows of the output gradient zeroed, the fused SwiGLU backward) on the GPU against the
 // exact groups on the CPU (fp64), with an empty expert, one expert holding most rows and dropped slots; equal
