@@ -21,7 +21,7 @@ ArchSpec small_llama() {
   return a;
 }
 
-const Rule& rule_for(const std::vector<Rule>& rules, const std::string& ours) {
+const Rule& rule_for(const std::vector<Rule>& rules, const char* ours) {
   for (const Rule& r : rules)
     if (r.ours == ours) return r;
   FAIL("no rule for " << ours);
