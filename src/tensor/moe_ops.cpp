@@ -534,8 +534,9 @@ std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t
 }
 
 namespace {
-// The op's name for MT_OP_PROFILE: which cuBLAS path the counts take.
-std::string gemm_name(const char* op, const std::vector<int64_t>& counts, int64_t M, int64_t IC, int64_t OC) {
+// The op's name for MT_OP_PROFILE (CUDA builds): which cuBLAS path the counts take.
+[[maybe_unused]] std::string gemm_name(const char* op, const std::vector<int64_t>& counts, int64_t M, int64_t IC,
+                                       int64_t OC) {
   std::vector<int64_t> sizes;
   for (int64_t c : counts)
     if (c > 0 && std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);

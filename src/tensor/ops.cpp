@@ -312,6 +312,16 @@ void linear_forward_wide(Tensor& out, const Tensor& inp, const Tensor& weight) {
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight, GradMode dinp_mode, GradMode dweight_mode) {
   const char* op = "linear_backward";
+  if (!dinp && !dweight && !inp.defined()) {  // the bias gradient alone: the column sums of dout
+    const int64_t OC = last_dim(op, dout, "dout"), N = rows(dout);
+    if (!dbias) return;
+    param_grad(op, dout, *dbias, "dbias", {OC});
+    MT_DISPATCH(op, dout,
+                (cuda::linear_backward_cuda<T>(nullptr, nullptr, dbias->data<float>(), dout.data<T>(), nullptr, nullptr,
+                                               N, 0, OC, false, true)),
+                cpu::linear_backward_cpu<T>(nullptr, nullptr, dbias->data<T>(), dout.data<T>(), nullptr, nullptr, N, 0,
+                                            OC, false, true));
+  }
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   like_rows(op, inp, dout, "dout", N, OC);
   if (dinp) like_rows(op, inp, *dinp, "dinp", N, IC);

@@ -39,7 +39,8 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& weight, const 
 // router's logits: the same math as an fp32 GEMM of upcast copies, without the copies.
 void linear_forward_wide(Tensor& out, const Tensor& inp, const Tensor& weight);
 // dinp(N, IC) (=, or += with Accumulate) = dout(N, OC) @ weight(OC, IC)
-// dweight(OC, IC) += (= with Overwrite) dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped.
+// dweight(OC, IC) += (= with Overwrite) dout^T @ inp;  dbias(OC) += sum_n dout.   Null outputs are skipped; with
+// only dbias, inp and weight may be undefined.
 void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight, GradMode dinp_mode = GradMode::Overwrite,
                      GradMode dweight_mode = GradMode::Accumulate);

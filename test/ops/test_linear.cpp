@@ -70,6 +70,12 @@ TEST_CASE("linear backward: parameter grads accumulate, dinp follows GradMode, n
     CHECK(max_abs_diff(dx, sum(px, dx0)) < 1e-14);
     CHECK(max_abs_diff(dw, sum(pw, dw0)) < 1e-14);
   }
+  SECTION("only dbias, without inp and weight") {
+    ops::linear_backward(nullptr, nullptr, &db, dy, Tensor(), Tensor());
+    CHECK(max_abs_diff(db, sum(pb, db0)) < 1e-14);
+    CHECK(bitwise_equal(dx, px));
+    CHECK(bitwise_equal(dw, pw));
+  }
   SECTION("only dweight") {
     ops::linear_backward(nullptr, &dw, nullptr, dy, x, w);
     CHECK(max_abs_diff(dw, sum(pw, dw0)) < 1e-14);
