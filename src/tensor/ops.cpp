@@ -365,7 +365,8 @@ void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, con
     return;
   }
   if (inp.device() == Device::CUDA) {  // fp16: parts would leave fp16's range; through fp32 copies
-    Tensor xr = Tensor::empty(inp.shape(), DType::F32, inp.device()), wr = Tensor::empty(weight.shape(), DType::F32, inp.device());
+    Tensor xr = Tensor::empty(inp.shape(), DType::F32, inp.device());
+    Tensor wr = Tensor::empty(weight.shape(), DType::F32, inp.device());
     cast(xr, inp);
     cast(wr, weight);
     Tensor dxr = dinp ? Tensor::empty(inp.shape(), DType::F32, inp.device()) : Tensor();
