@@ -15,7 +15,18 @@ using namespace mt::gpu_test;
 
 namespace {
 const DType kDTypes[] = {DType::F32, DType::BF16, DType::F16};
+
+struct LinearDims { int64_t N, IC, OC; };
+// fn(dt, d) for every dtype of kDTypes and every shape; failures name the dtype and the shape.
+template <typename F>
+void for_each_linear_case(std::initializer_list<LinearDims> shapes, F&& fn) {
+  for (DType dt : kDTypes)
+    for (const LinearDims& d : shapes) {
+      INFO(dtype_name(dt) << " N " << d.N << " IC " << d.IC << " OC " << d.OC);
+      fn(dt, d);
+    }
 }
+}  // namespace
 
 TEST_CASE("cuda elementwise ops match the CPU", "[cuda][ops]") {
   init();
@@ -150,18 +161,15 @@ TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "
 // The MoE router's logits: 16-bit operands into fp32 outputs (exact products, fp32 sums), fp32 as linear_forward.
 TEST_CASE("cuda linear_forward_wide gives fp32 outputs from 16-bit operands as the CPU in fp64", "[cuda][linear][moe]") {
   init();
-  struct Dims { int64_t N, IC, OC; };
   uint64_t seed = 2100;
-  for (DType dt : kDTypes)
-    for (Dims d : {Dims{257, 1024, 64}, Dims{300, 1024, 8}, Dims{37, 45, 19}}) {
-      INFO(dtype_name(dt) << " N " << d.N << " IC " << d.IC << " OC " << d.OC);
-      const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt);
-      const Tensor w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
-      Tensor y = poisoned({d.N, d.OC}, DType::F32), y_ref = Tensor::empty({d.N, d.OC}, DType::F64);
-      ops::linear_forward_wide(y, to_device(x64, dt), to_device(w64, dt));
-      ops::linear_forward(y_ref, x64, w64, nullptr);
-      check_close("linear_forward_wide", y, y_ref, DType::F32);
-    }
+  for_each_linear_case({{257, 1024, 64}, {300, 1024, 8}, {37, 45, 19}}, [&](DType dt, const LinearDims& d) {
+    const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt);
+    const Tensor w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+    Tensor y = poisoned({d.N, d.OC}, DType::F32), y_ref = Tensor::empty({d.N, d.OC}, DType::F64);
+    ops::linear_forward_wide(y, to_device(x64, dt), to_device(w64, dt));
+    ops::linear_forward(y_ref, x64, w64, nullptr);
+    check_close("linear_forward_wide", y, y_ref, DType::F32);
+  });
 }
 
 // The MoE router's backward: an fp32 output gradient through 16-bit operands. Against the CPU in fp64 (dinp rounded
@@ -170,25 +178,23 @@ TEST_CASE("cuda linear_forward_wide gives fp32 outputs from 16-bit operands as t
 // (the bf16 path splits dout into three bf16 parts: a lost part or a second rounding fails these).
 TEST_CASE("cuda linear_backward_wide: fp32 gradients through 16-bit operands as the CPU in fp64", "[cuda][linear][moe]") {
   init();
-  struct Dims { int64_t N, IC, OC; };
   uint64_t seed = 2150;
+  for_each_linear_case({{300, 1024, 64}, {257, 1024, 8}, {37, 45, 19}}, [&](DType dt, const LinearDims& d) {
+    const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt), w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+    const Tensor g64 = rounded(randn64({d.N, d.OC}, ++seed, 1e-3), DType::F32), dw0 = randn64({d.OC, d.IC}, ++seed, 1e-2);
+    const Tensor x = to_device(x64, dt), w = to_device(w64, dt), g = to_device(g64, DType::F32);
+    Tensor dx = poisoned({d.N, d.IC}, dt), dw = to_device(dw0, DType::F32);
+    Tensor dx_ref = Tensor::empty({d.N, d.IC}, DType::F64), dw_ref = rounded(dw0, DType::F32);
+    ops::linear_backward_wide(&dx, &dw, g, x, w);  // dweight +=
+    ops::linear_backward(&dx_ref, &dw_ref, nullptr, g64, x64, w64);
+    check_close("linear_backward_wide dinp", dx, dx_ref, dt);
+    check_close("linear_backward_wide dweight (fp32 +=)", dw, dw_ref, DType::F32);
+    Tensor dw1 = poisoned({d.OC, d.IC}, DType::F32), dw1_ref = Tensor::empty({d.OC, d.IC}, DType::F64);
+    ops::linear_backward_wide(nullptr, &dw1, g, x, w, ops::GradMode::Overwrite);
+    ops::linear_backward(nullptr, &dw1_ref, nullptr, g64, x64, w64, ops::GradMode::Overwrite, ops::GradMode::Overwrite);
+    check_close("linear_backward_wide dweight (fp32 =)", dw1, dw1_ref, DType::F32);
+  });
   for (DType dt : kDTypes) {
-    for (Dims d : {Dims{300, 1024, 64}, Dims{257, 1024, 8}, Dims{37, 45, 19}}) {
-      INFO(dtype_name(dt) << " N " << d.N << " IC " << d.IC << " OC " << d.OC);
-      const Tensor x64 = rounded(randn64({d.N, d.IC}, ++seed), dt), w64 = rounded(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
-      const Tensor g64 = rounded(randn64({d.N, d.OC}, ++seed, 1e-3), DType::F32), dw0 = randn64({d.OC, d.IC}, ++seed, 1e-2);
-      const Tensor x = to_device(x64, dt), w = to_device(w64, dt), g = to_device(g64, DType::F32);
-      Tensor dx = poisoned({d.N, d.IC}, dt), dw = to_device(dw0, DType::F32);
-      Tensor dx_ref = Tensor::empty({d.N, d.IC}, DType::F64), dw_ref = rounded(dw0, DType::F32);
-      ops::linear_backward_wide(&dx, &dw, g, x, w);  // dweight +=
-      ops::linear_backward(&dx_ref, &dw_ref, nullptr, g64, x64, w64);
-      check_close("linear_backward_wide dinp", dx, dx_ref, dt);
-      check_close("linear_backward_wide dweight (fp32 +=)", dw, dw_ref, DType::F32);
-      Tensor dw1 = poisoned({d.OC, d.IC}, DType::F32), dw1_ref = Tensor::empty({d.OC, d.IC}, DType::F64);
-      ops::linear_backward_wide(nullptr, &dw1, g, x, w, ops::GradMode::Overwrite);
-      ops::linear_backward(nullptr, &dw1_ref, nullptr, g64, x64, w64, ops::GradMode::Overwrite, ops::GradMode::Overwrite);
-      check_close("linear_backward_wide dweight (fp32 =)", dw1, dw1_ref, DType::F32);
-    }
     // identity inp and weight (N = IC = OC): dweight = dout^T, dinp = dout, each exact up to dinp's one rounding
     const int64_t n = 64;
     Tensor eye64 = Tensor::zeros({n, n}, DType::F64), g64 = randn64({n, n}, ++seed);
@@ -261,36 +267,33 @@ TEST_CASE("cuda parameter gradients must be fp32 main grads", "[cuda][linear]") 
 // buffer held (NaN here): linear, linear + GELU and linear + SwiGLU backward, at the ci models' shapes and odd ones.
 TEST_CASE("cuda first-write weight gradients are bit-identical to accumulating into zeros", "[cuda][linear]") {
   init();
-  struct Dims { int64_t N, IC, OC; };
   uint64_t seed = 2700;
-  for (DType dt : kDTypes)
-    for (Dims d : {Dims{512, 256, 768}, Dims{512, 512, 256}, Dims{37, 45, 19}}) {
-      INFO("N " << d.N << " IC " << d.IC << " OC " << d.OC << " " << dtype_name(dt));
-      const Tensor x = to_device(randn64({d.N, d.IC}, ++seed), dt), g = to_device(randn64({d.N, d.OC}, ++seed), dt);
-      const Tensor w = to_device(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
-      const Tensor pre = to_device(randn64({d.N, d.IC}, ++seed), dt);
-      const Tensor h = to_device(randn64({d.N, 2 * d.IC}, ++seed), dt);
-      // dw[0]: written first onto NaN; dw[1]: accumulated onto zeros.
-      auto check = [&](const char* op, const std::function<void(Tensor&, ops::GradMode)>& backward) {
-        Tensor dw[2] = {poisoned({d.OC, d.IC}, DType::F32), Tensor::zeros({d.OC, d.IC}, DType::F32, Device::CUDA)};
-        backward(dw[0], ops::GradMode::Overwrite);
-        backward(dw[1], ops::GradMode::Accumulate);
-        INFO(op);
-        CHECK(all_finite(to_host64(dw[0])));
-        CHECK(bitwise_equal(dw[0], dw[1]));
-      };
-      check("linear_backward", [&](Tensor& dw, ops::GradMode m) {
-        ops::linear_backward(nullptr, &dw, nullptr, g, x, w, ops::GradMode::Overwrite, m);
-      });
-      check("linear_backward_gelu", [&](Tensor& dw, ops::GradMode m) {
-        Tensor dpre = poisoned({d.N, d.IC}, dt);
-        ops::linear_backward_gelu(dpre, &dw, nullptr, g, x, w, pre, m);
-      });
-      check("linear_backward_swiglu", [&](Tensor& dw, ops::GradMode m) {
-        Tensor dh = poisoned({d.N, 2 * d.IC}, dt);
-        ops::linear_backward_swiglu(dh, &dw, nullptr, g, w, h, m);
-      });
-    }
+  for_each_linear_case({{512, 256, 768}, {512, 512, 256}, {37, 45, 19}}, [&](DType dt, const LinearDims& d) {
+    const Tensor x = to_device(randn64({d.N, d.IC}, ++seed), dt), g = to_device(randn64({d.N, d.OC}, ++seed), dt);
+    const Tensor w = to_device(randn64({d.OC, d.IC}, ++seed, 0.05), dt);
+    const Tensor pre = to_device(randn64({d.N, d.IC}, ++seed), dt);
+    const Tensor h = to_device(randn64({d.N, 2 * d.IC}, ++seed), dt);
+    // dw[0]: written first onto NaN; dw[1]: accumulated onto zeros.
+    auto check = [&](const char* op, const std::function<void(Tensor&, ops::GradMode)>& backward) {
+      Tensor dw[2] = {poisoned({d.OC, d.IC}, DType::F32), Tensor::zeros({d.OC, d.IC}, DType::F32, Device::CUDA)};
+      backward(dw[0], ops::GradMode::Overwrite);
+      backward(dw[1], ops::GradMode::Accumulate);
+      INFO(op);
+      CHECK(all_finite(to_host64(dw[0])));
+      CHECK(bitwise_equal(dw[0], dw[1]));
+    };
+    check("linear_backward", [&](Tensor& dw, ops::GradMode m) {
+      ops::linear_backward(nullptr, &dw, nullptr, g, x, w, ops::GradMode::Overwrite, m);
+    });
+    check("linear_backward_gelu", [&](Tensor& dw, ops::GradMode m) {
+      Tensor dpre = poisoned({d.N, d.IC}, dt);
+      ops::linear_backward_gelu(dpre, &dw, nullptr, g, x, w, pre, m);
+    });
+    check("linear_backward_swiglu", [&](Tensor& dw, ops::GradMode m) {
+      Tensor dh = poisoned({d.N, 2 * d.IC}, dt);
+      ops::linear_backward_swiglu(dh, &dw, nullptr, g, w, h, m);
+    });
+  });
 }
 
 TEST_CASE("cuda embedding forward/backward match the CPU; backward is deterministic", "[cuda][embedding]") {
