@@ -266,10 +266,6 @@ __global__ void sum3_kernel(float* out, const float* parts, int64_t n, bool accu
     out[i] = ((accumulate ? out[i] + parts[i] : parts[i]) + parts[n + i]) + parts[2 * n + i];
 }
 
-unsigned elementwise_blocks(int64_t n) {
-  return unsigned(std::min<int64_t>(ceil_div(n, 256), int64_t(context().sm_count) * 8));
-}
-
 }  // namespace
 
 void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
@@ -281,7 +277,7 @@ void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout
   cudaStream_t s = current_stream();
   // dout as three bf16 parts side by side, K = 3 OC: both products sum every part's exact products in fp32
   Scratch parts(sizeof(mt::bf16) * size_t(N * 3 * OC));
-  split_bf16x3_kernel<<<elementwise_blocks(N * OC), 256, 0, s>>>(parts.as<__nv_bfloat16>(), dout, N, OC);
+  split_bf16x3_kernel<<<grid_for(N * OC, 256), 256, 0, s>>>(parts.as<__nv_bfloat16>(), dout, N, OC);
   MT_CUDA_CHECK_LAUNCH("split_bf16x3_kernel");
   Scratch w3(dinp ? sizeof(mt::bf16) * size_t(3 * OC * IC) : 1);  // weight stacked 3 times (3 OC, IC)
   if (dinp)
@@ -292,7 +288,7 @@ void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout
   linear_backward_cuda<mt::bf16>(dinp, dweight ? dw3.as<float>() : nullptr, nullptr, parts.as<mt::bf16>(), inp,
                                  w3.as<mt::bf16>(), N, IC, 3 * OC, false, false);
   if (dweight) {
-    sum3_kernel<<<elementwise_blocks(OC * IC), 256, 0, s>>>(dweight, dw3.as<float>(), OC * IC, accumulate_dweight);
+    sum3_kernel<<<grid_for(OC * IC, 256), 256, 0, s>>>(dweight, dw3.as<float>(), OC * IC, accumulate_dweight);
     MT_CUDA_CHECK_LAUNCH("sum3_kernel");
   }
 }
