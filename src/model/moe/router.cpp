@@ -100,10 +100,9 @@ Tensor Router::backward(Saved& s, const Tensor& dweights, const Tensor& x) const
     return dx;
   }
   const Tensor xr = to_router(x), wr = to_router(weight_->value);
-  Tensor dxr = Tensor::empty(xr.shape(), rdt_, x.device());
+  Tensor dxr = xr.dtype() == x.dtype() ? dx : Tensor::empty(xr.shape(), rdt_, x.device());
   ops::linear_backward(&dxr, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, wmode);
-  if (dxr.dtype() == x.dtype()) return dxr;
-  ops::cast(dx, dxr);
+  if (dxr.dtype() != x.dtype()) ops::cast(dx, dxr);
   return dx;
 }
 
