@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 
+#include "cuda/cublaslt_plan.h"
 #include "cuda/fp8_cuda.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -87,26 +88,15 @@ cublasLtMatmulMatrixScale_t scale_mode(int scaling) {
                                      : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
 }
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool usable = false;  // false: cuBLASLt has no algorithm (the caller may try another output type)
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-};
 using Key = std::array<int64_t, 12>;
 
 // cuBLASLt's A = our b (N, K), its B = our a (M, K); D (N, M) column-major.
 // Block scale modes need the scale pointers set before the heuristic is asked (null ones are an invalid value).
-Plan make_plan(const Fp8GemmOperand& a, const Fp8GemmOperand& b, const float* scale_a, const float* scale_b,
+// usable false: cuBLASLt has no algorithm (the caller may try another output type).
+LtPlan make_plan(const Fp8GemmOperand& a, const Fp8GemmOperand& b, const float* scale_a, const float* scale_b,
                cudaDataType_t out_type, bool bias, bool fast_accum) {
-  const Context& ctx = context();
   const int64_t M = a.rows, N = b.rows, K = a.k;
-  Plan p;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  LtPlan p = lt_plan(CUBLAS_OP_T, CUBLAS_OP_N);
   if (b.scaling != 0 || a.scaling != 0) {
     const cublasLtMatmulMatrixScale_t ma = scale_mode(b.scaling), mb = scale_mode(a.scaling);
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
@@ -126,20 +116,9 @@ Plan make_plan(const Fp8GemmOperand& a, const Fp8GemmOperand& b, const float* sc
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type, sizeof out_type));
   }
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, fp8_type(b.dtype), K, N, K));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, fp8_type(a.dtype), K, M, K));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, N, M, N));
-  cublasLtMatmulPreference_t pref = nullptr;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ctx.workspace_bytes, sizeof ctx.workspace_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  p.status = hs;
-  p.usable = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-  p.algo = result.algo;
+  // op(A) = b^T (N, K) stored (K, N); B = a^T stored (K, M); D (N, M)
+  lt_set_layouts(p, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, fp8_type(b.dtype), K, fp8_type(a.dtype), K, out_type, N);
+  lt_choose_algorithm(p);
   return p;
 }
 
@@ -151,8 +130,8 @@ bool run_gemm(void* out, cudaDataType_t out_type, const Fp8GemmOperand& a, const
   const Key key{a.rows, b.rows, a.k, static_cast<int64_t>(a.dtype), static_cast<int64_t>(b.dtype), a.scaling,
                 b.scaling, out_type, bias != nullptr, fast_accum, 0, 0};
   static std::mutex mu;
-  static std::map<Key, Plan> cache;
-  Plan plan;
+  static std::map<Key, LtPlan> cache;
+  LtPlan plan;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);

@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 
+#include "cuda/cublaslt_plan.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 
@@ -106,22 +107,12 @@ struct GemmArgs {
   const void* c_in = nullptr;
 };
 
-struct GemmPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool usable = true;  // false: cuBLASLt has no kernel for this epilogue
-};
-
 using GemmKey = std::array<int64_t, 17>;
 
-GemmPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
-  const Context& ctx = context();
-  GemmPlan p;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+// usable false: cuBLASLt has no kernel for this epilogue (the caller falls back).
+LtPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  LtPlan p = lt_plan(ta, tb);
   cublasLtEpilogue_t epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   if (g.epilogue == GemmArgs::kGeluAux) epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (g.epilogue == GemmArgs::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
@@ -138,37 +129,13 @@ GemmPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
     MT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.aux_ld, sizeof g.aux_ld));
   }
-  // Stored shapes: op(A) is (m, k), op(B) is (k, n).
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, g.c_type, g.m, g.n, g.ldc));
-  cublasLtMatmulPreference_t pref = nullptr;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ctx.workspace_bytes, sizeof ctx.workspace_bytes));
-  const uint32_t al[3] = {static_cast<uint32_t>(key[11]), static_cast<uint32_t>(key[12]),
-                          static_cast<uint32_t>(key[13])};
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (g.epilogue != GemmArgs::kPlain && (hs != CUBLAS_STATUS_SUCCESS || found == 0)) {
-    p.usable = false;  // no fused kernel for this epilogue: the caller falls back
-    return p;
-  }
-  MT_CUBLAS_CHECK(hs);
-  MT_CHECK(found > 0, what, ": cuBLASLt has no algorithm for the GEMM m=", g.m, " n=", g.n, " k=", g.k,
+  lt_set_layouts(p, ta, tb, g.m, g.n, g.k, g.ab_type, g.lda, g.ab_type, g.ldb, g.c_type, g.ldc);
+  lt_choose_algorithm(p, static_cast<uint32_t>(key[11]), static_cast<uint32_t>(key[12]),
+                      static_cast<uint32_t>(key[13]));
+  if (g.epilogue != GemmArgs::kPlain && !p.usable) return p;  // no fused kernel for this epilogue
+  MT_CUBLAS_CHECK(p.status);
+  MT_CHECK(p.usable, what, ": cuBLASLt has no algorithm for the GEMM m=", g.m, " n=", g.n, " k=", g.k,
            " (types ", static_cast<int>(g.ab_type), "/", static_cast<int>(g.c_type), ", bias ", g.bias != nullptr, ")");
-  p.algo = result.algo;
   return p;
 }
 
@@ -180,8 +147,8 @@ bool gemm(const char* what, const GemmArgs& g) {
                     g.epilogue != GemmArgs::kPlain ? alignment_of(g.aux) * 1000000 + g.aux_ld : 0,
                     g.c_in ? alignment_of(g.c_in) : 0};
   static std::mutex mu;
-  static std::map<GemmKey, GemmPlan> cache;
-  GemmPlan plan;
+  static std::map<GemmKey, LtPlan> cache;
+  LtPlan plan;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
