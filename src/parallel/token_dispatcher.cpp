@@ -1,6 +1,7 @@
 #include "parallel/token_dispatcher.h"
 
 #include <numeric>
+#include <utility>
 
 #include "core/check.h"
 
@@ -34,6 +35,17 @@ TokenDispatcher::TokenDispatcher(int64_t num_experts, const ParallelState& ps)
 }
 
 Tensor TokenDispatcher::dispatch(Plan& plan, const Tensor& xp, const std::vector<int64_t>& counts) const {
+  Exchange x = dispatch_start(plan, xp, counts);
+  return finish(plan, x);
+}
+
+Tensor TokenDispatcher::combine_backward(const Plan& plan, const Tensor& dyp) const {
+  Exchange x = combine_backward_start(plan, dyp);
+  return finish(plan, x);
+}
+
+TokenDispatcher::Exchange TokenDispatcher::dispatch_start(Plan& plan, const Tensor& xp,
+                                                          const std::vector<int64_t>& counts) const {
   MT_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == num_experts_, "dispatch: ", counts.size(), " counts for ",
                      num_experts_, " experts");
   const int64_t El = local_experts_, P = ep_size_;
@@ -43,7 +55,7 @@ Tensor TokenDispatcher::dispatch(Plan& plan, const Tensor& xp, const std::vector
     plan.recv_rows = plan.send_rows;
     plan.recv_counts = counts;
     plan.local_counts = counts;
-    return xp;
+    return combine_backward_start(plan, xp);
   }
   // 1. counts: chunk r (El counts for rank r's experts) goes to rank r
   Tensor send = Tensor::empty({num_experts_}, DType::I64), recv = Tensor::empty({num_experts_}, DType::I64);
@@ -57,26 +69,44 @@ Tensor TokenDispatcher::dispatch(Plan& plan, const Tensor& xp, const std::vector
       plan.recv_rows[static_cast<size_t>(r)] += plan.recv_counts[static_cast<size_t>(r * El + e)];
       plan.local_counts[static_cast<size_t>(e)] += plan.recv_counts[static_cast<size_t>(r * El + e)];
     }
-  return exchange_rows(plan, xp);
+  return combine_backward_start(plan, xp);
 }
 
-Tensor TokenDispatcher::exchange_rows(const Plan& plan, const Tensor& xp) const {
-  if (ep_size_ == 1) return xp;
-  const int64_t El = local_experts_, P = ep_size_;
+TokenDispatcher::Exchange TokenDispatcher::combine_backward_start(const Plan& plan, const Tensor& xp) const {
+  // (xp: dispatch's routed rows, or combine's output gradients)
+  Exchange x;
+  x.sent = xp;
+  if (ep_size_ == 1) {
+    x.received = xp;
+    return x;
+  }
   // 2. the rows: block r of xp (rank r's experts) goes to rank r; received blocks are [source][local expert]
   const int64_t R = std::accumulate(plan.recv_rows.begin(), plan.recv_rows.end(), int64_t{0});
   Shape s = xp.shape();
   s[0] = R;
-  Tensor recv = Tensor::empty(s, xp.dtype(), xp.device());
-  ep_->all_to_all_v(recv, xp, plan.send_rows, plan.recv_rows);
+  x.received = Tensor::empty(s, xp.dtype(), xp.device());
+  x.work = ep_->all_to_all_v_async(x.received, xp, plan.send_rows, plan.recv_rows);
+  return x;
+}
+
+Tensor TokenDispatcher::finish(const Plan& plan, Exchange& x) const {
+  if (!x.work) {
+    x.sent = Tensor();
+    return std::exchange(x.received, Tensor());
+  }
+  x.work->wait();
+  x.work.reset();
+  x.sent = Tensor();
+  const int64_t El = local_experts_, P = ep_size_;
   // 3. reorder to [local expert][source]: block (e, r) of the result is block (r, e) of what came in
   std::vector<int64_t> rows(static_cast<size_t>(P * El)), order;
   for (int64_t e = 0; e < El; ++e)
     for (int64_t r = 0; r < P; ++r) rows[static_cast<size_t>(e * P + r)] = plan.recv_counts[static_cast<size_t>(r * El + e)];
   for (int64_t r = 0; r < P; ++r)
     for (int64_t e = 0; e < El; ++e) order.push_back(e * P + r);
-  Tensor out = Tensor::empty(s, xp.dtype(), xp.device());
-  gather_blocks(out, recv, rows, order);
+  Tensor out = Tensor::empty(x.received.shape(), x.received.dtype(), x.received.device());
+  gather_blocks(out, x.received, rows, order);
+  x.received = Tensor();
   return out;
 }
 

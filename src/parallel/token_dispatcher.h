@@ -8,9 +8,14 @@
 // contiguous for the grouped GEMM. combine is the exact inverse. Every rank issues the same collectives in the
 // same order whatever the routing (a rank or expert with no rows included): no data-dependent deadlock.
 // EP 1: no communication, dispatch and combine are the identity.
+//
+// The rows' exchange towards the experts (dispatch, and combine's backward) also comes in two halves, start and
+// finish, so that work that does not need it (the shared experts) runs while the rows are in flight (NCCL: on the
+// expert group's stream; the CPU's MPI exchange completes inside start).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "runtime/parallel_state.h"
@@ -24,6 +29,7 @@ class TokenDispatcher {
   int64_t num_experts() const { return num_experts_; }
   int64_t local_experts() const { return local_experts_; }
   int64_t first_expert() const { return first_expert_; }  // global index of this rank's first expert
+  bool exchanges() const { return ep_size_ > 1; }          // expert parallelism: rows cross ranks
 
   // What one dispatch exchanged; combine and the backward passes reuse it (no second count exchange).
   struct Plan {
@@ -38,10 +44,23 @@ class TokenDispatcher {
   Tensor combine(const Plan& plan, const Tensor& yl) const;
   // Gradients go the other way: dispatch's backward is combine, combine's backward is dispatch (same plan).
   Tensor dispatch_backward(const Plan& plan, const Tensor& dxl) const { return combine(plan, dxl); }
-  Tensor combine_backward(const Plan& plan, const Tensor& dyp) const { return exchange_rows(plan, dyp); }
+  Tensor combine_backward(const Plan& plan, const Tensor& dyp) const;
+
+  // A rows' exchange towards the experts in flight. It holds both buffers, so that neither returns to the
+  // allocator while the transfer may still read or write it.
+  struct Exchange {
+    Tensor sent, received;
+    std::unique_ptr<Work> work;  // null: nothing in flight (EP 1)
+  };
+  // dispatch's first half: exchanges the counts (blocking: the sizes are needed on the host), fills plan, starts
+  // the rows' all-to-all-v.
+  Exchange dispatch_start(Plan& plan, const Tensor& xp, const std::vector<int64_t>& counts) const;
+  // combine_backward's first half (the plan known).
+  Exchange combine_backward_start(const Plan& plan, const Tensor& dyp) const;
+  // Both second halves: waits for the exchange, returns its rows grouped by local expert (as dispatch does).
+  Tensor finish(const Plan& plan, Exchange& x) const;
 
  private:
-  Tensor exchange_rows(const Plan& plan, const Tensor& xp) const;  // dispatch with known counts
 
   int64_t num_experts_, local_experts_, first_expert_;
   int ep_size_;

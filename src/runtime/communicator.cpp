@@ -22,6 +22,13 @@ std::unique_ptr<Work> Communicator::batch_p2p_async(const std::vector<P2POp>& op
   return std::make_unique<DoneWork>();
 }
 
+std::unique_ptr<Work> Communicator::all_to_all_v_async(Tensor& out, const Tensor& in,
+                                                       const std::vector<int64_t>& send_rows,
+                                                       const std::vector<int64_t>& recv_rows) {
+  all_to_all_v(out, in, send_rows, recv_rows);
+  return std::make_unique<DoneWork>();
+}
+
 size_t all_to_all_v_row_bytes(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
                                const std::vector<int64_t>& recv_rows, int group_size) {
   MT_INTERNAL_ASSERT(in.dim() >= 1 && out.dim() >= 1 && in.dtype() == out.dtype(), "all_to_all_v ", in.str(), " -> ",

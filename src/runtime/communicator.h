@@ -67,7 +67,7 @@ class Communicator {
   virtual void batch_p2p(const std::vector<P2POp>& ops) = 0;
 
   // Asynchronous forms, for overlapping communication with computation (gradient buckets,
-  // parameter all-gathers, pipeline transfers). The default runs the blocking call and returns a
+  // parameter all-gathers, pipeline transfers, the MoE token exchange). The default runs the blocking call and returns a
   // completed Work, so that the CPU backend computes exactly what the GPU one does, only unhidden.
   // In-place forms are allowed: reduce_scatter with `out` the rank's chunk of `in`, all_gather with
   // `in` the rank's chunk of `out`.
@@ -75,6 +75,9 @@ class Communicator {
   virtual std::unique_ptr<Work> reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op);
   virtual std::unique_ptr<Work> all_gather_async(Tensor& out, const Tensor& in);
   virtual std::unique_ptr<Work> batch_p2p_async(const std::vector<P2POp>& ops);
+  // The MoE token exchange started while the shared experts compute (parallel/token_dispatcher.h).
+  virtual std::unique_ptr<Work> all_to_all_v_async(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
+                                                   const std::vector<int64_t>& recv_rows);
 
   // Host-value helpers (built on the tensor calls).
   double all_reduce_scalar(double v, ReduceOp op);

@@ -49,6 +49,9 @@ const Model kDense{"dense", ""};
 const Model kMoE{"moe",
                  " --set model.num_experts=8 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=256"
                  " --set model.moe_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001"};
+// The same with a shared expert: under expert parallelism its fc1 runs while the routed rows are in flight, and its
+// backward while the output gradients' rows are (model/moe/moe_layer.cpp).
+const Model kMoEShared{"moe-shared", kMoE.overrides + " --set model.moe_shared_expert_intermediate_size=256"};
 // Sequence 1024 so that the ring's chunks (1024 / (2 x 4) = 128 tokens at context 4) run on cuDNN in bf16; 8 heads
 // in 4 key/value groups (head dim 64) so that a2a splits the groups over context 4.
 const Model kLong{"long",
@@ -149,6 +152,10 @@ TEST_CASE("tensor 2 (sequence parallel) x pipeline 2 x virtual 2 x data 2 (distr
 
 // Expert parallelism over NCCL (all-to-all-v dispatch; expert gradients over expert-data): the MoE model.
 TEST_CASE("expert 2 matches 1 GPU", "[multigpu][parity][ep]") { check_layout("ep2", 2, "--set parallel.expert=2", kMoE); }
+
+TEST_CASE("expert 2 with a shared expert beside the token exchange matches 1 GPU", "[multigpu][parity][ep]") {
+  check_layout("ep2", 2, "--set parallel.expert=2", kMoEShared);
+}
 
 TEST_CASE("expert 4 matches 1 GPU", "[multigpu][parity][ep][4gpu]") {
   check_layout("ep4", 4, "--set parallel.expert=4", kMoE);

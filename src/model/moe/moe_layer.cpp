@@ -62,41 +62,56 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   }
   Tensor xp = c.empty({M, C});
   ops::moe_permute_forward(xp, x, s.slot_of_row, k);
-  s.xl = dispatcher_.dispatch(s.plan, xp, s.counts);
+  TokenDispatcher::Exchange rows = dispatcher_.dispatch_start(s.plan, xp, s.counts);
+  xp = Tensor();
+  // with expert parallelism the shared expert's fc1 runs while the rows are in flight; without it after the routed
+  // experts, as before the exchange could be in flight (their buffers freed first: a lower peak)
+  const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
+  if (shared_beside) shared_forward_fc1(s, x);
+  s.xl = dispatcher_.finish(s.plan, rows);
   Tensor yl = experts_.forward(s.experts, s.xl, s.padded ? regions : s.plan.local_counts);
   s.yp = dispatcher_.combine(s.plan, yl);
   if (dispatcher_.local_experts() == E) s.xl = Tensor();  // EP 1: permuted again from x in backward (memory)
   Tensor y = c.empty({N, C});
   ops::moe_unpermute_forward(y, s.yp, s.router.weights, s.row_of_slot);
   if (shared_fc1_) {
-    if (opt_.swiglu) {
-      s.shared_h = shared_fc1_->forward(x);
-      s.shared_a = c.empty({s.shared_h.size(0), s.shared_h.size(1) / 2});
-      ops::swiglu_forward(s.shared_a, s.shared_h);
-    } else {
-      s.shared_a = shared_fc1_->forward_gelu(x, &s.shared_h);
-    }
+    if (!shared_beside) shared_forward_fc1(s, x);
     y = shared_fc2_->forward(s.shared_a, &y);
   }
   if (residual) ops::add_(y, *residual);
   return y;
 }
 
+void MoELayer::shared_forward_fc1(Saved& s, const Tensor& x) const {
+  if (opt_.swiglu) {
+    s.shared_h = shared_fc1_->forward(x);
+    s.shared_a = ctx_->empty({s.shared_h.size(0), s.shared_h.size(1) / 2});
+    ops::swiglu_forward(s.shared_a, s.shared_h);
+  } else {
+    s.shared_a = shared_fc1_->forward_gelu(x, &s.shared_h);
+  }
+}
+
+Tensor MoELayer::shared_backward(const Tensor& dy, const Saved& s, const Tensor& x) const {
+  Tensor dh;
+  if (opt_.swiglu) {
+    Tensor da = shared_fc2_->backward(dy, s.shared_a);
+    dh = ctx_->empty(s.shared_h.shape());
+    ops::swiglu_backward(dh, da, s.shared_h);
+  } else {
+    dh = shared_fc2_->backward_gelu(dy, s.shared_a, s.shared_h);
+  }
+  return shared_fc1_->backward(dh, x);
+}
+
 Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
   const int64_t N = x.size(0), k = opt_.topk;
+  // the shared expert: without expert parallelism first (before the routed buffers exist), with it while the
+  // output gradients' rows are in flight to the experts
+  const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
   Tensor dx_shared;
-  if (shared_fc1_) {
-    Tensor dh;
-    if (opt_.swiglu) {
-      Tensor da = shared_fc2_->backward(dy, s.shared_a);
-      dh = c.empty(s.shared_h.shape());
-      ops::swiglu_backward(dh, da, s.shared_h);
-    } else {
-      dh = shared_fc2_->backward_gelu(dy, s.shared_a, s.shared_h);
-    }
-    dx_shared = shared_fc1_->backward(dh, x);
-  }
+  if (shared_fc1_ && !shared_beside) dx_shared = shared_backward(dy, s, x);
   // buffers released as soon as read (fewer of them alive at once)
   const int64_t rows = s.yp.size(0);
   Tensor dyp = c.empty(s.yp.shape());
@@ -104,8 +119,10 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
   s.yp = Tensor();
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
-  Tensor dh = experts_.backward_fc2(dispatcher_.combine_backward(s.plan, dyp), s.experts);
+  TokenDispatcher::Exchange grads = dispatcher_.combine_backward_start(s.plan, dyp);
   dyp = Tensor();
+  if (shared_beside) dx_shared = shared_backward(dy, s, x);
+  Tensor dh = experts_.backward_fc2(dispatcher_.finish(s.plan, grads), s.experts);
   Tensor xl = std::move(s.xl);
   if (!xl.defined()) {  // EP 1: the experts' input rows again
     xl = c.empty({rows, x.size(1)});

@@ -4,7 +4,9 @@
 //
 //   x (N, C) -> router: top-k experts and weights per token (router.h)
 //            -> permute: rows grouped by global expert (ops::moe_permute_forward)
-//            -> dispatch: all-to-all-v over the expert-parallel group (parallel/token_dispatcher.h)
+//            -> dispatch: all-to-all-v over the expert-parallel group (parallel/token_dispatcher.h; with expert
+//               parallelism the shared expert's fc1 runs while the rows are in flight, and its backward while the
+//               output gradients' rows are)
 //            -> experts: grouped GEMMs of this rank's experts (experts.h)
 //               [padded batched experts, one rank holding every expert, when ops::moe_padded_regions estimates
 //               it faster for this step's counts: the permute writes each expert's rows at the start of its
@@ -63,6 +65,10 @@ class MoELayer {
   const std::vector<int64_t>& tokens_per_expert(const Saved& s) const { return s.counts; }
 
  private:
+  // The shared expert's fc1 and activation (into s.shared_h, s.shared_a), and its whole backward (dL/dx).
+  void shared_forward_fc1(Saved& s, const Tensor& x) const;
+  Tensor shared_backward(const Tensor& dy, const Saved& s, const Tensor& x) const;
+
   const ModelContext* ctx_;
   MoEOptions opt_;
   Router router_;

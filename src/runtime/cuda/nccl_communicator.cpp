@@ -168,14 +168,18 @@ class NcclCommunicator final : public Communicator {
       MT_NCCL_CHECK(ncclGroupEnd());
     })->wait();
   }
-  // Grouped ncclSend / ncclRecv, one pair per peer (zero-byte pairs skipped: both sides know the counts).
   void all_to_all_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
                     const std::vector<int64_t>& recv_rows) override {
-    if (on_host(in)) return host_->all_to_all_v(out, in, send_rows, recv_rows);
+    all_to_all_v_async(out, in, send_rows, recv_rows)->wait();
+  }
+  // Grouped ncclSend / ncclRecv, one pair per peer (zero-byte pairs skipped: both sides know the counts).
+  std::unique_ptr<Work> all_to_all_v_async(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_rows,
+                                           const std::vector<int64_t>& recv_rows) override {
+    if (on_host(in)) return host_->all_to_all_v_async(out, in, send_rows, recv_rows);
     const size_t row = all_to_all_v_row_bytes(out, in, send_rows, recv_rows, size());
     int64_t total = 0;
     for (int64_t r : send_rows) total += r;
-    launch("all_to_all_v", static_cast<size_t>(total) * row, [&] {
+    return launch("all_to_all_v", static_cast<size_t>(total) * row, [&] {
       MT_NCCL_CHECK(ncclGroupStart());
       size_t so = 0, ro = 0;
       for (int r = 0; r < size(); ++r) {
@@ -187,7 +191,7 @@ class NcclCommunicator final : public Communicator {
         ro += rb;
       }
       MT_NCCL_CHECK(ncclGroupEnd());
-    })->wait();
+    });
   }
   void broadcast(Tensor& x, int root) override {
     if (on_host(x)) return host_->broadcast(x, root);
