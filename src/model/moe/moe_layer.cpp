@@ -65,7 +65,7 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   TokenDispatcher::Exchange rows = dispatcher_.dispatch_start(s.plan, xp, s.counts);
   xp = Tensor();
   // with expert parallelism the shared expert's fc1 runs while the rows are in flight; without it after the routed
-  // experts, as before the exchange could be in flight (their buffers freed first: a lower peak)
+  // experts, whose buffers are freed by then (a lower peak)
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
   if (shared_beside) shared_forward_fc1(s, x);
   s.xl = dispatcher_.finish(s.plan, rows);
