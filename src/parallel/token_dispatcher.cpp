@@ -55,7 +55,7 @@ TokenDispatcher::Exchange TokenDispatcher::dispatch_start(Plan& plan, const Tens
     plan.recv_rows = plan.send_rows;
     plan.recv_counts = counts;
     plan.local_counts = counts;
-    return combine_backward_start(plan, xp);
+    return start_exchange(plan, xp);
   }
   // 1. counts: chunk r (El counts for rank r's experts) goes to rank r
   Tensor send = Tensor::empty({num_experts_}, DType::I64), recv = Tensor::empty({num_experts_}, DType::I64);
@@ -69,11 +69,15 @@ TokenDispatcher::Exchange TokenDispatcher::dispatch_start(Plan& plan, const Tens
       plan.recv_rows[static_cast<size_t>(r)] += plan.recv_counts[static_cast<size_t>(r * El + e)];
       plan.local_counts[static_cast<size_t>(e)] += plan.recv_counts[static_cast<size_t>(r * El + e)];
     }
-  return combine_backward_start(plan, xp);
+  return start_exchange(plan, xp);
 }
 
-TokenDispatcher::Exchange TokenDispatcher::combine_backward_start(const Plan& plan, const Tensor& xp) const {
-  // (xp: dispatch's routed rows, or combine's output gradients)
+TokenDispatcher::Exchange TokenDispatcher::combine_backward_start(const Plan& plan, const Tensor& dyp) const {
+  return start_exchange(plan, dyp);
+}
+
+// xp: dispatch's routed rows, or combine's output gradients, grouped by global expert
+TokenDispatcher::Exchange TokenDispatcher::start_exchange(const Plan& plan, const Tensor& xp) const {
   Exchange x;
   x.sent = xp;
   if (ep_size_ == 1) {

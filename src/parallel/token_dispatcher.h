@@ -61,6 +61,8 @@ class TokenDispatcher {
   Tensor finish(const Plan& plan, Exchange& x) const;
 
  private:
+  // The rows' all-to-all-v towards the experts with known counts (both starts).
+  Exchange start_exchange(const Plan& plan, const Tensor& xp) const;
 
   int64_t num_experts_, local_experts_, first_expert_;
   int ep_size_;

@@ -67,8 +67,9 @@ class Communicator {
   virtual void batch_p2p(const std::vector<P2POp>& ops) = 0;
 
   // Asynchronous forms, for overlapping communication with computation (gradient buckets,
-  // parameter all-gathers, pipeline transfers, the MoE token exchange). The default runs the blocking call and returns a
-  // completed Work, so that the CPU backend computes exactly what the GPU one does, only unhidden.
+  // parameter all-gathers, pipeline transfers, the MoE token exchange). The default runs the
+  // blocking call and returns a completed Work, so that the CPU backend computes exactly what the
+  // GPU one does, only unhidden.
   // In-place forms are allowed: reduce_scatter with `out` the rank's chunk of `in`, all_gather with
   // `in` the rank's chunk of `out`.
   virtual std::unique_ptr<Work> all_reduce_async(Tensor& x, ReduceOp op);
