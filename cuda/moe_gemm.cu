@@ -15,6 +15,9 @@
 // 11% less GEMM time than cublasGemm{Strided,}BatchedEx over the H100 shape sweep, 0-2% of a training step), and
 // through cublasGemm{Strided,}BatchedEx only where cuBLASLt has no algorithm.
 // Why this and not cuBLASLt's grouped GEMM: that needs cuBLAS 13.4+ on Hopper; the GPU image ships libcublasLt 13.1.0.3 (seen 2026-11-23).
+// On a Hopper GPU, bf16 products whose sizes our own grouped kernel takes (cuda/sm90/grouped_gemm.h: one launch
+// per product whatever the counts, 700-750 TFLOP/s at the benchmark configs' shapes) run there instead; cuBLAS
+// runs the rest.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -23,6 +26,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
+#include "cuda/sm90/grouped_gemm.h"
 
 namespace mt::ops::cuda {
 
@@ -193,6 +197,8 @@ struct Grouped {
 template <typename T>
 void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
                                      int64_t IC, int64_t OC, bool per_group) {
+  if constexpr (std::is_same_v<T, mt::bf16>)
+    if (sm90::grouped_forward(out, x, weight, counts, El, IC, OC)) return;
   Grouped g;
   int64_t r0 = 0;
   for (int64_t e = 0; e < El; ++e) {
@@ -208,7 +214,9 @@ template <typename T>
 void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
                                       const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
                                       bool per_group) {
-  if (dx) {
+  const bool bf16 = std::is_same_v<T, mt::bf16>;
+  if (dx && !(bf16 && sm90::grouped_dx(reinterpret_cast<mt::bf16*>(dx), reinterpret_cast<const mt::bf16*>(dout),
+                                       reinterpret_cast<const mt::bf16*>(weight), counts, El, IC, OC))) {
     Grouped g;
     int64_t r0 = 0;
     for (int64_t e = 0; e < El; ++e) {
@@ -219,7 +227,14 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
     }
     g.run(cuda_type<T>(), cuda_type<T>(), per_group, "moe_grouped_linear_backward (dx)");
   }
-  if (dweight) {
+  if (dweight && bf16 &&
+      sm90::grouped_dweight(dweight, reinterpret_cast<const mt::bf16*>(dout), reinterpret_cast<const mt::bf16*>(x),
+                            counts, El, IC, OC, accumulate)) {
+    if (!accumulate)  // the experts without rows: no tiles
+      for (int64_t e = 0; e < El; ++e)
+        if (counts[e] == 0)
+          MT_CUDA_CHECK(cudaMemsetAsync(dweight + e * OC * IC, 0, size_t(OC * IC) * sizeof(float), current_stream()));
+  } else if (dweight) {
     Grouped g;
     int64_t r0 = 0;
     for (int64_t e = 0; e < El; ++e) {

@@ -13,6 +13,7 @@
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "cuda/cuda_ops.h"
 #include "cuda/moe_cuda.h"
+#include "cuda/sm90/grouped_gemm.h"
 #endif
 
 namespace mt::ops {
@@ -473,7 +474,8 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
 static_assert(cuda::kMaxShapeBuckets == kPadBuckets, "the GPU's batched buckets are the padded layout's runs");
 #endif
 
-std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t>& counts, int64_t IC, int64_t OC) {
+std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::vector<int64_t>& counts, int64_t IC,
+                                        int64_t OC) {
   const auto E = static_cast<int64_t>(counts.size());
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (E > cuda::PadPlan::kMaxExperts) return {};
@@ -482,6 +484,15 @@ std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t
   int64_t M = 0;
   for (int64_t c : counts) M += c;
   if (M == 0) return {};
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (dtype == DType::BF16 && IC % 256 == 0 && OC % 256 == 0 && cuda::sm90::grouped_forward_takes(E, IC, OC)) {
+    std::vector<int64_t> regions(counts.size());
+    for (size_t e = 0; e < counts.size(); ++e) regions[e] = (counts[e] + kPadRows - 1) / kPadRows * kPadRows;
+    return regions;
+  }
+#else
+  (void)dtype;
+#endif
   // seconds of one product (IC -> OC) for `rows` rows at `tflops`
   const double per_row = 2.0 * static_cast<double>(IC) * static_cast<double>(OC) * 1e-12;
   auto t = [&](double rows, double tflops) { return rows * per_row / tflops; };
@@ -534,13 +545,23 @@ std::vector<int64_t> moe_padded_regions(Device device, const std::vector<int64_t
 }
 
 namespace {
-// The op's name for MT_OP_PROFILE (CUDA builds): which cuBLAS path the counts take.
-[[maybe_unused]] std::string gemm_name(const char* op, const std::vector<int64_t>& counts, int64_t M, int64_t IC,
-                                       int64_t OC) {
+// The op's name for MT_OP_PROFILE (CUDA builds): which path the counts take (sm90: our own Hopper kernels,
+// cuda/sm90/grouped_gemm.h; else cuBLAS's calls).
+[[maybe_unused]] std::string gemm_name(const char* op, DType dtype, const std::vector<int64_t>& counts, int64_t M,
+                                       int64_t IC, int64_t OC) {
   std::vector<int64_t> sizes;
   for (int64_t c : counts)
     if (c > 0 && std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);
-  const char* path = static_cast<int64_t>(sizes.size()) <= kPadBuckets ? "batched"
+  const auto E = static_cast<int64_t>(counts.size());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  const bool sm90 = dtype == DType::BF16 && cuda::sm90::grouped_forward_takes(E, IC, OC) &&
+                    cuda::sm90::grouped_dx_takes(E, IC, OC);
+#else
+  const bool sm90 = false;
+  (void)dtype, (void)E;
+#endif
+  const char* path = sm90 ? "sm90"
+                     : static_cast<int64_t>(sizes.size()) <= kPadBuckets ? "batched"
                      : moe_gemm_per_group(M, static_cast<int64_t>(counts.size()), IC, OC) ? "per-group"
                                                                                            : "grouped";
   return std::string(op) + " [" + path + "] IC=" + std::to_string(IC) + " OC=" + std::to_string(OC);
@@ -556,7 +577,8 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
   if (on_cuda(x)) {
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
     std::string name;
-    if (cuda::op_profile_enabled()) op = (name = gemm_name(op, counts, x.size(0), weight.size(2), weight.size(1))).c_str();
+    if (cuda::op_profile_enabled())
+      op = (name = gemm_name(op, x.dtype(), counts, x.size(0), weight.size(2), weight.size(1))).c_str();
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -591,7 +613,7 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
     std::string name;
     if (cuda::op_profile_enabled())
-      op = (name = gemm_name(op, counts, x.size(0), weight.size(2), weight.size(1)) + (dx ? " dx" : "") +
+      op = (name = gemm_name(op, x.dtype(), counts, x.size(0), weight.size(2), weight.size(1)) + (dx ? " dx" : "") +
                    (dweight ? " dweight" : "")).c_str();
     any_float(op, x, [&](auto z) {
       using T = decltype(z);

@@ -1,7 +1,8 @@
 // CUDA MoE ops against the CPU reference (fp64 on the same rounded inputs): router (softmax / sigmoid, bias,
 // scaling), aux / seq-aux / z losses, routing map and permute / unpermute (fp32, bf16), grouped expert GEMMs
 // (fp32, bf16; experts without rows; first-write and accumulating weight gradients), padded batched experts (equal
-// groups: one strided batched GEMM per product; the padded layout against the exact groups on the CPU). Tolerances: test_cuda_util.h.
+// groups: one strided batched GEMM per product; the padded layout against the exact groups on the CPU), our own
+// Hopper grouped GEMMs (cuda/sm90, every product of bf16 experts at multiples of 256). Tolerances: test_cuda_util.h.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/grouped_gemm.h"
 #include "moe/moe_experts_pass.h"
 #include "tensor/moe_ops.h"
 #include "test_cuda_util.h"
@@ -254,11 +256,39 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
   for (DType dt : {DType::F32, DType::BF16}) check_grouped_linear({37, 0, 130, 1, 0, 64}, 96, 80, dt, 21, 0.1, "");
 }
 
+// bf16 experts whose sizes are multiples of 256 run on our own Hopper kernels (cuda/sm90/grouped_gemm.h): forward
+// and dx for any row counts (an expert's last tile of fewer than 128 rows written row by row, the rows of the next
+// expert untouched), the fp32 weight gradient (first write and accumulate) when every count is a multiple of 64
+// (else cuBLAS). Counted launches prove the path; more tiles than multiprocessors make each CTA run several.
+TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "[cuda][moe]") {
+  init();
+  if (!ops::cuda::sm90::grouped_gemm_supported()) {
+    WARN("skipped: the GPU is not compute capability 9.0 (Hopper); cuBLAS runs these products");
+    return;
+  }
+  struct Case {
+    std::vector<int64_t> counts;
+    int64_t IC, OC, launches;  // per check_grouped_linear: forward, dx, 2 weight gradients (or 0 of them: cuBLAS)
+  };
+  const std::vector<Case> cases = {
+      {{256, 0, 384, 128, 64}, 256, 512, 4},         // counts multiples of 64: every product; a 64-row last tile
+      {{37, 0, 130, 1, 300}, 256, 512, 2},           // any counts: forward and dx (partial tiles), dW on cuBLAS
+      {{128, 448, 0, 192}, 512, 256, 4},             // fc2-like: OC < IC
+      {{1024, 2048, 640, 0, 1536}, 512, 1024, 4},    // 164 forward tiles: several per CTA, the ring wrapping around
+  };
+  for (const Case& c : cases) {
+    const int64_t before = ops::cuda::sm90::grouped_gemm_launches();
+    check_grouped_linear(c.counts, c.IC, c.OC, DType::BF16, 81, 0.05,
+                         "sm90 IC " + std::to_string(c.IC) + " OC " + std::to_string(c.OC));
+    CHECK(ops::cuda::sm90::grouped_gemm_launches() - before == c.launches);
+  }
+}
+
 // Groups large enough (2^34 FLOPs per group on average) run one cublasGemmEx per group (tensor/moe_ops.h
 // moe_gemm_per_group): the same results as the CPU, an empty group included.
 TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match the CPU", "[cuda][moe]") {
   init();
-  const int64_t IC = 1024, OC = 2048, El = 3, M = 12300;
+  const int64_t IC = 1024, OC = 2112, El = 3, M = 12300;  // OC not a multiple of 256: cuBLAS on Hopper too
   REQUIRE(ops::moe_gemm_per_group(M, El, IC, OC));
   REQUIRE(!ops::moe_gemm_per_group(M, El, IC / 2, OC));
   check_grouped_linear({4000, 0, 8300}, IC, OC, DType::BF16, 51, 0.03, "per group");

@@ -80,11 +80,11 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   for (int64_t c : cnt) M += c, most = std::max(most, c);
   std::printf("BENCH %-14s %s routed rows %lld, busiest expert %lld (mean %lld), padded choice %d\n", config,
               padded ? "[padded]" : "[exact] ", (long long)M, (long long)most, (long long)(M / E),
-              int(!ops::moe_padded_regions(Device::CUDA, cnt, C, 2 * F).empty()));
+              int(!ops::moe_padded_regions(Device::CUDA, bf, cnt, C, 2 * F).empty()));
   const int64_t Mr = M;  // routed rows (the FLOPs counted below; padded rows are wasted work)
   Tensor pad;
   if (padded) {  // the layer's regions; when it would not pad, every expert padded to the busiest one's count
-    std::vector<int64_t> regions = ops::moe_padded_regions(Device::CUDA, cnt, C, 2 * F);
+    std::vector<int64_t> regions = ops::moe_padded_regions(Device::CUDA, bf, cnt, C, 2 * F);
     if (regions.empty()) regions.assign(size_t(E), most);
     std::printf("BENCH %-14s [padded] regions:", config);
     for (int64_t r : regions) std::printf(" %lld", (long long)r);

@@ -334,19 +334,19 @@ double layout_seconds(const std::vector<int64_t>& counts, const std::vector<int6
 TEST_CASE("moe padded batched experts: the regions, chosen on the GPU by the time estimate", "[moe][experts]") {
   const int64_t C = 1024, F2 = 1024;  // small experts: against the grouped call (kGroupedTflops)
   const std::vector<int64_t> balanced(64, 2048);
-  CHECK(ops::moe_padded_regions(Device::CUDA, balanced, C, F2) == balanced);
-  CHECK(ops::moe_padded_regions(Device::CPU, balanced, C, F2).empty());
-  CHECK(ops::moe_padded_regions(Device::CUDA, std::vector<int64_t>(8, 0), C, F2).empty());
+  CHECK(ops::moe_padded_regions(Device::CUDA, DType::F32, balanced, C, F2) == balanced);
+  CHECK(ops::moe_padded_regions(Device::CPU, DType::F32, balanced, C, F2).empty());
+  CHECK(ops::moe_padded_regions(Device::CUDA, DType::F32, std::vector<int64_t>(8, 0), C, F2).empty());
   // a balanced routing rounds up to kPadRows
   std::vector<int64_t> near(64, 2000);
   near[5] = 2001;
-  CHECK(ops::moe_padded_regions(Device::CUDA, near, C, F2) == std::vector<int64_t>(64, 2048));
+  CHECK(ops::moe_padded_regions(Device::CUDA, DType::F32, near, C, F2) == std::vector<int64_t>(64, 2048));
   // collapsed routing (64 experts top-8: one expert takes every token), the others uneven, one empty
   std::vector<int64_t> collapsed(64);
   for (int64_t e = 0; e < 64; ++e) collapsed[e] = 700 + (e * 977) % 2900;
   collapsed[9] = 16384;
   collapsed[20] = 0;
-  const std::vector<int64_t> r = ops::moe_padded_regions(Device::CUDA, collapsed, C, F2);
+  const std::vector<int64_t> r = ops::moe_padded_regions(Device::CUDA, DType::F32, collapsed, C, F2);
   REQUIRE(r.size() == 64);
   std::set<int64_t> sizes;
   for (int64_t e = 0; e < 64; ++e) {
@@ -360,7 +360,7 @@ TEST_CASE("moe padded batched experts: the regions, chosen on the GPU by the tim
   // the best cut of the sorted experts into at most kPadBuckets runs: every other cut estimates no faster (all
   // cuts of a smaller case, by brute force)
   const std::vector<int64_t> few = {130, 3000, 0, 900, 2500, 140, 1000, 16384};
-  const std::vector<int64_t> best = ops::moe_padded_regions(Device::CUDA, few, C, F2);
+  const std::vector<int64_t> best = ops::moe_padded_regions(Device::CUDA, DType::F32, few, C, F2);
   REQUIRE(best.size() == few.size());
   const double t_best = layout_seconds(few, best, C, F2);
   std::vector<int64_t> order = {7, 1, 4, 6, 3, 5, 0};  // with rows, largest first
@@ -387,7 +387,7 @@ TEST_CASE("moe padded batched experts: the regions, chosen on the GPU by the tim
   CHECK(ops::moe_alloc_rows(32768) == 32768);
   // and the exact groups when they are estimated faster: a nearly balanced many-expert routing with one expert far
   // above the rest is still padded (its own region), but tiny experts (per-call cost) are not
-  CHECK(ops::moe_padded_regions(Device::CUDA, std::vector<int64_t>(64, 8), 64, 64).empty());
+  CHECK(ops::moe_padded_regions(Device::CUDA, DType::F32, std::vector<int64_t>(64, 8), 64, 64).empty());
 }
 
 TEST_CASE("moe aux loss of rows split over ranks: the shares sum to the whole set's loss and gradient",

@@ -51,7 +51,7 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   // padded batched experts: only with every expert on this rank (the dispatch is then the identity)
   const std::vector<int64_t> regions =
       dispatcher_.local_experts() == E
-          ? ops::moe_padded_regions(x.device(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1))
+          ? ops::moe_padded_regions(x.device(), x.dtype(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1))
           : std::vector<int64_t>{};
   s.padded = !regions.empty();
   if (s.padded) {  // rows past the regions (up to moe_alloc_rows): padding too

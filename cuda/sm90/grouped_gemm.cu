@@ -1,0 +1,364 @@
+// The grouped expert GEMMs on Hopper (semantics: cuda/sm90/grouped_gemm.h). One kernel template, three products:
+//   product    A (M x K)                   B (K x N)                    experts split   out
+//   forward    x (rows, IC), K-major       W_e^T: W (El*OC, IC) K-major  M (rows)        bf16 (rows, OC)
+//   dx         dout (rows, OC), K-major    W_e: W (El*OC, IC) MN-major   M (rows)        bf16 (rows, IC)
+//   dweight    dout^T: (rows, OC) MN-major x (rows, IC), MN-major        K (rows)        fp32 (El*OC, IC)
+// A CTA (3 warpgroups, persistent over 128 x 256 output tiles): warpgroup 0's first thread issues TMA loads of
+// 64-deep K slices of A (128 x 64) and B (64 x 256) into a ring of kStages stages; warpgroups 1 and 2 each run
+// wgmma m64n256k16 over their 64 rows of the tile, releasing a stage once the MMAs that read it are done. bf16
+// tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
+// loop; a last tile of an expert with fewer rows is written row by row (the rows past it are another expert's).
+// Every output element is one fp32 dot product over K in k order: results do not depend on the tiling or grid.
+#include "cuda/sm90/grouped_gemm.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_context.h"
+#include "cuda/sm90/hopper_ptx.cuh"
+
+namespace mt::ops::cuda::sm90 {
+
+using namespace ::mt::cuda::sm90;
+
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kStageA = kBM * kBK * 2, kStageB = kBN * kBK * 2;  // bytes
+constexpr int kBox = 64 * 64 * 2;                                  // a 64 x 64 bf16 TMA box: 8 KiB
+constexpr int kStageC = 2 * kBox;  // a consumer's half tile (64 rows x 128 columns) on its way out
+constexpr int kSmem = kStages * (kStageA + kStageB) + 2 * kStageC + 2 * kStages * 8 + 1024;
+
+// The expert layout of one launch, passed by value (kernel parameters: 3 x 257 x 4 + 32 bytes).
+struct Groups {
+  int32_t E;
+  int32_t n_tiles;     // output tiles along N
+  int32_t k_grouped;   // experts split K (the weight gradient) rather than M
+  int32_t M, N, K;     // k_grouped: M (OC) per expert; else K per expert (and B's rows per expert)
+  int32_t accumulate;  // fp32 output: += rather than =
+  int32_t tile_prefix[kMaxExperts + 1];  // row blocks of 128 before expert e
+  int32_t row0[kMaxExperts];             // expert e's first row of x / dout
+  int32_t count[kMaxExperts];
+};
+
+struct Tile {
+  int a_m, a_k;    // A's first M and K
+  int b_row;       // B K-major: its row of the tile's first N; MN-major: its row of K = 0
+  int out_m, n;    // the output tile's first row and column
+  int mvalid;      // rows of the tile to write
+  int kblocks;     // K slices of 64
+};
+
+template <int TB>
+__device__ __forceinline__ Tile tile_of(const Groups& g, int t) {
+  const int bm = t / g.n_tiles, nt = t % g.n_tiles;
+  int lo = 0, hi = g.E;  // the expert: tile_prefix[e] <= bm < tile_prefix[e + 1]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (g.tile_prefix[mid] <= bm) lo = mid; else hi = mid;
+  }
+  const int e = lo, mt = bm - g.tile_prefix[e];
+  Tile tl;
+  tl.n = nt * kBN;
+  if (!g.k_grouped) {
+    tl.a_m = g.row0[e] + mt * kBM, tl.a_k = 0;
+    tl.out_m = tl.a_m;
+    tl.mvalid = min(kBM, g.count[e] - mt * kBM);
+    tl.kblocks = g.K / kBK;
+    // in the stacked (El*OC, IC) weight: forward, W_e's rows are N (= OC); dx, they are K (= OC)
+    tl.b_row = TB ? e * g.K : e * g.N + tl.n;
+  } else {
+    tl.a_m = mt * kBM, tl.a_k = g.row0[e];
+    tl.out_m = e * g.M + tl.a_m;
+    tl.mvalid = kBM;
+    tl.kblocks = g.count[e] / kBK;
+    tl.b_row = g.row0[e];
+  }
+  return tl;
+}
+
+// TA / TB: A / B are MN-major. OutF32: fp32 output (+= when accumulate), else bf16.
+template <int TA, int TB, bool OutF32>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        const __grid_constant__ CUtensorMap map_out, void* out, const __grid_constant__ Groups g,
+                        int tiles) {
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzled TMA boxes want 1024-byte aligned shared memory
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sA = smem;
+  uint8_t* sB = sA + kStages * kStageA;
+  uint8_t* sC = sB + kStages * kStageB;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sC + 2 * kStageC);
+  uint64_t* empty = full + kStages;
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {  // producer
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const Tile tl = tile_of<TB>(g, t);
+        for (int kb = 0; kb < tl.kblocks; ++kb) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_expect_tx(&full[s], kStageA + kStageB);
+          const int k = kb * kBK;
+          if constexpr (TA)  // two 64 (M) x 64 (K) boxes, rows along K
+            for (int c = 0; c < 2; ++c)
+              tma_load_2d(sA + s * kStageA + c * kBox, &map_a, &full[s], tl.a_m + 64 * c, tl.a_k + k);
+          else  // one 128 (M) x 64 (K) box
+            tma_load_2d(sA + s * kStageA, &map_a, &full[s], tl.a_k + k, tl.a_m);
+          if constexpr (TB)  // four 64 (N) x 64 (K) boxes
+            for (int c = 0; c < 4; ++c)
+              tma_load_2d(sB + s * kStageB + c * kBox, &map_b, &full[s], tl.n + 64 * c, tl.b_row + k);
+          else  // one 256 (N) x 64 (K) box
+            tma_load_2d(sB + s * kStageB, &map_b, &full[s], k, tl.b_row);
+          if (++s == kStages) s = 0, phase ^= 1;
+        }
+      }
+    }
+  } else {  // consumers: warpgroup c = wg - 1 owns rows 64c .. 64c + 63 of each tile
+    setmaxnreg_inc<232>();
+    const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    int s = 0;
+    uint32_t phase = 0;
+    float d[128];
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const Tile tl = tile_of<TB>(g, t);
+      int prev = -1;
+      for (int kb = 0; kb < tl.kblocks; ++kb) {
+        mbar_wait(&full[s], phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // K-major: 16 elements of K are 32 bytes along the row; MN-major: 16 rows of 128 bytes
+          const uint64_t da = TA ? smem_desc(sA + s * kStageA + c * kBox + kk * 2048, kBox)
+                                 : smem_desc(sA + s * kStageA + c * 64 * 128 + kk * 32, 16);
+          const uint64_t db = TB ? smem_desc(sB + s * kStageB + kk * 2048, kBox)
+                                 : smem_desc(sB + s * kStageB + kk * 32, 16);
+          wgmma_m64n256k16_bf16<TA, TB>(d, da, db, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous slice's MMAs are done: its stage goes back to the producer
+        if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+        prev = s;
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+      wgmma_wait<0>();
+      if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
+      if (tl.kblocks == 0) {  // (not produced by the launchers: experts without rows have no tiles)
+#pragma unroll
+        for (int i = 0; i < 128; ++i) d[i] = 0.f;
+      }
+      const int r_lo = warp * 16 + lane / 4;  // this thread's first row within its 64, then + 8
+      if constexpr (OutF32) {
+        float* o = static_cast<float*>(out);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = c * 64 + r_lo + 8 * i;
+          float* row = o + int64_t(tl.out_m + r) * g.N + tl.n + 2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            float2 v = make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+            float2* p = reinterpret_cast<float2*>(row + 8 * j);
+            if (g.accumulate) {
+              const float2 old = *p;
+              v.x += old.x, v.y += old.y;
+            }
+            *p = v;
+          }
+        }
+      } else if (tl.mvalid == kBM) {
+        // two halves of 128 columns, each two 64 x 64 boxes in the 128-byte swizzle: conflict-free stores
+        const uint32_t cbase = smem_u32(sC + c * kStageC);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (tid == 0) bulk_wait_read_all();  // the buffer's previous stores have read it
+          named_barrier(1 + c, 128);
+#pragma unroll
+          for (int jj = 0; jj < 16; ++jj) {
+            const int j = h * 16 + jj, box = jj / 8, chunk = jj % 8;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int r = r_lo + 8 * i;
+              const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+              asm volatile("st.shared.b32 [%0], %1;" ::"r"(cbase + box * kBox + r * 128 + ((chunk ^ (r % 8)) * 16) +
+                                                           (lane % 4) * 4),
+                           "r"(*reinterpret_cast<const uint32_t*>(&v))
+                           : "memory");
+            }
+          }
+          fence_proxy_async_smem();
+          named_barrier(1 + c, 128);
+          if (tid == 0) {
+            for (int b = 0; b < 2; ++b)
+              tma_store_2d(&map_out, sC + c * kStageC + b * kBox, tl.n + h * 128 + b * 64, tl.out_m + c * 64);
+            bulk_commit();
+          }
+        }
+      } else {
+        __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = c * 64 + r_lo + 8 * i;
+          if (r < tl.mvalid) {
+            __nv_bfloat16* row = o + int64_t(tl.out_m + r) * g.N + tl.n + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < 32; ++j)
+              *reinterpret_cast<__nv_bfloat162*>(row + 8 * j) =
+                  __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+          }
+        }
+      }
+    }
+    if (tid == 0) bulk_wait_all();
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    MT_CHECK(p && q == cudaDriverEntryPointSuccess, "the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A row-major (rows, cols) bf16 matrix as a TMA map of box_rows x 64-column boxes, 128-byte swizzle; rows past
+// the matrix read as 0.
+CUtensorMap tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, elem[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                                    box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MT_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (", int(r), ") for a ", rows, " x ", cols, " matrix");
+  return m;
+}
+
+std::atomic<int64_t> g_launches{0};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+template <int TA, int TB, bool OutF32>
+void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, void* out, const Groups& g) {
+  const int tiles = g.tile_prefix[g.E] * g.n_tiles;
+  if (tiles == 0) return;
+  static std::once_flag attr;
+  std::call_once(attr, [] {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<TA, TB, OutF32>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  });
+  const int grid = std::min(sm_count(), tiles);
+  grouped_gemm_kernel<TA, TB, OutF32><<<grid, kThreads, kSmem, ::mt::cuda::current_stream()>>>(a, b, o, out, g, tiles);
+  MT_CUDA_CHECK_LAUNCH("sm90 grouped_gemm_kernel");
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The expert layout: rows prefix sums, and row blocks of 128 per expert (M-grouped: ceil(count / 128); K-grouped:
+// M / 128 for every expert with rows). Returns the total rows.
+int64_t fill_groups(Groups& g, const int64_t* counts, int64_t El, bool k_grouped, int64_t M) {
+  g.E = int32_t(El);
+  int64_t r = 0;
+  g.tile_prefix[0] = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    g.row0[e] = int32_t(r), g.count[e] = int32_t(counts[e]);
+    const int64_t blocks = counts[e] == 0 ? 0 : k_grouped ? M / kBM : (counts[e] + kBM - 1) / kBM;
+    g.tile_prefix[e + 1] = int32_t(g.tile_prefix[e] + blocks);
+    r += counts[e];
+  }
+  return r;
+}
+
+}  // namespace
+
+bool grouped_gemm_supported() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
+int64_t grouped_gemm_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+bool grouped_forward_takes(int64_t El, int64_t IC, int64_t OC) {
+  return El <= kMaxExperts && IC % kBK == 0 && OC % kBN == 0 && grouped_gemm_supported();
+}
+bool grouped_dx_takes(int64_t El, int64_t IC, int64_t OC) {
+  return El <= kMaxExperts && OC % kBK == 0 && IC % kBN == 0 && grouped_gemm_supported();
+}
+bool grouped_dweight_takes(const int64_t* counts, int64_t El, int64_t IC, int64_t OC) {
+  if (El > kMaxExperts || OC % kBM != 0 || IC % kBN != 0 || !grouped_gemm_supported()) return false;
+  for (int64_t e = 0; e < El; ++e)
+    if (counts[e] % kBK != 0) return false;
+  return true;
+}
+
+bool grouped_forward(mt::bf16* out, const mt::bf16* x, const mt::bf16* weight, const int64_t* counts, int64_t El,
+                     int64_t IC, int64_t OC) {
+  if (!grouped_forward_takes(El, IC, OC) || !aligned16(out) || !aligned16(x) || !aligned16(weight)) return false;
+  Groups g{};
+  const int64_t rows = fill_groups(g, counts, El, false, 0);
+  if (rows == 0) return true;
+  g.n_tiles = int32_t(OC / kBN), g.k_grouped = 0, g.N = int32_t(OC), g.K = int32_t(IC);
+  launch<0, 0, false>(tensor_map(x, rows, IC, kBM), tensor_map(weight, El * OC, IC, kBN), tensor_map(out, rows, OC, 64),
+                      out, g);
+  return true;
+}
+
+bool grouped_dx(mt::bf16* dx, const mt::bf16* dout, const mt::bf16* weight, const int64_t* counts, int64_t El,
+                int64_t IC, int64_t OC) {
+  if (!grouped_dx_takes(El, IC, OC) || !aligned16(dx) || !aligned16(dout) || !aligned16(weight)) return false;
+  Groups g{};
+  const int64_t rows = fill_groups(g, counts, El, false, 0);
+  if (rows == 0) return true;
+  g.n_tiles = int32_t(IC / kBN), g.k_grouped = 0, g.N = int32_t(IC), g.K = int32_t(OC);
+  launch<0, 1, false>(tensor_map(dout, rows, OC, kBM), tensor_map(weight, El * OC, IC, 64),
+                      tensor_map(dx, rows, IC, 64), dx, g);
+  return true;
+}
+
+bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,
+                     int64_t IC, int64_t OC, bool accumulate) {
+  if (!grouped_dweight_takes(counts, El, IC, OC) || !aligned16(dweight) || !aligned16(dout) || !aligned16(x))
+    return false;
+  Groups g{};
+  const int64_t rows = fill_groups(g, counts, El, true, OC);
+  if (rows == 0) return true;
+  g.n_tiles = int32_t(IC / kBN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC), g.accumulate = accumulate;
+  const CUtensorMap a = tensor_map(dout, rows, OC, 64);
+  launch<1, 1, true>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g);
+  return true;
+}
+
+}  // namespace mt::ops::cuda::sm90

@@ -1,0 +1,41 @@
+// Grouped expert GEMMs of our own for Hopper (compute capability 9.0): one persistent, warp-specialized kernel per
+// product over every local expert (TMA loads into a 4-stage shared-memory ring, wgmma m64n256k16 on two consumer
+// warpgroups, a 128 x 256 tile per CTA, bf16 tiles stored through TMA while the next tile's main loop runs).
+// The three products of tensor/moe_ops.h's grouped linear, row-major, bf16 operands, fp32 accumulation; expert e
+// owns rows [row0_e, row0_e + counts[e]) of x / dout (row0 the prefix sum of counts):
+//   forward   out_e (counts[e], OC)  = x_e (counts[e], IC) W_e^T          W (El, OC, IC)
+//   dx        dx_e  (counts[e], IC)  = dout_e (counts[e], OC) W_e
+//   dweight   dW_e  (OC, IC) fp32   (+)= dout_e^T x_e                      experts with no rows untouched
+// Each returns false, running nothing, when this path does not take the call (no Hopper GPU, a shape or an
+// alignment it lacks: the caller falls back to cuBLAS); the conditions are the *_takes functions. Built for sm_90a
+// only (wgmma, setmaxnreg): cuda/sm90/ is its own CMake target.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mt::ops::cuda::sm90 {
+
+inline constexpr int kMaxExperts = 256;
+
+// This build's kernels run on the current device (compute capability exactly 9.0).
+bool grouped_gemm_supported();
+// Kernel launches so far in this process (tests check that a product took this path).
+int64_t grouped_gemm_launches();
+
+// IC % 64 == 0, OC % 256 == 0, El <= kMaxExperts, a supported device
+bool grouped_forward_takes(int64_t El, int64_t IC, int64_t OC);
+// OC % 64 == 0, IC % 256 == 0
+bool grouped_dx_takes(int64_t El, int64_t IC, int64_t OC);
+// every count % 64 == 0, OC % 128 == 0, IC % 256 == 0
+bool grouped_dweight_takes(const int64_t* counts, int64_t El, int64_t IC, int64_t OC);
+
+bool grouped_forward(mt::bf16* out, const mt::bf16* x, const mt::bf16* weight, const int64_t* counts, int64_t El,
+                     int64_t IC, int64_t OC);
+bool grouped_dx(mt::bf16* dx, const mt::bf16* dout, const mt::bf16* weight, const int64_t* counts, int64_t El,
+                int64_t IC, int64_t OC);
+bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,
+                     int64_t IC, int64_t OC, bool accumulate);
+
+}  // namespace mt::ops::cuda::sm90
