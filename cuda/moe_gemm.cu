@@ -230,10 +230,9 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
   if (dweight && bf16 &&
       sm90::grouped_dweight(dweight, reinterpret_cast<const mt::bf16*>(dout), reinterpret_cast<const mt::bf16*>(x),
                             counts, El, IC, OC, accumulate)) {
-    if (!accumulate)  // the experts without rows: no tiles
-      for (int64_t e = 0; e < El; ++e)
-        if (counts[e] == 0)
-          MT_CUDA_CHECK(cudaMemsetAsync(dweight + e * OC * IC, 0, size_t(OC * IC) * sizeof(float), current_stream()));
+    for (int64_t e = 0; e < El; ++e)  // (a first write) the experts without rows: no tiles
+      if (counts[e] == 0)
+        MT_CUDA_CHECK(cudaMemsetAsync(dweight + e * OC * IC, 0, size_t(OC * IC) * sizeof(float), current_stream()));
   } else if (dweight) {
     Grouped g;
     int64_t r0 = 0;

@@ -5,7 +5,7 @@
 // owns rows [row0_e, row0_e + counts[e]) of x / dout (row0 the prefix sum of counts):
 //   forward   out_e (counts[e], OC)  = x_e (counts[e], IC) W_e^T          W (El, OC, IC)
 //   dx        dx_e  (counts[e], IC)  = dout_e (counts[e], OC) W_e
-//   dweight   dW_e  (OC, IC) fp32   (+)= dout_e^T x_e                      experts with no rows untouched
+//   dweight   dW_e  (OC, IC) fp32    = dout_e^T x_e                        experts with no rows untouched
 // Each returns false, running nothing, when this path does not take the call (no Hopper GPU, a shape or an
 // alignment it lacks: the caller falls back to cuBLAS); the conditions are the *_takes functions. Built for sm_90a
 // only (wgmma, setmaxnreg): cuda/sm90/ is its own CMake target.
@@ -28,8 +28,8 @@ int64_t grouped_gemm_launches();
 bool grouped_forward_takes(int64_t El, int64_t IC, int64_t OC);
 // OC % 64 == 0, IC % 256 == 0
 bool grouped_dx_takes(int64_t El, int64_t IC, int64_t OC);
-// every count % 64 == 0, OC % 128 == 0, IC % 256 == 0
-bool grouped_dweight_takes(const int64_t* counts, int64_t El, int64_t IC, int64_t OC);
+// every count % 64 == 0, OC % 128 == 0, IC % 256 == 0, and the first write (not accumulating)
+bool grouped_dweight_takes(const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate);
 
 bool grouped_forward(mt::bf16* out, const mt::bf16* x, const mt::bf16* weight, const int64_t* counts, int64_t El,
                      int64_t IC, int64_t OC);
