@@ -12,7 +12,8 @@
 //               it faster for this step's counts: the permute writes each expert's rows at the start of its
 //               region (a few distinct region sizes), padding rows 0, and each projection runs as one batched GEMM
 //               per region size; the padding rows' output gradients are zeroed, so they add nothing to the weight
-//               gradients]
+//               gradients. On a Hopper GPU in bf16 each expert gets its own region (its count rounded up to 128)
+//               and one kernel of our own runs each projection over all of them: cuda/sm90/grouped_gemm.h]
 //            -> combine: all-to-all-v back -> unpermute: y[n] = sum_j w[n, j] * expert_{i[n, j]}(x[n])
 //            [+ shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token] [+ residual]
 //
