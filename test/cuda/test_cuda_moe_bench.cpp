@@ -1,8 +1,9 @@
 // Hidden per-op timings of one MoE layer ("[.bench]", run with: mt_test_cuda "[.bench][moe]") at the shapes of
 // configs/moe-8x-top2.yaml and configs/moe-64x-top8.yaml (one micro-batch of 8 x 2048 tokens, hidden 1024, bf16
-// activations, fp32 router, fp32 expert weight gradients): every op MoELayer / Router / Experts run in forward and
-// backward, in their order, medians of 10 runs. The routing comes from random logits (about balanced), as at
-// initialization. GEMMs also in TFLOP/s; the line "BENCH moe layer" is the sum.
+// activations, fp32 router, fp32 expert weight gradients written first, as in a step of one micro-batch): every op
+// MoELayer / Router / Experts run in forward and backward, in their order, medians of 10 runs. The routing comes
+// from random logits (about balanced), as at initialization. GEMMs also in TFLOP/s; the line "BENCH moe layer" is
+// the sum.
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -123,8 +124,8 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   p.op("grouped fc2 backward dx", median_ms([&] {
          ops::moe_grouped_linear_backward(&da, nullptr, dyp, a, w2, cnt, ops::GradMode::Accumulate);
        }, reps), 2.0 * Mr * F * C);
-  p.op("grouped fc2 backward dweight (fp32 +=)", median_ms([&] {
-         ops::moe_grouped_linear_backward(nullptr, &dw2, dyp, a, w2, cnt, ops::GradMode::Accumulate);
+  p.op("grouped fc2 backward dweight (fp32, =)", median_ms([&] {
+         ops::moe_grouped_linear_backward(nullptr, &dw2, dyp, a, w2, cnt, ops::GradMode::Overwrite);
        }, reps), 2.0 * Mr * F * C);
   Tensor dh = Tensor::empty({M, 2 * F}, bf, Device::CUDA);
   p.op("swiglu_backward + recompute a", median_ms([&] {
@@ -133,7 +134,7 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
        }, reps));
   {  // not in the sum: the whole fused fc2 backward (dx GEMM + SwiGLU pass + dweight GEMM) as the layer runs it
     const double ms = median_ms([&] {
-      ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dyp, w2, h, cnt, ops::GradMode::Accumulate);
+      ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dyp, w2, h, cnt, ops::GradMode::Overwrite);
     }, reps);
     std::printf("BENCH %-14s %-40s %8.3f ms (the three lines above, as one op)\n", config,
                 "moe_grouped_linear_backward_swiglu", ms);
@@ -142,8 +143,8 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
   p.op("grouped fc1 backward dx", median_ms([&] {
          ops::moe_grouped_linear_backward(&dxp, nullptr, dh, xp, w1, cnt, ops::GradMode::Accumulate);
        }, reps), 2.0 * Mr * C * 2 * F);
-  p.op("grouped fc1 backward dweight (fp32 +=)", median_ms([&] {
-         ops::moe_grouped_linear_backward(nullptr, &dw1, dh, xp, w1, cnt, ops::GradMode::Accumulate);
+  p.op("grouped fc1 backward dweight (fp32, =)", median_ms([&] {
+         ops::moe_grouped_linear_backward(nullptr, &dw1, dh, xp, w1, cnt, ops::GradMode::Overwrite);
        }, reps), 2.0 * Mr * C * 2 * F);
   Tensor dx = Tensor::empty({N, C}, bf, Device::CUDA);
   p.op("moe_permute_backward", median_ms([&] { ops::moe_permute_backward(dx, dxp, r2s, k); }, reps));
