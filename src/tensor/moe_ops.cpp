@@ -474,6 +474,19 @@ bool moe_gemm_per_group(int64_t M, int64_t groups, int64_t IC, int64_t OC) {
 static_assert(cuda::kMaxShapeBuckets == kPadBuckets, "the GPU's batched buckets are the padded layout's runs");
 #endif
 
+namespace {
+// Our Hopper kernels (cuda/sm90/grouped_gemm.h) run the forward and dx of these experts on this GPU.
+bool sm90_grouped(DType dtype, int64_t E, int64_t IC, int64_t OC) {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  return dtype == DType::BF16 && cuda::sm90::grouped_forward_takes(E, IC, OC) &&
+         cuda::sm90::grouped_dx_takes(E, IC, OC);
+#else
+  (void)dtype, (void)E, (void)IC, (void)OC;
+  return false;
+#endif
+}
+}  // namespace
+
 std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::vector<int64_t>& counts, int64_t IC,
                                         int64_t OC) {
   const auto E = static_cast<int64_t>(counts.size());
@@ -484,15 +497,11 @@ std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::v
   int64_t M = 0;
   for (int64_t c : counts) M += c;
   if (M == 0) return {};
-#if defined(MEGATRAIN_HAVE_CUDA)
-  if (dtype == DType::BF16 && IC % 256 == 0 && OC % 256 == 0 && cuda::sm90::grouped_forward_takes(E, IC, OC)) {
+  if (sm90_grouped(dtype, E, IC, OC)) {
     std::vector<int64_t> regions(counts.size());
     for (size_t e = 0; e < counts.size(); ++e) regions[e] = (counts[e] + kPadRows - 1) / kPadRows * kPadRows;
     return regions;
   }
-#else
-  (void)dtype;
-#endif
   // seconds of one product (IC -> OC) for `rows` rows at `tflops`
   const double per_row = 2.0 * static_cast<double>(IC) * static_cast<double>(OC) * 1e-12;
   auto t = [&](double rows, double tflops) { return rows * per_row / tflops; };
@@ -552,15 +561,7 @@ namespace {
   std::vector<int64_t> sizes;
   for (int64_t c : counts)
     if (c > 0 && std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);
-  const auto E = static_cast<int64_t>(counts.size());
-#if defined(MEGATRAIN_HAVE_CUDA)
-  const bool sm90 = dtype == DType::BF16 && cuda::sm90::grouped_forward_takes(E, IC, OC) &&
-                    cuda::sm90::grouped_dx_takes(E, IC, OC);
-#else
-  const bool sm90 = false;
-  (void)dtype, (void)E;
-#endif
-  const char* path = sm90 ? "sm90"
+  const char* path = sm90_grouped(dtype, static_cast<int64_t>(counts.size()), IC, OC) ? "sm90"
                      : static_cast<int64_t>(sizes.size()) <= kPadBuckets ? "batched"
                      : moe_gemm_per_group(M, static_cast<int64_t>(counts.size()), IC, OC) ? "per-group"
                                                                                            : "grouped";

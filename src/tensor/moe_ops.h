@@ -130,9 +130,9 @@ inline constexpr double kGroupedTflops = 260, kPerGroupTflops = 500, kBatchedTfl
 // up to 16 runs pads a simulated such routing by 8-13% instead of 40-63% (the estimate picks 9-12 runs).
 inline constexpr int64_t kPadBuckets = 16, kPadRows = 128;
 // The region sizes (E) of the padded layout for these counts, or empty when the exact groups are estimated faster.
-// Where our own grouped GEMMs run the layer's products (bf16 on a Hopper GPU, IC and OC multiples of 256:
-// cuda/sm90/grouped_gemm.h), one kernel per product takes any sizes: each expert gets its own region, its count
-// rounded up to kPadRows (full 128-row output tiles, and whole 64-row slices of K for the weight gradients).
+// Where our own grouped GEMMs run the experts' forward and dx (bf16 on a Hopper GPU, IC a multiple of 256, OC of
+// 256: cuda/sm90/grouped_gemm.h), one kernel per product takes any sizes: each expert gets its own region, its
+// count rounded up to kPadRows (full 128-row output tiles, and whole 64-row slices of K for the weight gradients).
 std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::vector<int64_t>& counts, int64_t IC,
                                         int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
