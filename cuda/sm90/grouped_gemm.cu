@@ -157,10 +157,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_wait<0>();
       if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
-      if (tl.kblocks == 0) {  // (not produced by the launchers: experts without rows have no tiles)
-#pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.f;
-      }
       const int r_lo = warp * 16 + lane / 4;  // this thread's first row within its 64, then + 8
       if constexpr (OutF32) {
         float* o = static_cast<float*>(out);
@@ -275,6 +271,8 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, vo
 
 // The expert layout: rows prefix sums, and row blocks of 128 per expert (M-grouped: ceil(count / 128); K-grouped:
 // M / 128 for every expert with rows). Returns the total rows.
+// Every tile has at least one K slice: experts without rows get no tiles, and K (M-grouped) or a count (K-grouped)
+// is a positive multiple of 64.
 int64_t fill_groups(Groups& g, const int64_t* counts, int64_t El, bool k_grouped, int64_t M) {
   g.E = int32_t(El);
   int64_t r = 0;
