@@ -35,7 +35,8 @@
 #   with expert parallelism 2 and 4 (data = expert = GPUs, global batch 8 x GPUs): "scaling" is tokens/s over GPUs x
 #   the 1-GPU run's; then llama-1b (configs/llama-1b-32k.yaml: micro-batch 1, one micro-batch per step) at
 #   sequence 16384 on 1 GPU and at 65536 with context 4 on 4 GPUs (ring, and all-to-all): "MFU vs 1" is the MFU
-#   over the 1-GPU row's. MT_BENCH_MOECP ("EP1 EP2 EP4 CP1 CP4 CP4A2A") picks the rows.
+#   over the 1-GPU row's. Rows CP2 / CP2A2A (sequence 32768 on 2 GPUs, the same 16384 tokens per GPU) are for a
+#   machine of 2 GPUs. MT_BENCH_MOECP ("EP1 EP2 EP4 CP1 CP4 CP4A2A"; any of the rows below) picks the rows.
 #
 # Tokens/s is the whole job's, TFLOP/s and MFU per GPU (6N + 12Lhs FLOPs a token, 989.4 TFLOP/s),
 # peak GiB rank 0's, comm_exposed the ms per iteration rank 0's compute stream waited on
@@ -252,6 +253,8 @@ EP1 moe-64x-top8 1 0
 EP2 moe-64x-top8 2 0 --set parallel.expert=2
 EP4 moe-64x-top8 4 0 --set parallel.expert=4
 CP1 llama-1b-32k 1 16384
+CP2 llama-1b-32k 2 32768 --set parallel.context=2 --set parallel.cp_comm_type=p2p
+CP2A2A llama-1b-32k 2 32768 --set parallel.context=2 --set parallel.cp_comm_type=a2a
 CP4 llama-1b-32k 4 65536 --set parallel.context=4 --set parallel.cp_comm_type=p2p
 CP4A2A llama-1b-32k 4 65536 --set parallel.context=4 --set parallel.cp_comm_type=a2a
 ROWS

@@ -52,6 +52,15 @@ template <typename T>
 void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* yp, const float* weights,
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 
+// Row segments (tensor/moe_ops.h moe_copy_row_segments) as bytes: segment i copies rows[i] rows of row_bytes from
+// src row src[i] to dst row dst[i], or zeros them when src[i] < 0. Passed by value (12 KB of kernel parameters).
+struct RowSegments {
+  static constexpr int kMax = 1024;
+  int32_t dst[kMax], src[kMax], rows[kMax];
+  int32_t n;
+};
+void moe_copy_row_segments_cuda(void* dst, const void* src, int64_t row_bytes, const RowSegments& segs);
+
 // ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
 // Groups of at most kMaxShapeBuckets distinct row counts (the padded layout: tensor/moe_ops.h moe_padded_regions)
 // run as one batched call per distinct count instead (strided when evenly spaced, else on pointer arrays).

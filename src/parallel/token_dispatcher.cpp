@@ -4,24 +4,32 @@
 #include <utility>
 
 #include "core/check.h"
+#include "tensor/moe_ops.h"
 
 namespace mt {
 
 namespace {
-// Copies blocks of rows from src to dst: block b has rows[b] rows; src holds the blocks in order `order`
-// (src block i is block order[i]), dst holds them in natural order 0, 1, ...
-void gather_blocks(Tensor& dst, const Tensor& src, const std::vector<int64_t>& rows, const std::vector<int64_t>& order) {
-  std::vector<int64_t> dst_off(rows.size() + 1, 0);
-  for (size_t b = 0; b < rows.size(); ++b) dst_off[b + 1] = dst_off[b] + rows[b];
-  int64_t s = 0;
-  for (int64_t b : order) {
-    const int64_t n = rows[static_cast<size_t>(b)];
-    if (n > 0) {
-      Tensor d = dst.slice(dst_off[static_cast<size_t>(b)], n);
-      d.copy_from(src.slice(s, n));
-    }
-    s += n;
+// The first row of each (source rank r, local expert e) block in the two layouts of the exchanged rows: `arrived`
+// (index r * El + e) the order the all-to-all-v delivers them in, [source][local expert]; `grouped` (index
+// e * P + r) the experts' order, [local expert][source], each expert's blocks at the start of its region when
+// padded.
+struct BlockStarts {
+  std::vector<int64_t> arrived, grouped;
+};
+BlockStarts block_starts(const TokenDispatcher::Plan& plan, int64_t P, int64_t El) {
+  BlockStarts b;
+  b.arrived.resize(static_cast<size_t>(P * El));
+  b.grouped.resize(static_cast<size_t>(P * El));
+  int64_t at = 0;
+  for (int64_t i = 0; i < P * El; ++i) b.arrived[static_cast<size_t>(i)] = at, at += plan.recv_counts[static_cast<size_t>(i)];
+  at = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t start = at;
+    for (int64_t r = 0; r < P; ++r)
+      b.grouped[static_cast<size_t>(e * P + r)] = at, at += plan.recv_counts[static_cast<size_t>(r * El + e)];
+    if (!plan.regions.empty()) at = start + plan.regions[static_cast<size_t>(e)];
   }
+  return b;
 }
 }  // namespace
 
@@ -93,6 +101,20 @@ TokenDispatcher::Exchange TokenDispatcher::start_exchange(const Plan& plan, cons
   return x;
 }
 
+void TokenDispatcher::pad(Plan& plan, std::vector<int64_t> regions, int64_t padded_rows) const {
+  MT_INTERNAL_ASSERT(ep_size_ > 1 && static_cast<int64_t>(regions.size()) == local_experts_,
+                     "pad: expert parallelism and one region per local expert");
+  int64_t total = 0;
+  for (int64_t e = 0; e < local_experts_; ++e) {
+    MT_INTERNAL_ASSERT(regions[static_cast<size_t>(e)] >= plan.local_counts[static_cast<size_t>(e)], "pad: region ",
+                       regions[static_cast<size_t>(e)], " < ", plan.local_counts[static_cast<size_t>(e)], " rows");
+    total += regions[static_cast<size_t>(e)];
+  }
+  MT_INTERNAL_ASSERT(padded_rows >= total, "pad: ", padded_rows, " rows for regions of ", total);
+  plan.regions = std::move(regions);
+  plan.padded_rows = padded_rows;
+}
+
 Tensor TokenDispatcher::finish(const Plan& plan, Exchange& x) const {
   if (!x.work) {
     x.sent = Tensor();
@@ -102,14 +124,27 @@ Tensor TokenDispatcher::finish(const Plan& plan, Exchange& x) const {
   x.work.reset();
   x.sent = Tensor();
   const int64_t El = local_experts_, P = ep_size_;
-  // 3. reorder to [local expert][source]: block (e, r) of the result is block (r, e) of what came in
-  std::vector<int64_t> rows(static_cast<size_t>(P * El)), order;
+  // 3. reorder to [local expert][source]: block (e, r) of the result is block (r, e) of what came in; when padded,
+  // each region's rows past its expert's, and the rows past the regions, are zeros
+  const BlockStarts b = block_starts(plan, P, El);
+  std::vector<ops::RowSegment> segs;
   for (int64_t e = 0; e < El; ++e)
-    for (int64_t r = 0; r < P; ++r) rows[static_cast<size_t>(e * P + r)] = plan.recv_counts[static_cast<size_t>(r * El + e)];
-  for (int64_t r = 0; r < P; ++r)
-    for (int64_t e = 0; e < El; ++e) order.push_back(e * P + r);
-  Tensor out = Tensor::empty(x.received.shape(), x.received.dtype(), x.received.device());
-  gather_blocks(out, x.received, rows, order);
+    for (int64_t r = 0; r < P; ++r)
+      segs.push_back({b.grouped[static_cast<size_t>(e * P + r)], b.arrived[static_cast<size_t>(r * El + e)],
+                      plan.recv_counts[static_cast<size_t>(r * El + e)]});
+  Shape s = x.received.shape();
+  if (!plan.regions.empty()) {
+    int64_t at = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      const int64_t n = plan.local_counts[static_cast<size_t>(e)], region = plan.regions[static_cast<size_t>(e)];
+      segs.push_back({at + n, -1, region - n});
+      at += region;
+    }
+    segs.push_back({at, -1, plan.padded_rows - at});
+    s[0] = plan.padded_rows;
+  }
+  Tensor out = Tensor::empty(s, x.received.dtype(), x.received.device());
+  ops::moe_copy_row_segments(out, x.received, segs);
   x.received = Tensor();
   return out;
 }
@@ -117,17 +152,18 @@ Tensor TokenDispatcher::finish(const Plan& plan, Exchange& x) const {
 Tensor TokenDispatcher::combine(const Plan& plan, const Tensor& yl) const {
   if (ep_size_ == 1) return yl;
   const int64_t El = local_experts_, P = ep_size_;
-  // [local expert][source] -> [source][local expert], then each block back to its source rank
-  std::vector<int64_t> rows(static_cast<size_t>(P * El)), order;
+  // [local expert][source] (padded or not) -> [source][local expert], then each block back to its source rank
+  const BlockStarts b = block_starts(plan, P, El);
+  std::vector<ops::RowSegment> segs;
   for (int64_t r = 0; r < P; ++r)
-    for (int64_t e = 0; e < El; ++e) rows[static_cast<size_t>(r * El + e)] = plan.recv_counts[static_cast<size_t>(r * El + e)];
-  for (int64_t e = 0; e < El; ++e)
-    for (int64_t r = 0; r < P; ++r) order.push_back(r * El + e);
-  Tensor staged = Tensor::empty(yl.shape(), yl.dtype(), yl.device());
-  gather_blocks(staged, yl, rows, order);
-  const int64_t M = std::accumulate(plan.send_rows.begin(), plan.send_rows.end(), int64_t{0});
+    for (int64_t e = 0; e < El; ++e)
+      segs.push_back({b.arrived[static_cast<size_t>(r * El + e)], b.grouped[static_cast<size_t>(e * P + r)],
+                      plan.recv_counts[static_cast<size_t>(r * El + e)]});
   Shape s = yl.shape();
-  s[0] = M;
+  s[0] = std::accumulate(plan.recv_rows.begin(), plan.recv_rows.end(), int64_t{0});
+  Tensor staged = Tensor::empty(s, yl.dtype(), yl.device());
+  ops::moe_copy_row_segments(staged, yl, segs);
+  s[0] = std::accumulate(plan.send_rows.begin(), plan.send_rows.end(), int64_t{0});
   Tensor out = Tensor::empty(s, yl.dtype(), yl.device());
   ep_->all_to_all_v(out, staged, plan.recv_rows, plan.send_rows);
   return out;

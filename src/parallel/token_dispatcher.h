@@ -5,7 +5,8 @@
 // dispatch: this rank's routed rows, grouped by global expert (counts on the host, from the routing map), go to
 // the ranks of their experts: an all-to-all of the E counts, then an all-to-all-v of the rows, then a local
 // reorder from [source rank][local expert] to [local expert][source rank] so that each local expert's rows are
-// contiguous for the grouped GEMM. combine is the exact inverse. Every rank issues the same collectives in the
+// contiguous for the grouped GEMM (optionally each expert's rows padded to a region: Plan::regions). combine is the
+// exact inverse. Both reorders are one launch on the GPU (ops::moe_copy_row_segments). Every rank issues the same collectives in the
 // same order whatever the routing (a rank or expert with no rows included): no data-dependent deadlock.
 // EP 1: no communication, dispatch and combine are the identity.
 //
@@ -36,6 +37,12 @@ class TokenDispatcher {
     std::vector<int64_t> send_rows, recv_rows;  // (EP): rows to / from each EP rank
     std::vector<int64_t> recv_counts;           // (EP x El): rows received from rank r for local expert e
     std::vector<int64_t> local_counts;          // (El): rows of each local expert after the exchange
+    // The padded layout of the experts' rows (expert parallelism only; empty: packed). The caller sets it between
+    // dispatch_start and finish (pad): local expert e's rows start its region of regions[e] >= local_counts[e]
+    // rows, the rest of the region is zeros, and finish's output has padded_rows >= sum(regions) rows (zeros past
+    // the regions too). combine and dispatch_backward read that layout back; finish pads combine_backward's rows.
+    std::vector<int64_t> regions;
+    int64_t padded_rows = 0;
   };
   // xp (M, C) grouped by global expert, counts (E) rows per expert (sum M) -> (sum local_counts, C) grouped by
   // local expert, source ranks ascending inside an expert. Fills plan.
@@ -59,6 +66,8 @@ class TokenDispatcher {
   Exchange combine_backward_start(const Plan& plan, const Tensor& dyp) const;
   // Both second halves: waits for the exchange, returns its rows grouped by local expert (as dispatch does).
   Tensor finish(const Plan& plan, Exchange& x) const;
+  // The padded layout for the local experts (Plan::regions); only with expert parallelism, after dispatch_start.
+  void pad(Plan& plan, std::vector<int64_t> regions, int64_t padded_rows) const;
 
  private:
   // The rows' all-to-all-v towards the experts with known counts (both starts).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -316,6 +317,49 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
   });
+}
+
+void moe_copy_row_segments(Tensor& dst, const Tensor& src, const std::vector<RowSegment>& segs) {
+  const char* op = "moe_copy_row_segments";
+  MOE_ASSERT(dst.defined() && src.defined() && dst.dim() >= 1 && src.dim() >= 1, "dst and src must be defined");
+  MOE_ASSERT(dst.dtype() == src.dtype() && dst.device() == src.device(), "dst ", dst.str(), " vs src ", src.str());
+  const int64_t R = dst.size(0), S = src.size(0);
+  const size_t row = R > 0 ? dst.nbytes() / static_cast<size_t>(R) : 0;
+  MOE_ASSERT(S == 0 || src.nbytes() / static_cast<size_t>(S) == row, "rows of dst ", dst.str(), " and src ",
+             src.str(), " differ in size");
+  for (const RowSegment& g : segs)
+    MOE_ASSERT(g.rows >= 0 && g.dst >= 0 && g.dst + g.rows <= R && (g.src < 0 || g.src + g.rows <= S), "segment (",
+               g.dst, ", ", g.src, ", ", g.rows, ") outside dst ", dst.str(), " or src ", src.str());
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(dst)) {
+    MOE_ASSERT(R < (int64_t{1} << 31) && S < (int64_t{1} << 31), "row indices overflow int32");
+    cuda::RowSegments t;
+    t.n = 0;
+    auto flush = [&] {
+      cuda::moe_copy_row_segments_cuda(dst.raw(), src.raw(), static_cast<int64_t>(row), t);
+      t.n = 0;
+    };
+    for (const RowSegment& g : segs) {
+      if (g.rows == 0) continue;
+      t.dst[t.n] = static_cast<int32_t>(g.dst), t.src[t.n] = static_cast<int32_t>(std::max<int64_t>(g.src, -1));
+      t.rows[t.n] = static_cast<int32_t>(g.rows);
+      if (++t.n == cuda::RowSegments::kMax) flush();
+    }
+    if (t.n > 0) flush();
+    return;
+  }
+#endif
+  if (dst.device() != Device::CPU) unsupported(op, dst);
+  auto* d = static_cast<unsigned char*>(dst.raw());
+  const auto* a = static_cast<const unsigned char*>(src.raw());
+  for (const RowSegment& g : segs) {
+    if (g.rows == 0) continue;
+    const auto n = static_cast<size_t>(g.rows) * row;
+    if (g.src < 0)
+      std::memset(d + static_cast<size_t>(g.dst) * row, 0, n);
+    else
+      std::memcpy(d + static_cast<size_t>(g.dst) * row, a + static_cast<size_t>(g.src) * row, n);
+  }
 }
 
 void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,

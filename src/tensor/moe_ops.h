@@ -98,6 +98,15 @@ void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, c
 void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, const Tensor& yp, const Tensor& weights,
                             const Tensor& row_of_slot);
 
+// ---------------------------------------------------------------- row segments (the token dispatcher's reorders)
+// One copy of many blocks of rows: dst rows [dst, dst + rows) = src rows [src, src + rows), or 0 when src < 0.
+struct RowSegment {
+  int64_t dst, src, rows;
+};
+// dst (R, ...) and src (S, ...): same dtype, device and row size (any dtype: rows are copied as bytes). Segments
+// must not overlap in dst. The GPU runs every segment in one launch (per 1,024 segments).
+void moe_copy_row_segments(Tensor& dst, const Tensor& src, const std::vector<RowSegment>& segs);
+
 // ---------------------------------------------------------------- grouped expert GEMMs
 // x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum <= M: rows past the groups are
 // neither read nor written, in out and dx alike); weight (El, OC, IC) stacks

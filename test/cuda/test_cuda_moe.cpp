@@ -7,8 +7,10 @@
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/sm90/grouped_gemm.h"
@@ -137,6 +139,35 @@ TEST_CASE("cuda moe routing map, permute and unpermute match the CPU", "[cuda][m
     ops::moe_unpermute_backward(dyp, dw, to_device(dy64, dt), yp, w, r2s);
     check_close("moe_unpermute_backward dyp", dyp, dyp_ref, dt);
     check_close("moe_unpermute_backward dweights", dw, dw_ref, dt);
+  }
+}
+
+// The dispatcher's reorder (ops::moe_copy_row_segments): one launch copies or zeroes every segment, whatever the
+// row size (16-byte words for bf16 rows of 1,024, 4-byte for fp32 rows of 77, bytes for bf16 rows of 3), and more
+// segments than one launch holds go in several. Every row is compared with the CPU's copy of the same segments.
+TEST_CASE("cuda moe row segments match the CPU", "[cuda][moe]") {
+  init();
+  for (auto [C, dt, nseg] : {std::tuple<int64_t, DType, int64_t>{1024, DType::BF16, 40}, {77, DType::F32, 1500},
+                             {3, DType::BF16, 30}}) {
+    INFO("row of " << C << " " << dtype_name(dt) << ", " << nseg << " segments");
+    // segments of 0-7 rows at shuffled places of dst, every 5th a zeroing one; the rest of dst stays poisoned
+    std::vector<ops::RowSegment> segs;
+    int64_t R = 0, S = 0;
+    for (int64_t i = 0; i < nseg; ++i) {
+      const int64_t n = (i * 7 + 3) % 8;
+      segs.push_back({R + 1, i % 5 == 4 ? -1 : S, n});  // a poisoned row between two segments
+      R += n + 1, S += n;
+    }
+    std::reverse(segs.begin(), segs.end());
+    const Tensor src64 = rounded(randn64({S, C}, 21), dt);
+    const Tensor dst0 = to_host(poisoned({R, C}, dt));  // the same poison on both sides
+    Tensor ref = dst0.clone();
+    ops::moe_copy_row_segments(ref, cast_host(src64, dt), segs);
+    Tensor dst = Tensor::empty({R, C}, dt, Device::CUDA);
+    dst.copy_from(dst0);
+    ops::moe_copy_row_segments(dst, to_device(src64, dt), segs);
+    const Tensor back = to_host(dst);
+    CHECK(std::memcmp(back.raw(), ref.raw(), ref.nbytes()) == 0);
   }
 }
 

@@ -74,3 +74,60 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
     if (P > 1) CHECK(ep.store->find("layers.0.mlp.experts." + std::to_string(((rank + 1) % P) * El) + ".linear_fc1.weight") == nullptr);
   }
 }
+
+// The dispatcher's padded layout (TokenDispatcher::pad, taken on a GPU for our grouped kernels): each local expert's
+// arrived rows start its region, source ranks ascending, the rest of the region and the rows past the regions are
+// zeros; combine and the output gradients' exchange read and write the same layout. Row (rank, global expert, i)
+// carries 1000 rank + 10 expert + i + column / 100, so every row's place is checked exactly.
+TEST_CASE("token dispatcher: padded regions on arrival, and back", "[moe][mpi]") {
+  std::unique_ptr<Communicator> world = make_world_communicator();
+  const int P = world->size(), rank = world->rank();
+  ParallelState ps;
+  ps.world_size = P;
+  ps.world_rank = rank;
+  ps.ep_size = P;
+  ps.ep_rank = rank;
+  ps.ep = world.get();
+  const int64_t E = 8, C = 3;
+  TokenDispatcher d(E, ps);
+  const int64_t El = d.local_experts();
+  // rows of rank q for global expert e: (q + 2 e) % 5, and none for expert 1 (an empty expert on rank 0)
+  auto rows_of = [](int q, int64_t e) { return e == 1 ? int64_t{0} : (q + 2 * e) % 5; };
+  auto value = [](int q, int64_t e, int64_t i, int64_t c) { return 1000.0 * q + 10.0 * e + i + c / 100.0; };
+  std::vector<int64_t> counts(E);
+  int64_t M = 0;
+  for (int64_t e = 0; e < E; ++e) M += counts[e] = rows_of(rank, e);
+  Tensor xp = Tensor::empty({M, C}, DType::F64);
+  for (int64_t e = 0, row = 0; e < E; ++e)
+    for (int64_t i = 0; i < counts[e]; ++i, ++row)
+      for (int64_t c = 0; c < C; ++c) xp.data<double>()[row * C + c] = value(rank, e, i, c);
+  TokenDispatcher::Plan plan;
+  TokenDispatcher::Exchange x = d.dispatch_start(plan, xp, counts);
+  std::vector<int64_t> regions(El);
+  int64_t total = 0;
+  for (int64_t e = 0; e < El; ++e) total += regions[e] = plan.local_counts[e] + e % 3;  // no padding for some
+  if (P > 1) d.pad(plan, regions, total + 2);
+  const Tensor xl = d.finish(plan, x);
+  if (P == 1) {  // no exchange: the rows as they were, packed
+    CHECK(max_abs_diff(xl, xp) == 0);
+    return;
+  }
+  REQUIRE(xl.size(0) == total + 2);
+  int64_t row = 0, wrong = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t ge = d.first_expert() + e;
+    for (int q = 0; q < P; ++q)
+      for (int64_t i = 0; i < rows_of(q, ge); ++i, ++row)
+        for (int64_t c = 0; c < C; ++c) wrong += xl.data<double>()[row * C + c] != value(q, ge, i, c);
+    for (int64_t i = plan.local_counts[e]; i < regions[e]; ++i, ++row)
+      for (int64_t c = 0; c < C; ++c) wrong += xl.data<double>()[row * C + c] != 0.0;
+  }
+  for (; row < xl.size(0); ++row)
+    for (int64_t c = 0; c < C; ++c) wrong += xl.data<double>()[row * C + c] != 0.0;
+  CHECK(wrong == 0);
+  // combine is the inverse: every row back to its rank, in xp's order
+  CHECK(max_abs_diff(d.combine(plan, xl), xp) == 0);
+  // the output gradients go the dispatch's way, padded the same
+  TokenDispatcher::Exchange g = d.combine_backward_start(plan, xp);
+  CHECK(max_abs_diff(d.finish(plan, g), xl) == 0);
+}

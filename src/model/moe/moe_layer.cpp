@@ -64,12 +64,23 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   ops::moe_permute_forward(xp, x, s.slot_of_row, k);
   TokenDispatcher::Exchange rows = dispatcher_.dispatch_start(s.plan, xp, s.counts);
   xp = Tensor();
+  // with expert parallelism the padded layout is laid out on arrival (the received rows' counts known now)
+  std::vector<int64_t> expert_rows = s.padded ? regions : s.plan.local_counts;
+  if (dispatcher_.exchanges()) {
+    std::vector<int64_t> r = ops::moe_padded_regions(x.device(), x.dtype(), s.plan.local_counts, C,
+                                                     opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1));
+    if (!r.empty()) {
+      expert_rows = r;
+      dispatcher_.pad(s.plan, std::move(r),
+                      ops::moe_alloc_rows(std::accumulate(expert_rows.begin(), expert_rows.end(), int64_t{0})));
+    }
+  }
   // with expert parallelism the shared expert's fc1 runs while the rows are in flight; without it after the routed
   // experts, whose buffers are freed by then (a lower peak)
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
   if (shared_beside) shared_forward_fc1(s, x);
   s.xl = dispatcher_.finish(s.plan, rows);
-  Tensor yl = experts_.forward(s.experts, s.xl, s.padded ? regions : s.plan.local_counts);
+  Tensor yl = experts_.forward(s.experts, s.xl, expert_rows);
   s.yp = dispatcher_.combine(s.plan, yl);
   if (dispatcher_.local_experts() == E) s.xl = Tensor();  // EP 1: permuted again from x in backward (memory)
   Tensor y = c.empty({N, C});
@@ -118,7 +129,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
   ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
   s.yp = Tensor();
-  if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
+  if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows (EP 1): no weight-gradient share
   TokenDispatcher::Exchange grads = dispatcher_.combine_backward_start(s.plan, dyp);
   dyp = Tensor();
   if (shared_beside) dx_shared = shared_backward(dy, s, x);

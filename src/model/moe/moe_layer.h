@@ -13,7 +13,10 @@
 //               region (a few distinct region sizes), padding rows 0, and each projection runs as one batched GEMM
 //               per region size; the padding rows' output gradients are zeroed, so they add nothing to the weight
 //               gradients. On a Hopper GPU in bf16 each expert gets its own region (its count rounded up to 128)
-//               and one kernel of our own runs each projection over all of them: cuda/sm90/grouped_gemm.h]
+//               and one kernel of our own runs each projection over all of them: cuda/sm90/grouped_gemm.h.
+//               With expert parallelism the same regions, for the rows that arrived, are laid out by the
+//               dispatcher's reorder on arrival (TokenDispatcher::pad); the output gradients' rows arrive padded
+//               with zeros the same way]
 //            -> combine: all-to-all-v back -> unpermute: y[n] = sum_j w[n, j] * expert_{i[n, j]}(x[n])
 //            [+ shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token] [+ residual]
 //
@@ -41,7 +44,8 @@ class MoELayer {
   struct Saved {
     Router::Saved router;
     Tensor slot_of_row, row_of_slot;  // the routing map (N*k) int32; padded: slot_of_row (padded rows), rows padded
-    bool padded = false;              // the experts' rows in the padded layout (ops::moe_padded_regions)
+    bool padded = false;              // EP 1: the routed rows in the padded layout (ops::moe_padded_regions);
+                                      // with expert parallelism the dispatcher pads on arrival (plan.regions)
     std::vector<int64_t> counts;      // (E) rows this rank routes to each global expert
     TokenDispatcher::Plan plan;
     Tensor xl;                        // the rows of this rank's experts (dispatched; EP 1: not kept, permuted
