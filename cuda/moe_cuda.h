@@ -52,14 +52,10 @@ template <typename T>
 void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* yp, const float* weights,
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 
-// Row segments (tensor/moe_ops.h moe_copy_row_segments) as bytes: segment i copies rows[i] rows of row_bytes from
-// src row src[i] to dst row dst[i], or zeros them when src[i] < 0. Passed by value (12 KB of kernel parameters).
-struct RowSegments {
-  static constexpr int kMax = 1024;
-  int32_t dst[kMax], src[kMax], rows[kMax];
-  int32_t n;
-};
-void moe_copy_row_segments_cuda(void* dst, const void* src, int64_t row_bytes, const RowSegments& segs);
+// Token-level dispatch (tensor/moe_ops.h moe_dest_ranks, moe_local_choices): one thread per token / send row.
+void moe_dest_ranks_cuda(int32_t* dest, const int32_t* indices, int64_t N, int64_t k, int64_t P, int64_t El);
+void moe_local_choices_cuda(int32_t* local, const int32_t* indices, const int32_t* send_slot, int64_t S, int64_t k,
+                            int64_t P, int64_t El);
 
 // ---------------------------------------------------------------- moe_gemm.cu (cublasGemmGroupedBatchedEx)
 // Groups of at most kMaxShapeBuckets distinct row counts (the padded layout: tensor/moe_ops.h moe_padded_regions)

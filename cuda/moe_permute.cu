@@ -19,8 +19,6 @@
 // 128-thread block per token or slot. Measured on an H100 at 64x top-8 (session 10): the warp version took the
 // zeroing of padding rows from 0.090 to 0.019 ms and left the permute at 0.16-0.17 ms, but ran the gathers 5-17%
 // slower than a block per token, so those kept it.
-#include <algorithm>
-
 #include "cuda/kernel_utils.cuh"
 #include "cuda/moe_cuda.h"
 
@@ -367,44 +365,38 @@ void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* 
 }
 
 namespace {
-// Block (x, s) copies part of segment s in words W (16, 4 or 1 bytes); a grid_constant parameter is read in place
-// (no local copy of the 12 KB table).
-template <typename W>
-__global__ void row_segments_kernel(W* dst, const W* src, int64_t row_words, const __grid_constant__ RowSegments segs) {
-  const int s = int(blockIdx.y);
-  const int64_t n = int64_t(segs.rows[s]) * row_words, step = int64_t(gridDim.x) * blockDim.x;
-  W* d = dst + int64_t(segs.dst[s]) * row_words;
-  const int64_t i0 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (segs.src[s] < 0) {
-    for (int64_t i = i0; i < n; i += step) d[i] = W{};
-    return;
-  }
-  const W* a = src + int64_t(segs.src[s]) * row_words;
-  for (int64_t i = i0; i < n; i += step) d[i] = a[i];
+__global__ void dest_ranks_kernel(int32_t* dest, const int32_t* indices, int64_t N, int64_t k, int64_t P, int64_t El) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  for (int64_t d = 0; d < P; ++d) dest[n * P + d] = -1;
+  for (int64_t j = 0; j < k; ++j)
+    if (const int32_t e = indices[n * k + j]; e >= 0) dest[n * P + e / El] = int32_t(e / El);
 }
 
-template <typename W>
-void launch_row_segments(void* dst, const void* src, int64_t row_bytes, const RowSegments& segs) {
-  const int64_t words = row_bytes / int64_t(sizeof(W));
-  int64_t most = 0;
-  for (int i = 0; i < segs.n; ++i) most = std::max<int64_t>(most, int64_t(segs.rows[i]) * words);
-  if (most == 0) return;
-  constexpr int kThreads = 256;  // up to 16 blocks a segment: the largest take a few us, the rest exit early
-  const dim3 grid(unsigned(std::min<int64_t>(16, (most + kThreads - 1) / kThreads)), unsigned(segs.n));
-  row_segments_kernel<W><<<grid, kThreads, 0, current_stream()>>>(static_cast<W*>(dst), static_cast<const W*>(src),
-                                                                    words, segs);
-  MT_CUDA_CHECK_LAUNCH("moe_copy_row_segments");
+__global__ void local_choices_kernel(int32_t* local, const int32_t* indices, const int32_t* send_slot, int64_t S,
+                                     int64_t k, int64_t P, int64_t El) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= S) return;
+  const int64_t n = send_slot[r] / P, d = send_slot[r] % P;
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t e = indices[n * k + j];
+    local[r * k + j] = e >= 0 && e / El == d ? int32_t(e - d * El) : -1;
+  }
 }
 }  // namespace
 
-void moe_copy_row_segments_cuda(void* dst, const void* src, int64_t row_bytes, const RowSegments& segs) {
-  if (segs.n == 0) return;
-  if (row_bytes % 16 == 0 && aligned(dst, 16) && aligned(src, 16))
-    launch_row_segments<uint4>(dst, src, row_bytes, segs);
-  else if (row_bytes % 4 == 0 && aligned(dst, 4) && aligned(src, 4))
-    launch_row_segments<uint32_t>(dst, src, row_bytes, segs);
-  else
-    launch_row_segments<unsigned char>(dst, src, row_bytes, segs);
+void moe_dest_ranks_cuda(int32_t* dest, const int32_t* indices, int64_t N, int64_t k, int64_t P, int64_t El) {
+  if (N == 0) return;
+  dest_ranks_kernel<<<unsigned((N + 255) / 256), 256, 0, current_stream()>>>(dest, indices, N, k, P, El);
+  MT_CUDA_CHECK_LAUNCH("moe_dest_ranks");
+}
+
+void moe_local_choices_cuda(int32_t* local, const int32_t* indices, const int32_t* send_slot, int64_t S, int64_t k,
+                            int64_t P, int64_t El) {
+  if (S == 0) return;
+  local_choices_kernel<<<unsigned((S + 255) / 256), 256, 0, current_stream()>>>(local, indices, send_slot, S, k, P,
+                                                                                El);
+  MT_CUDA_CHECK_LAUNCH("moe_local_choices");
 }
 
 #define MT_INSTANTIATE(T)                                                                                        \

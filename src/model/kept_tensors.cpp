@@ -54,13 +54,19 @@ std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const Laye
 
 std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d) {
   const int64_t N = d.rows, R = m.recv_rows, full = d.B * d.T;
+  // the local routing's tokens: this rank's own with EP 1 (the layer's input, kept by the layer), else received
+  const int64_t T = m.ep > 1 ? m.recv_tokens : N;
   std::vector<KeptTensor> out = {
       {"mlp.router.logits", N * m.experts, true},    {"mlp.router.scores", N * m.experts, true},
       {"mlp.router.choice", N * m.topk, false, true}, {"mlp.router.weights", N * m.topk, true},
-      {"mlp.slot_of_row", N * m.topk, false, true},  {"mlp.row_of_slot", N * m.topk, false, true},
-      {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)}, {"mlp.yp", N * m.topk * d.hidden}};
-  // the experts' input rows: with EP 1 permuted again from the layer's input in backward (moe_layer.h)
-  if (m.expert_parallel) out.push_back({"mlp.xl", R * d.hidden});
+      {"mlp.slot_of_row", T * m.topk, false, true},  {"mlp.row_of_slot", T * m.topk, false, true},
+      {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)}, {"mlp.yp", R * d.hidden}};
+  if (m.ep > 1) {  // the send map; the received tokens (permuted again in backward) and their weights
+    out.push_back({"mlp.send_slot", N * m.ep, false, true});
+    out.push_back({"mlp.row_of_send", N * m.ep, false, true});
+    out.push_back({"mlp.tokens", T * d.hidden});
+    out.push_back({"mlp.local_weights", T * m.topk, true});
+  }
   // SwiGLU experts recompute a = swiglu(h) in their backward (experts.h); GELU ones keep it
   if (!m.swiglu) out.push_back({"mlp.experts.a", R * m.ffn});
   if (m.capacity) out.push_back({"mlp.router.indices", N * m.topk, false, true});

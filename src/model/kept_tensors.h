@@ -35,20 +35,22 @@ std::vector<KeptTensor> self_attention_kept(const SelfAttentionSpec& spec, const
 // (4 bytes: counted as statistics; fp64 in fp64 runs, where the int32 ones are over-counted).
 std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const LayerDims& d, bool keep_norm_act);
 // An MoE layer's MLP slot (model/moe/moe_layer.h Saved) on one rank: the router's logits, scores and weights in
-// the router dtype (fp32, fp64 in fp64 runs: counted as statistics), its top-k choice and the two routing maps
-// (int32), the rows this rank's experts received, their fc1 and activation outputs, the experts' outputs back in
-// routed order, and the shared expert's fc1 and activation outputs. Rows: d.rows routed by this rank (each TP rank
-// routes its own rows under sequence parallelism), recv_rows received by its experts (dropless and balanced:
-// d.rows x topk), all B*T rows for the tensor-parallel shared expert.
+// the router dtype (fp32, fp64 in fp64 runs: counted as statistics), its top-k choice (int32); under expert
+// parallelism the (token, rank) send map (int32) and the tokens this rank received with their routing weights; the
+// two routing maps of the local experts (int32), their fc1 and activation outputs and outputs; the shared expert's
+// fc1 and activation outputs. Rows: d.rows routed by this rank (each TP rank routes its own rows under sequence
+// parallelism), recv_rows received by its experts (dropless and balanced: d.rows x topk) in recv_tokens tokens, all
+// B*T rows for the tensor-parallel shared expert.
 struct MoEDims {
   int64_t experts = 0, topk = 0;
-  int64_t ffn = 0;         // moe_ffn_hidden_size (experts are not tensor-parallel)
-  int64_t shared_ffn = 0;  // this rank's share of moe_shared_expert_intermediate_size (0: none)
-  int64_t recv_rows = 0;   // rows this rank's experts receive
-  bool swiglu = true;      // fc1 is [gate; up] (2 x ffn wide)
-  bool capacity = false;   // moe_expert_capacity_factor set: the choice after the drop is a second (N, k) map
+  int64_t ffn = 0;          // moe_ffn_hidden_size (experts are not tensor-parallel)
+  int64_t shared_ffn = 0;   // this rank's share of moe_shared_expert_intermediate_size (0: none)
+  int64_t recv_rows = 0;    // routed slots this rank's experts receive
+  int64_t ep = 1;           // parallel.expert
+  int64_t recv_tokens = 0;  // EP > 1: the tokens that carry them (one per token and rank; kept for the backward)
+  bool swiglu = true;       // fc1 is [gate; up] (2 x ffn wide)
+  bool capacity = false;    // moe_expert_capacity_factor set: the choice after the drop is a second (N, k) map
   bool aux_loss = false, z_loss = false;  // the balancing losses' values (1 element each)
-  bool expert_parallel = false;  // EP > 1: the received rows are kept; EP 1 permutes them again in backward
 };
 std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d);
 // The whole layer: under full recompute only its input.

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -319,47 +318,41 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   });
 }
 
-void moe_copy_row_segments(Tensor& dst, const Tensor& src, const std::vector<RowSegment>& segs) {
-  const char* op = "moe_copy_row_segments";
-  MOE_ASSERT(dst.defined() && src.defined() && dst.dim() >= 1 && src.dim() >= 1, "dst and src must be defined");
-  MOE_ASSERT(dst.dtype() == src.dtype() && dst.device() == src.device(), "dst ", dst.str(), " vs src ", src.str());
-  const int64_t R = dst.size(0), S = src.size(0);
-  const size_t row = R > 0 ? dst.nbytes() / static_cast<size_t>(R) : 0;
-  MOE_ASSERT(S == 0 || src.nbytes() / static_cast<size_t>(S) == row, "rows of dst ", dst.str(), " and src ",
-             src.str(), " differ in size");
-  for (const RowSegment& g : segs)
-    MOE_ASSERT(g.rows >= 0 && g.dst >= 0 && g.dst + g.rows <= R && (g.src < 0 || g.src + g.rows <= S), "segment (",
-               g.dst, ", ", g.src, ", ", g.rows, ") outside dst ", dst.str(), " or src ", src.str());
+void moe_dest_ranks(Tensor& dest, const Tensor& indices, int64_t El) {
+  const char* op = "moe_dest_ranks";
+  check_2d(op, indices, "indices");
+  MOE_ASSERT(indices.dtype() == DType::I32 && El >= 1, "indices ", indices.str(), " should be int32, El ", El);
+  check_2d(op, dest, "dest");
+  const int64_t N = indices.size(0), k = indices.size(1), P = dest.size(1);
+  check(op, dest, "dest", indices, DType::I32, {N, P});
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (on_cuda(dst)) {
-    MOE_ASSERT(R < (int64_t{1} << 31) && S < (int64_t{1} << 31), "row indices overflow int32");
-    cuda::RowSegments t;
-    t.n = 0;
-    auto flush = [&] {
-      cuda::moe_copy_row_segments_cuda(dst.raw(), src.raw(), static_cast<int64_t>(row), t);
-      t.n = 0;
-    };
-    for (const RowSegment& g : segs) {
-      if (g.rows == 0) continue;
-      t.dst[t.n] = static_cast<int32_t>(g.dst), t.src[t.n] = static_cast<int32_t>(std::max<int64_t>(g.src, -1));
-      t.rows[t.n] = static_cast<int32_t>(g.rows);
-      if (++t.n == cuda::RowSegments::kMax) flush();
-    }
-    if (t.n > 0) flush();
-    return;
+  if (on_cuda(indices)) {
+    const cuda::OpTimer timer(op, N, P);
+    return cuda::moe_dest_ranks_cuda(dest.data<int32_t>(), indices.data<int32_t>(), N, k, P, El);
   }
 #endif
-  if (dst.device() != Device::CPU) unsupported(op, dst);
-  auto* d = static_cast<unsigned char*>(dst.raw());
-  const auto* a = static_cast<const unsigned char*>(src.raw());
-  for (const RowSegment& g : segs) {
-    if (g.rows == 0) continue;
-    const auto n = static_cast<size_t>(g.rows) * row;
-    if (g.src < 0)
-      std::memset(d + static_cast<size_t>(g.dst) * row, 0, n);
-    else
-      std::memcpy(d + static_cast<size_t>(g.dst) * row, a + static_cast<size_t>(g.src) * row, n);
+  if (indices.device() != Device::CPU) unsupported(op, indices);
+  cpu::moe_dest_ranks_cpu(dest.data<int32_t>(), indices.data<int32_t>(), N, k, P, El);
+}
+
+void moe_local_choices(Tensor& local, const Tensor& indices, const Tensor& send_slot, int64_t P, int64_t El) {
+  const char* op = "moe_local_choices";
+  check_2d(op, indices, "indices");
+  check_2d(op, local, "local");
+  const int64_t k = indices.size(1), S = local.size(0);
+  check(op, local, "local", indices, DType::I32, {S, k});
+  MOE_ASSERT(indices.dtype() == DType::I32 && P >= 1 && El >= 1, "indices ", indices.str(), ", P ", P, ", El ", El);
+  MOE_ASSERT(send_slot.dim() == 1 && send_slot.numel() >= S, "send_slot ", send_slot.str(), " for ", S, " rows");
+  check(op, send_slot, "send_slot", indices, DType::I32, {send_slot.numel()});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  if (on_cuda(indices)) {
+    const cuda::OpTimer timer(op, S, k);
+    return cuda::moe_local_choices_cuda(local.data<int32_t>(), indices.data<int32_t>(), send_slot.data<int32_t>(), S,
+                                        k, P, El);
   }
+#endif
+  if (indices.device() != Device::CPU) unsupported(op, indices);
+  cpu::moe_local_choices_cpu(local.data<int32_t>(), indices.data<int32_t>(), send_slot.data<int32_t>(), S, k, P, El);
 }
 
 void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Tensor& slot_of_row,

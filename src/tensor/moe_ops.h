@@ -98,14 +98,17 @@ void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, c
 void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, const Tensor& yp, const Tensor& weights,
                             const Tensor& row_of_slot);
 
-// ---------------------------------------------------------------- row segments (the token dispatcher's reorders)
-// One copy of many blocks of rows: dst rows [dst, dst + rows) = src rows [src, src + rows), or 0 when src < 0.
-struct RowSegment {
-  int64_t dst, src, rows;
-};
-// dst (R, ...) and src (S, ...): same dtype, device and row size (any dtype: rows are copied as bytes). Segments
-// must not overlap in dst. The GPU runs every segment in one launch (per 1,024 segments).
-void moe_copy_row_segments(Tensor& dst, const Tensor& src, const std::vector<RowSegment>& segs);
+// ---------------------------------------------------------------- token-level dispatch (expert parallelism)
+// Under expert parallelism a token goes once to each EP rank holding one of its experts (not once per expert):
+// EP rank d holds the experts [d El, (d + 1) El). dest (N, P) int32 (=): dest[n, d] = d when one of token n's kept
+// choices (indices (N, k) >= 0) is on rank d, else -1. moe_routing_map(send_slot, row_of_send, rank_counts, dest,
+// P) then gives the send order, rows grouped by destination rank and tokens ascending: send row r carries token
+// send_slot[r] / P to rank send_slot[r] % P, and row_of_send (N * P) is each (token, rank)'s send row or -1.
+void moe_dest_ranks(Tensor& dest, const Tensor& indices, int64_t El);
+// local (S, k) int32 (=): for each of the first S send rows (token n, rank d as above) the choices of n on rank d
+// as local expert indices (indices[n, j] - d El), -1 for choices on other ranks or dropped. Received by rank d, it
+// is that rank's routing of the token (moe_routing_map over its El experts).
+void moe_local_choices(Tensor& local, const Tensor& indices, const Tensor& send_slot, int64_t P, int64_t El);
 
 // ---------------------------------------------------------------- grouped expert GEMMs
 // x (M, IC) holds the rows of El groups in order, counts[e] rows each (host, sum <= M: rows past the groups are

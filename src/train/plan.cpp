@@ -557,7 +557,7 @@ void format_moe(std::ostream& os, const PlanReport& r) {
      << "; all-to-all bytes per iteration\n";
   if (r.ep > 1)
     os << "  one MoE layer, one micro-batch: all-to-all " << mib(r.moe_a2a.total) << " (" << mib(r.moe_a2a.leaving)
-       << " leaving the rank: (EP-1)/EP of dispatch + combine, forward and backward"
+       << " leaving the rank: (EP-1)/EP of the token rows to the experts' ranks and back, forward and backward"
        << (r.recompute_mode == RecomputePolicy::Mode::Full ? ", and the recomputed forward" : "") << ")\n";
   else
     os << "  no all-to-all: parallel.expert 1 (every rank holds every expert)\n";

@@ -5,7 +5,8 @@
 // from the GPTModel built on Device::Meta and leaves out what that model builds in an MoE layer's MLP slot.
 //
 // Balanced-routing assumptions (dropless routing varies every step): each rank's experts receive as many rows as
-// the rank routes (rows x topk), and (EP - 1) / EP of the routed rows leave the rank.
+// the rank routes (rows x topk) in as many tokens as it sends (rows x moe_ranks_per_token), and (EP - 1) / EP of
+// the token rows leave the rank.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +34,15 @@ int mlp_slot_layer(const std::string& name);
 // under context parallelism): moe_kept's dimensions.
 MoEDims moe_dims(const ModelConfig& m, int tp, int64_t routed_rows, int ep = 1);
 
-// All-to-all bytes of one MoE layer for one micro-batch on one rank: forward dispatch + combine, backward the same
-// two the other way (full recompute repeats the forward's): rows x topk x C elements each, plus the E int64 counts
-// of each forward's dispatch. 0 without expert parallelism (dispatch and combine are the identity).
+// The EP ranks a token goes to (token-level dispatch: once to each rank holding one of its experts), expected under
+// uniform routing: EP x (1 - C(E - El, k) / C(E, k)). moe-64x-top8 at EP 2: 1.995 (where per-expert rows were 8).
+double moe_ranks_per_token(const ModelConfig& m, int ep);
+
+// All-to-all bytes of one MoE layer for one micro-batch on one rank: forward the tokens to the experts' ranks and
+// their partial outputs back, backward the output gradients there and the input gradients back (full recompute
+// repeats the forward's): rows x moe_ranks_per_token token rows of C elements each; plus each forward's local
+// choices and weights (k int32 + k fp32 per token row) and counts (EP x (El + 1) int64), and the backward's
+// routing-weight gradients (k fp32 per token row). 0 without expert parallelism (no exchange).
 struct MoEA2ABytes {
   int64_t total = 0;    // through the all-to-alls (this rank's own share included)
   int64_t leaving = 0;  // the (EP - 1) / EP share that leaves the rank

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "cuda/sm90/grouped_gemm.h"
@@ -142,32 +141,36 @@ TEST_CASE("cuda moe routing map, permute and unpermute match the CPU", "[cuda][m
   }
 }
 
-// The dispatcher's reorder (ops::moe_copy_row_segments): one launch copies or zeroes every segment, whatever the
-// row size (16-byte words for bf16 rows of 1,024, 4-byte for fp32 rows of 77, bytes for bf16 rows of 3), and more
-// segments than one launch holds go in several. Every row is compared with the CPU's copy of the same segments.
-TEST_CASE("cuda moe row segments match the CPU", "[cuda][moe]") {
+// Token-level dispatch's maps (expert parallelism) on the GPU equal the CPU's: the destination ranks, the send order
+// through the routing map over ranks, and each send row's local choices; 64 experts top-8 over 2 and 4 ranks,
+// dropped slots included.
+TEST_CASE("cuda moe token-level send map matches the CPU", "[cuda][moe]") {
   init();
-  for (auto [C, dt, nseg] : {std::tuple<int64_t, DType, int64_t>{1024, DType::BF16, 40}, {77, DType::F32, 1500},
-                             {3, DType::BF16, 30}}) {
-    INFO("row of " << C << " " << dtype_name(dt) << ", " << nseg << " segments");
-    // segments of 0-7 rows at shuffled places of dst, every 5th a zeroing one; the rest of dst stays poisoned
-    std::vector<ops::RowSegment> segs;
-    int64_t R = 0, S = 0;
-    for (int64_t i = 0; i < nseg; ++i) {
-      const int64_t n = (i * 7 + 3) % 8;
-      segs.push_back({R + 1, i % 5 == 4 ? -1 : S, n});  // a poisoned row between two segments
-      R += n + 1, S += n;
-    }
-    std::reverse(segs.begin(), segs.end());
-    const Tensor src64 = rounded(randn64({S, C}, 21), dt);
-    const Tensor dst0 = to_host(poisoned({R, C}, dt));  // the same poison on both sides
-    Tensor ref = dst0.clone();
-    ops::moe_copy_row_segments(ref, cast_host(src64, dt), segs);
-    Tensor dst = Tensor::empty({R, C}, dt, Device::CUDA);
-    dst.copy_from(dst0);
-    ops::moe_copy_row_segments(dst, to_device(src64, dt), segs);
-    const Tensor back = to_host(dst);
-    CHECK(std::memcmp(back.raw(), ref.raw(), ref.nbytes()) == 0);
+  const int64_t N = 3001, k = 8, E = 64;
+  Tensor idx = randint32({N, k}, 7, -1, int32_t(E - 1));
+  for (int64_t P : {2, 4}) {
+    INFO("P " << P);
+    const int64_t El = E / P;
+    Tensor dest_ref = Tensor::empty({N, P}, DType::I32), ss_ref = Tensor::empty({N * P}, DType::I32),
+           rs_ref = Tensor::empty({N * P}, DType::I32), rows_ref = Tensor::empty({P}, DType::I32);
+    ops::moe_dest_ranks(dest_ref, idx, El);
+    ops::moe_routing_map(ss_ref, rs_ref, rows_ref, dest_ref, P);
+    int64_t S = 0;
+    for (int64_t d = 0; d < P; ++d) S += rows_ref.data<int32_t>()[d];
+    Tensor local_ref = Tensor::empty({S, k}, DType::I32);
+    ops::moe_local_choices(local_ref, idx, ss_ref, P, El);
+    const Tensor di = ints_to_device(idx);
+    Tensor dest = Tensor::empty({N, P}, DType::I32, Device::CUDA), ss = Tensor::empty({N * P}, DType::I32, Device::CUDA),
+           rs = Tensor::empty({N * P}, DType::I32, Device::CUDA), rows = Tensor::empty({P}, DType::I32, Device::CUDA);
+    ops::moe_dest_ranks(dest, di, El);
+    ops::moe_routing_map(ss, rs, rows, dest, P);
+    Tensor local = Tensor::empty({S, k}, DType::I32, Device::CUDA);
+    ops::moe_local_choices(local, di, ss, P, El);
+    CHECK(same_ints(dest, dest_ref));
+    CHECK(same_ints(ss, ss_ref));
+    CHECK(same_ints(rs, rs_ref));
+    CHECK(same_ints(rows, rows_ref));
+    CHECK(same_ints(local, local_ref));
   }
 }
 

@@ -75,11 +75,11 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
   }
 }
 
-// The dispatcher's padded layout (TokenDispatcher::pad, taken on a GPU for our grouped kernels): each local expert's
-// arrived rows start its region, source ranks ascending, the rest of the region and the rows past the regions are
-// zeros; combine and the output gradients' exchange read and write the same layout. Row (rank, global expert, i)
-// carries 1000 rank + 10 expert + i + column / 100, so every row's place is checked exactly.
-TEST_CASE("token dispatcher: padded regions on arrival, and back", "[moe][mpi]") {
+// The dispatcher alone: the counts exchange (rows per rank, slots per local expert summed over the sources), and
+// row exchanges of any dtype towards the experts (grouped by source rank, ascending) and back (the inverse). Row i
+// of rank q for rank d carries 1000 q + 10 d + i (+ column / 100), so every row's place is checked exactly; some
+// (q, d) pairs send nothing.
+TEST_CASE("token dispatcher: counts, rows towards the experts and back", "[moe][mpi]") {
   std::unique_ptr<Communicator> world = make_world_communicator();
   const int P = world->size(), rank = world->rank();
   ParallelState ps;
@@ -91,43 +91,38 @@ TEST_CASE("token dispatcher: padded regions on arrival, and back", "[moe][mpi]")
   const int64_t E = 8, C = 3;
   TokenDispatcher d(E, ps);
   const int64_t El = d.local_experts();
-  // rows of rank q for global expert e: (q + 2 e) % 5, and none for expert 1 (an empty expert on rank 0)
-  auto rows_of = [](int q, int64_t e) { return e == 1 ? int64_t{0} : (q + 2 * e) % 5; };
-  auto value = [](int q, int64_t e, int64_t i, int64_t c) { return 1000.0 * q + 10.0 * e + i + c / 100.0; };
-  std::vector<int64_t> counts(E);
-  int64_t M = 0;
-  for (int64_t e = 0; e < E; ++e) M += counts[e] = rows_of(rank, e);
-  Tensor xp = Tensor::empty({M, C}, DType::F64);
-  for (int64_t e = 0, row = 0; e < E; ++e)
-    for (int64_t i = 0; i < counts[e]; ++i, ++row)
-      for (int64_t c = 0; c < C; ++c) xp.data<double>()[row * C + c] = value(rank, e, i, c);
+  auto rows_to = [](int q, int64_t r) { return int64_t{(q + 2 * r) % 4}; };  // rows rank q sends to rank r
+  auto slots_to = [](int q, int64_t e) { return int64_t{(3 * q + e) % 5}; };  // slots rank q routes to expert e
+  auto value = [](int q, int64_t r, int64_t i, int64_t c) { return 1000.0 * q + 10.0 * r + i + c / 100.0; };
+  std::vector<int64_t> send(P), counts(E);
+  int64_t S = 0;
+  for (int64_t r = 0; r < P; ++r) S += send[r] = rows_to(rank, r);
+  for (int64_t e = 0; e < E; ++e) counts[e] = slots_to(rank, e);
   TokenDispatcher::Plan plan;
-  TokenDispatcher::Exchange x = d.dispatch_start(plan, xp, counts);
-  std::vector<int64_t> regions(El);
-  int64_t total = 0;
-  for (int64_t e = 0; e < El; ++e) total += regions[e] = plan.local_counts[e] + e % 3;  // no padding for some
-  if (P > 1) d.pad(plan, regions, total + 2);
-  const Tensor xl = d.finish(plan, x);
-  if (P == 1) {  // no exchange: the rows as they were, packed
-    CHECK(max_abs_diff(xl, xp) == 0);
-    return;
-  }
-  REQUIRE(xl.size(0) == total + 2);
-  int64_t row = 0, wrong = 0;
+  d.exchange_counts(plan, counts, send);
+  for (int q = 0; q < P; ++q) CHECK(plan.recv_rows[q] == rows_to(q, rank));
   for (int64_t e = 0; e < El; ++e) {
-    const int64_t ge = d.first_expert() + e;
-    for (int q = 0; q < P; ++q)
-      for (int64_t i = 0; i < rows_of(q, ge); ++i, ++row)
-        for (int64_t c = 0; c < C; ++c) wrong += xl.data<double>()[row * C + c] != value(q, ge, i, c);
-    for (int64_t i = plan.local_counts[e]; i < regions[e]; ++i, ++row)
-      for (int64_t c = 0; c < C; ++c) wrong += xl.data<double>()[row * C + c] != 0.0;
+    int64_t sum = 0;
+    for (int q = 0; q < P; ++q) sum += slots_to(q, d.first_expert() + e);
+    CHECK(plan.local_counts[e] == sum);
   }
-  for (; row < xl.size(0); ++row)
-    for (int64_t c = 0; c < C; ++c) wrong += xl.data<double>()[row * C + c] != 0.0;
+  Tensor rows = Tensor::empty({S, C}, DType::F64), ids = Tensor::empty({S, 2}, DType::I32);
+  for (int64_t r = 0, row = 0; r < P; ++r)
+    for (int64_t i = 0; i < send[r]; ++i, ++row) {
+      for (int64_t c = 0; c < C; ++c) rows.data<double>()[row * C + c] = value(rank, r, i, c);
+      ids.data<int32_t>()[row * 2] = rank, ids.data<int32_t>()[row * 2 + 1] = static_cast<int32_t>(i);
+    }
+  using Dir = TokenDispatcher::Direction;
+  TokenDispatcher::Exchange x = d.start(plan, rows, Dir::ToExperts);
+  const Tensor got = d.finish(x), got_ids = d.exchange(plan, ids, Dir::ToExperts);
+  int64_t row = 0, wrong = 0;
+  for (int q = 0; q < P; ++q)
+    for (int64_t i = 0; i < rows_to(q, rank); ++i, ++row) {
+      for (int64_t c = 0; c < C; ++c) wrong += got.data<double>()[row * C + c] != value(q, rank, i, c);
+      wrong += got_ids.data<int32_t>()[row * 2] != q || got_ids.data<int32_t>()[row * 2 + 1] != i;
+    }
+  CHECK(row == got.size(0));
   CHECK(wrong == 0);
-  // combine is the inverse: every row back to its rank, in xp's order
-  CHECK(max_abs_diff(d.combine(plan, xl), xp) == 0);
-  // the output gradients go the dispatch's way, padded the same
-  TokenDispatcher::Exchange g = d.combine_backward_start(plan, xp);
-  CHECK(max_abs_diff(d.finish(plan, g), xl) == 0);
+  // back: every row to its rank, in the order it was sent
+  CHECK(max_abs_diff(d.exchange(plan, got, Dir::Back), rows) == 0);
 }

@@ -34,7 +34,9 @@ TEST_CASE("moe kept tensors: the plan's description equals what a forward keeps"
           {"mlp.router.logits", &s.router.logits}, {"mlp.router.scores", &s.router.scores},
           {"mlp.router.choice", &s.router.choice}, {"mlp.router.weights", &s.router.weights},
           {"mlp.slot_of_row", &s.slot_of_row},     {"mlp.row_of_slot", &s.row_of_slot},
-          {"mlp.xl", &s.xl},                       {"mlp.experts.h", &s.experts.h},
+          {"mlp.send_slot", &s.send_slot},         {"mlp.row_of_send", &s.row_of_send},
+          {"mlp.tokens", &s.tokens},               {"mlp.local_weights", &s.local_weights},
+          {"mlp.experts.h", &s.experts.h},
           {"mlp.experts.a", &s.experts.a},         {"mlp.yp", &s.yp},
           {"mlp.shared_h", &s.shared_h},           {"mlp.shared_a", &s.shared_a}};
       LayerDims d;

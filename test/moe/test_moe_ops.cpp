@@ -223,6 +223,50 @@ TEST_CASE("moe permute / unpermute: routing map order, adjointness, gradients", 
   CHECK(dw.data<double>()[5] == 0.0);  // the dropped slot
 }
 
+// Token-level dispatch (expert parallelism): the send order from moe_dest_ranks + moe_routing_map and each send
+// row's choices on its rank (moe_local_choices), against a direct construction: for each rank ascending, the tokens
+// with a kept choice among its experts, ascending; their other choices -1.
+TEST_CASE("moe token-level send map: one row per token and rank holding its experts", "[moe][permute]") {
+  const int64_t N = 6, k = 3, E = 8;
+  // token 1: all on rank 0; token 3: choices dropped but one; token 5: nothing kept
+  const int32_t iv[N * k] = {0, 5, 6, 1, 0, 2, 7, 3, 4, -1, 6, -1, 2, 4, 1, -1, -1, -1};
+  Tensor idx = Tensor::empty({N, k}, DType::I32);
+  std::copy_n(iv, N * k, idx.data<int32_t>());
+  for (int64_t P : {1, 2, 4}) {
+    INFO("P " << P);
+    const int64_t El = E / P;
+    Tensor dest = Tensor::empty({N, P}, DType::I32), send_slot = Tensor::empty({N * P}, DType::I32),
+           row_of_send = Tensor::empty({N * P}, DType::I32), rank_rows = Tensor::empty({P}, DType::I32);
+    ops::moe_dest_ranks(dest, idx, El);
+    ops::moe_routing_map(send_slot, row_of_send, rank_rows, dest, P);
+    std::vector<std::pair<int64_t, int64_t>> expect;  // (token, rank) in send order
+    for (int64_t d = 0; d < P; ++d)
+      for (int64_t n = 0; n < N; ++n)
+        if (std::any_of(iv + n * k, iv + (n + 1) * k, [&](int32_t e) { return e >= 0 && e / El == d; }))
+          expect.emplace_back(n, d);
+    const auto S = static_cast<int64_t>(expect.size());
+    int64_t total = 0;
+    for (int64_t d = 0; d < P; ++d) total += rank_rows.data<int32_t>()[d];
+    REQUIRE(total == S);
+    for (int64_t r = 0; r < S; ++r) {
+      const int32_t slot = send_slot.data<int32_t>()[r];
+      CHECK(slot / P == expect[r].first);
+      CHECK(slot % P == expect[r].second);
+      CHECK(row_of_send.data<int32_t>()[slot] == r);
+    }
+    int64_t unsent = 0;
+    for (int64_t i = 0; i < N * P; ++i) unsent += row_of_send.data<int32_t>()[i] < 0;
+    CHECK(unsent == N * P - S);
+    Tensor local = Tensor::empty({S, k}, DType::I32);
+    ops::moe_local_choices(local, idx, send_slot, P, El);
+    for (int64_t r = 0; r < S; ++r)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = iv[expect[r].first * k + j];
+        CHECK(local.data<int32_t>()[r * k + j] == (e >= 0 && e / El == expect[r].second ? e % El : -1));
+      }
+  }
+}
+
 TEST_CASE("moe grouped linear equals one GEMM per expert, empty groups included", "[moe][experts]") {
   const int64_t IC = 5, OC = 4;
   const std::vector<int64_t> counts = {3, 0, 4, 0, 1};

@@ -23,9 +23,10 @@ namespace {
 // moe_kept and count it in the "activation bytes of an MoE layer" test below.
 static_assert(sizeof(Router::Saved) == 7 * sizeof(Tensor) + sizeof(ops::AuxLossGroup));  // aux_group: host-side sums
 static_assert(sizeof(Experts::Saved) == sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor));
-static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + 2 * sizeof(Tensor) + sizeof(std::vector<int64_t>) +
-                                             sizeof(TokenDispatcher::Plan) + sizeof(Tensor) + sizeof(Experts::Saved) +
-                                             3 * sizeof(Tensor) + sizeof(int64_t));  // + the padded flag (aligned)
+static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor) +
+                                             sizeof(TokenDispatcher::Plan) + 4 * sizeof(Tensor) +
+                                             sizeof(int64_t) +  // the padded flag (aligned)
+                                             sizeof(Experts::Saved) + 3 * sizeof(Tensor));
 
 Config tiny_moe();
 
@@ -220,9 +221,10 @@ TEST_CASE("plan moe: activation bytes of an MoE layer equal what a real forward 
       fx.layer->forward(s, x);
       const int64_t kept = nb(s.router.logits) + nb(s.router.scores) + nb(s.router.choice) +
                            (s.router.indices.raw() == s.router.choice.raw() ? 0 : nb(s.router.indices)) +
-                           nb(s.router.weights) + nb(s.router.aux_loss) + nb(s.router.z_loss) + nb(s.slot_of_row) +
-                           nb(s.row_of_slot) + nb(s.xl) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) +
-                           nb(s.shared_h) + nb(s.shared_a);
+                           nb(s.router.weights) + nb(s.router.aux_loss) + nb(s.router.z_loss) + nb(s.send_slot) +
+                           nb(s.row_of_send) + nb(s.tokens) + nb(s.local_weights) + nb(s.slot_of_row) +
+                           nb(s.row_of_slot) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) + nb(s.shared_h) +
+                           nb(s.shared_a);
       // the plan's description: one rank, single sequence of N rows (B = 1, T = N)
       LayerDims d;
       d.B = 1;
@@ -274,10 +276,13 @@ TEST_CASE("plan moe: active parameters, FLOPs, memory under expert-data sharding
   CHECK(st.grad_bytes == st.params * 4);
   const int64_t other = st.params - st.expert_params;
   CHECK(st.optimizer_bytes == ((other + 3) / 4 + (st.expert_params + 1) / 2) * 12);
-  // all-to-all: 4 x (rows x k x C) bf16 elements (dispatch, combine; forward, backward) + E int64 counts per
-  // micro-batch and MoE layer; half leaves the rank
-  const int64_t rows = 2 * 8;
-  CHECK(r.moe_a2a.total == 4 * rows * k * C * 2 + E * 8);
+  // all-to-all, token-level: each token goes to 2 x (1 - C(2, 2) / C(4, 2)) = 5/3 of the 2 ranks on average, so
+  // 16 x 5/3 = 27 token rows (rounded) of C bf16 elements in each of the 4 exchanges (to the experts and back,
+  // forward and backward); the forward's local choices and weights (k int32 + k fp32 a row) and its counts (2 ranks
+  // x (2 experts + 1) int64), the backward's weight gradients (k fp32 a row); half leaves the rank
+  const int64_t rows = 2 * 8, tok = 27;
+  CHECK(moe_ranks_per_token(cfg.model, 2) == Approx(5.0 / 3.0).epsilon(1e-14));
+  CHECK(r.moe_a2a.total == 4 * tok * C * 2 + tok * k * 8 + 2 * 3 * 8 + tok * k * 4);
   CHECK(r.moe_a2a.leaving == r.moe_a2a.total / 2);
   CHECK(r.num_microbatches == 1);  // global 8 = micro-batch 2 x data 4
   CHECK(st.a2a_bytes == 2 * r.moe_a2a.total);
@@ -287,9 +292,11 @@ TEST_CASE("plan moe: active parameters, FLOPs, memory under expert-data sharding
   const int64_t dense_layer = layer_activation_bytes(cfg.model, d, 1, false, 2, 8, DType::BF16,
                                                      RecomputePolicy::Mode::None);
   const int64_t dense_mlp_kept = rows * 48 * 2 * 2;  // SwiGLU fc1 output (the activation recomputed)
-  const int64_t moe_kept_bytes = rows * E * 4 * 2 + rows * k * 4 * 4 +  // logits, scores; choice, 2 maps, weights
-                                 rows * k * C * 2 + rows * k * F * 2 * 2 +  // xl, h (SwiGLU's a recomputed)
-                                 rows * k * C * 2 + rows * Fs * 2 * 2 + rows * Fs * 2 + 4;  // yp, shared h, a; aux
+  const int64_t moe_kept_bytes = rows * E * 4 * 2 + rows * k * 4 * 2 +  // logits, scores; choice, weights
+                                 rows * 2 * 4 * 2 +                      // the send map (rows x 2 ranks, 2 ways)
+                                 tok * C * 2 + tok * k * 4 * 3 +         // received tokens; their weights, 2 maps
+                                 rows * k * F * 2 * 2 + rows * k * C * 2 +  // h (SwiGLU's a recomputed), yp
+                                 rows * Fs * 2 * 2 + rows * Fs * 2 + 4;     // shared h, a; aux
   CHECK(r.moe_layer_act[0] == dense_layer - dense_mlp_kept + moe_kept_bytes);
   const int64_t extra = chunk_extra_activation_bytes(cfg.model, 1, false, 2, 8, DType::BF16, true, true);
   CHECK(st.activation[0] == 3 * dense_layer + 2 * (moe_kept_bytes - dense_mlp_kept) + extra);
@@ -298,7 +305,7 @@ TEST_CASE("plan moe: active parameters, FLOPs, memory under expert-data sharding
   // full recompute repeats the forward's exchanges
   cfg.training.recompute = "full";
   const PlanReport rf = plan_of(cfg, world);
-  CHECK(rf.moe_a2a.total == 6 * rows * k * C * 2 + 2 * E * 8);
+  CHECK(rf.moe_a2a.total == 6 * tok * C * 2 + 2 * (tok * k * 8 + 2 * 3 * 8) + tok * k * 4);
   // no expert parallelism: no all-to-all
   cfg.parallel.expert = 1;
   CHECK(plan_of(cfg, world).moe_a2a.total == 0);

@@ -39,58 +39,107 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   const ModelContext& c = *ctx_;
   const int64_t N = x.size(0), C = x.size(1), E = opt_.num_experts, k = opt_.topk;
   router_.forward(s.router, x);
-  // routing map; the counts come to the host (sizes of the exchange and of the grouped GEMMs)
-  s.slot_of_row = Tensor::empty({N * k}, DType::I32, x.device());
-  s.row_of_slot = Tensor::empty({N * k}, DType::I32, x.device());
-  Tensor counts = Tensor::empty({E}, DType::I32, x.device()), counts_host = Tensor::empty({E}, DType::I32);
-  ops::moe_routing_map(s.slot_of_row, s.row_of_slot, counts, s.router.indices, E);
-  counts_host.copy_from(counts);
-  s.counts.assign(counts_host.data<int32_t>(), counts_host.data<int32_t>() + E);
-  int64_t M = 0;
-  for (int64_t n : s.counts) M += n;
-  // padded batched experts: only with every expert on this rank (the dispatch is then the identity)
-  const std::vector<int64_t> regions =
-      dispatcher_.local_experts() == E
-          ? ops::moe_padded_regions(x.device(), x.dtype(), s.counts, C, opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1))
-          : std::vector<int64_t>{};
-  s.padded = !regions.empty();
-  if (s.padded) {  // rows past the regions (up to moe_alloc_rows): padding too
-    M = ops::moe_alloc_rows(std::accumulate(regions.begin(), regions.end(), int64_t{0}));
-    Tensor pad = Tensor::empty({M}, DType::I32, x.device());
-    ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, s.counts, regions);
-    s.slot_of_row = pad;
-  }
-  Tensor xp = c.empty({M, C});
-  ops::moe_permute_forward(xp, x, s.slot_of_row, k);
-  TokenDispatcher::Exchange rows = dispatcher_.dispatch_start(s.plan, xp, s.counts);
-  xp = Tensor();
-  // with expert parallelism the padded layout is laid out on arrival (the received rows' counts known now)
-  std::vector<int64_t> expert_rows = s.padded ? regions : s.plan.local_counts;
-  if (dispatcher_.exchanges()) {
-    std::vector<int64_t> r = ops::moe_padded_regions(x.device(), x.dtype(), s.plan.local_counts, C,
-                                                     opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1));
-    if (!r.empty()) {
-      expert_rows = r;
-      dispatcher_.pad(s.plan, std::move(r),
-                      ops::moe_alloc_rows(std::accumulate(expert_rows.begin(), expert_rows.end(), int64_t{0})));
-    }
-  }
-  // with expert parallelism the shared expert's fc1 runs while the rows are in flight; without it after the routed
-  // experts, whose buffers are freed by then (a lower peak)
+  Tensor y;
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
-  if (shared_beside) shared_forward_fc1(s, x);
-  s.xl = dispatcher_.finish(s.plan, rows);
-  Tensor yl = experts_.forward(s.experts, s.xl, expert_rows);
-  s.yp = dispatcher_.combine(s.plan, yl);
-  if (dispatcher_.local_experts() == E) s.xl = Tensor();  // EP 1: permuted again from x in backward (memory)
-  Tensor y = c.empty({N, C});
-  ops::moe_unpermute_forward(y, s.yp, s.router.weights, s.row_of_slot);
+  if (!dispatcher_.exchanges()) {
+    y = local_forward(s, x, s.router.indices, s.router.weights, nullptr);  // EP 1: the router's choices
+  } else {
+    // the send order (token, rank) and the counts: slots per global expert, tokens per rank (one copy to the host)
+    const int64_t P = dispatcher_.ep_size(), El = dispatcher_.local_experts();
+    Tensor dest = Tensor::empty({N, P}, DType::I32, x.device());
+    ops::moe_dest_ranks(dest, s.router.indices, El);
+    s.send_slot = Tensor::empty({N * P}, DType::I32, x.device());
+    s.row_of_send = Tensor::empty({N * P}, DType::I32, x.device());
+    Tensor counts = Tensor::empty({E + P}, DType::I32, x.device()), counts_host = Tensor::empty({E + P}, DType::I32);
+    Tensor expert_counts = counts.slice(0, E), rank_counts = counts.slice(E, P);
+    ops::moe_expert_counts(expert_counts, s.router.indices, E);
+    ops::moe_routing_map(s.send_slot, s.row_of_send, rank_counts, dest, P);
+    dest = Tensor();
+    counts_host.copy_from(counts);
+    const int32_t* h = counts_host.data<int32_t>();
+    s.counts.assign(h, h + E);
+    dispatcher_.exchange_counts(s.plan, s.counts, std::vector<int64_t>(h + E, h + E + P));
+    const int64_t S = std::accumulate(s.plan.send_rows.begin(), s.plan.send_rows.end(), int64_t{0});
+    // each send row's choices on its rank and their weights, then the tokens (in flight beside the shared fc1)
+    Tensor choices = Tensor::empty({S, k}, DType::I32, x.device()), weights = Tensor::empty({S, k}, s.router.weights.dtype(), x.device());
+    ops::moe_local_choices(choices, s.router.indices, s.send_slot, P, El);
+    ops::moe_permute_forward(weights, s.router.weights, s.send_slot, P);
+    using Dir = TokenDispatcher::Direction;
+    const Tensor local_choices = dispatcher_.exchange(s.plan, choices, Dir::ToExperts);
+    s.local_weights = dispatcher_.exchange(s.plan, weights, Dir::ToExperts);
+    choices = weights = Tensor();
+    Tensor sent = c.empty({S, C});
+    ops::moe_permute_forward(sent, x, s.send_slot, P);
+    TokenDispatcher::Exchange rows = dispatcher_.start(s.plan, sent, Dir::ToExperts);
+    sent = Tensor();
+    if (shared_beside) shared_forward_fc1(s, x);
+    s.tokens = dispatcher_.finish(rows);
+    // this rank's experts on what arrived; their partial sums back to the tokens' ranks, added up there
+    const Tensor out = local_forward(s, s.tokens, local_choices, s.local_weights, &s.plan.local_counts);
+    const Tensor back = dispatcher_.exchange(s.plan, out, Dir::Back);
+    y = c.empty({N, C});
+    ops::moe_permute_backward(y, back, s.row_of_send, P);
+  }
   if (shared_fc1_) {
     if (!shared_beside) shared_forward_fc1(s, x);
     y = shared_fc2_->forward(s.shared_a, &y);
   }
   if (residual) ops::add_(y, *residual);
   return y;
+}
+
+Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
+                               const std::vector<int64_t>* known_counts) const {
+  const ModelContext& c = *ctx_;
+  const int64_t T = tokens.size(0), C = tokens.size(1), El = dispatcher_.local_experts(), k = opt_.topk;
+  s.slot_of_row = Tensor::empty({T * k}, DType::I32, tokens.device());
+  s.row_of_slot = Tensor::empty({T * k}, DType::I32, tokens.device());
+  Tensor counts_dev = Tensor::empty({El}, DType::I32, tokens.device());
+  ops::moe_routing_map(s.slot_of_row, s.row_of_slot, counts_dev, choices, El);
+  if (!known_counts) {  // EP 1: the counts come to the host (the grouped GEMMs' sizes) and are the layer's
+    Tensor h = Tensor::empty({El}, DType::I32);
+    h.copy_from(counts_dev);
+    s.counts.assign(h.data<int32_t>(), h.data<int32_t>() + El);
+  }
+  const std::vector<int64_t>& counts = known_counts ? *known_counts : s.counts;
+  int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const std::vector<int64_t> regions = ops::moe_padded_regions(tokens.device(), tokens.dtype(), counts, C,
+                                                               opt_.ffn_hidden_size * (opt_.swiglu ? 2 : 1));
+  s.padded = !regions.empty();
+  if (s.padded) {  // rows past the regions (up to moe_alloc_rows): padding too
+    M = ops::moe_alloc_rows(std::accumulate(regions.begin(), regions.end(), int64_t{0}));
+    Tensor pad = Tensor::empty({M}, DType::I32, tokens.device());
+    ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, counts, regions);
+    s.slot_of_row = pad;
+  }
+  Tensor xp = c.empty({M, C});
+  ops::moe_permute_forward(xp, tokens, s.slot_of_row, k);
+  s.yp = experts_.forward(s.experts, xp, s.padded ? regions : counts);  // xp: permuted again in backward (memory)
+  xp = Tensor();
+  Tensor out = c.empty({T, C});
+  ops::moe_unpermute_forward(out, s.yp, weights, s.row_of_slot);
+  return out;
+}
+
+Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
+                                Tensor& dweights) const {
+  const ModelContext& c = *ctx_;
+  const int64_t k = opt_.topk;
+  // buffers released as soon as read (fewer of them alive at once)
+  const int64_t rows = s.yp.size(0);
+  Tensor dyp = c.empty(s.yp.shape());
+  ops::moe_unpermute_backward(dyp, dweights, dout, s.yp, weights, s.row_of_slot);
+  s.yp = Tensor();
+  if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
+  Tensor dh = experts_.backward_fc2(dyp, s.experts);
+  dyp = Tensor();
+  Tensor xl = c.empty({rows, tokens.size(1)});  // the experts' input rows again
+  ops::moe_permute_forward(xl, tokens, s.slot_of_row, k);
+  Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
+  dh = xl = Tensor();
+  Tensor dtokens = c.empty(tokens.shape());
+  ops::moe_permute_backward(dtokens, dxl, s.row_of_slot, k);
+  return dtokens;
 }
 
 void MoELayer::shared_forward_fc1(Saved& s, const Tensor& x) const {
@@ -116,35 +165,37 @@ Tensor MoELayer::shared_backward(const Tensor& dy, const Saved& s, const Tensor&
 }
 
 Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
-  const ModelContext& c = *ctx_;
   const int64_t N = x.size(0), k = opt_.topk;
   // the shared expert: without expert parallelism first (before the routed buffers exist), with it while the
   // output gradients' rows are in flight to the experts
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
   Tensor dx_shared;
   if (shared_fc1_ && !shared_beside) dx_shared = shared_backward(dy, s, x);
-  // buffers released as soon as read (fewer of them alive at once)
-  const int64_t rows = s.yp.size(0);
-  Tensor dyp = c.empty(s.yp.shape());
   Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
-  ops::moe_unpermute_backward(dyp, dweights, dy, s.yp, s.router.weights, s.row_of_slot);
-  s.yp = Tensor();
-  if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows (EP 1): no weight-gradient share
-  TokenDispatcher::Exchange grads = dispatcher_.combine_backward_start(s.plan, dyp);
-  dyp = Tensor();
-  if (shared_beside) dx_shared = shared_backward(dy, s, x);
-  Tensor dh = experts_.backward_fc2(dispatcher_.finish(s.plan, grads), s.experts);
-  Tensor xl = std::move(s.xl);
-  if (!xl.defined()) {  // EP 1: the experts' input rows again
-    xl = c.empty({rows, x.size(1)});
-    ops::moe_permute_forward(xl, x, s.slot_of_row, k);
+  Tensor dx;
+  if (!dispatcher_.exchanges()) {
+    dx = local_backward(s, dy, x, s.router.weights, dweights);
+  } else {
+    // dy goes the tokens' way; the experts' input gradients and routing-weight gradients come back and add up
+    const int64_t P = dispatcher_.ep_size();
+    using Dir = TokenDispatcher::Direction;
+    const int64_t S = std::accumulate(s.plan.send_rows.begin(), s.plan.send_rows.end(), int64_t{0});
+    Tensor sent = ctx_->empty({S, x.size(1)});
+    ops::moe_permute_forward(sent, dy, s.send_slot, P);
+    TokenDispatcher::Exchange grads = dispatcher_.start(s.plan, sent, Dir::ToExperts);
+    sent = Tensor();
+    if (shared_beside) dx_shared = shared_backward(dy, s, x);
+    const Tensor dout = dispatcher_.finish(grads);
+    Tensor dw_local = Tensor::empty({dout.size(0), k}, router_.router_dtype(), x.device());
+    Tensor dtokens = local_backward(s, dout, s.tokens, s.local_weights, dw_local);
+    s.tokens = s.local_weights = Tensor();
+    const Tensor dw_back = dispatcher_.exchange(s.plan, dw_local, Dir::Back);
+    const Tensor dx_back = dispatcher_.exchange(s.plan, dtokens, Dir::Back);
+    dw_local = dtokens = Tensor();
+    ops::moe_permute_backward(dweights, dw_back, s.row_of_send, P);
+    dx = ctx_->empty(x.shape());
+    ops::moe_permute_backward(dx, dx_back, s.row_of_send, P);
   }
-  Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
-  dh = Tensor();
-  xl = Tensor();
-  Tensor dxp = dispatcher_.dispatch_backward(s.plan, dxl);
-  Tensor dx = c.empty(x.shape());
-  ops::moe_permute_backward(dx, dxp, s.row_of_slot, k);
   ops::add_(dx, router_.backward(s.router, dweights, x));
   if (dx_shared.defined()) ops::add_(dx, dx_shared);
   s = Saved{};

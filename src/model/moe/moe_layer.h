@@ -3,22 +3,22 @@
 // layer's MLP slot can hold either.
 //
 //   x (N, C) -> router: top-k experts and weights per token (router.h)
-//            -> permute: rows grouped by global expert (ops::moe_permute_forward)
-//            -> dispatch: all-to-all-v over the expert-parallel group (parallel/token_dispatcher.h; with expert
-//               parallelism the shared expert's fc1 runs while the rows are in flight, and its backward while the
-//               output gradients' rows are)
+//   EP 1:  the experts' routing is the router's: local routing (below) on x itself
+//   EP > 1 (parallel/token_dispatcher.h): each token goes once to every EP rank holding one of its experts, with
+//          its choices on that rank as local expert indices and their weights (ops::moe_dest_ranks: the send
+//          order; ops::moe_local_choices), after an exchange of the counts. The shared expert's fc1 runs while the
+//          rows are in flight, and its backward while the output gradients' rows are.
+//   local routing, on the rows of this rank's experts (T tokens, k choices each, some -1: elsewhere or dropped):
+//            -> permute: rows grouped by local expert (ops::moe_routing_map, moe_permute_forward)
+//               [padded layout when ops::moe_padded_regions estimates it faster: each expert's rows start a
+//               region (a few distinct sizes for cuBLAS's batched calls; on a Hopper GPU in bf16 each count
+//               rounded up to 128 for our own grouped kernels, cuda/sm90/grouped_gemm.h), padding rows 0, and
+//               their output gradients zeroed, so they add nothing to the weight gradients]
 //            -> experts: grouped GEMMs of this rank's experts (experts.h)
-//               [padded batched experts, one rank holding every expert, when ops::moe_padded_regions estimates
-//               it faster for this step's counts: the permute writes each expert's rows at the start of its
-//               region (a few distinct region sizes), padding rows 0, and each projection runs as one batched GEMM
-//               per region size; the padding rows' output gradients are zeroed, so they add nothing to the weight
-//               gradients. On a Hopper GPU in bf16 each expert gets its own region (its count rounded up to 128)
-//               and one kernel of our own runs each projection over all of them: cuda/sm90/grouped_gemm.h.
-//               With expert parallelism the same regions, for the rows that arrived, are laid out by the
-//               dispatcher's reorder on arrival (TokenDispatcher::pad); the output gradients' rows arrive padded
-//               with zeros the same way]
-//            -> combine: all-to-all-v back -> unpermute: y[n] = sum_j w[n, j] * expert_{i[n, j]}(x[n])
-//            [+ shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token] [+ residual]
+//            -> unpermute: out[t] = sum_j w[t, j] * expert_{i[t, j]}(x[t]) over the token's local choices
+//   EP > 1: the partial outputs go back to the tokens' ranks and add up there (ops::moe_permute_backward over
+//          the (token, rank) map): y[n] = sum over ranks of their partial sums
+//   [+ shared expert: a dense MLP of moe_shared_expert_intermediate_size on every token] [+ residual]
 //
 // N is this rank's rows: with tensor parallelism the layer needs sequence parallelism (each TP rank routes its
 // own rows; the shared expert is tensor-parallel like the dense MLP). Parameter names (prefix e.g.
@@ -43,15 +43,17 @@ class MoELayer {
   MoELayer(const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     Router::Saved router;
-    Tensor slot_of_row, row_of_slot;  // the routing map (N*k) int32; padded: slot_of_row (padded rows), rows padded
-    bool padded = false;              // EP 1: the routed rows in the padded layout (ops::moe_padded_regions);
-                                      // with expert parallelism the dispatcher pads on arrival (plan.regions)
-    std::vector<int64_t> counts;      // (E) rows this rank routes to each global expert
+    std::vector<int64_t> counts;      // (E) slots this rank routes to each global expert
+    // expert parallelism: the send map, (token, rank) <-> send row (ops::moe_dest_ranks), and the exchanges' counts
+    Tensor send_slot, row_of_send;    // (N * EP) int32
     TokenDispatcher::Plan plan;
-    Tensor xl;                        // the rows of this rank's experts (dispatched; EP 1: not kept, permuted
-                                      // again from the layer's input in backward)
+    // the local routing (of the layer's input with EP 1, of the received tokens with expert parallelism)
+    Tensor tokens;                    // EP > 1: the received tokens (T, C) (EP 1: the layer's input, not kept here)
+    Tensor local_weights;             // EP > 1: their weights (T, k), router dtype, 0 off this rank
+    Tensor slot_of_row, row_of_slot;  // the routing map over this rank's experts; padded: slot_of_row padded
+    bool padded = false;              // the experts' rows in the padded layout (ops::moe_padded_regions)
     Experts::Saved experts;
-    Tensor yp;                        // the experts' outputs back in routed order (M, C)
+    Tensor yp;                        // the experts' outputs (M, C) in their rows' order
     Tensor shared_h, shared_a;        // shared expert: fc1 output, activation output
   };
   // x (N, C) -> y (N, C) [+ *residual].
@@ -70,6 +72,15 @@ class MoELayer {
   const std::vector<int64_t>& tokens_per_expert(const Saved& s) const { return s.counts; }
 
  private:
+  // The local routing's forward: tokens (T, C) with their local choices (T, k) int32 over this rank's experts (-1:
+  // none) and weights (T, k) -> (T, C) the weighted sums of their local experts' outputs. known_counts (El, host):
+  // the slots of each local expert (expert parallelism: from the count exchange), or null: read from the routing
+  // map into s.counts (EP 1). Fills s.slot_of_row, s.row_of_slot, s.padded, s.experts, s.yp.
+  Tensor local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
+                       const std::vector<int64_t>* known_counts) const;
+  // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice).
+  Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
+                        Tensor& dweights) const;
   // The shared expert's fc1 and activation (into s.shared_h, s.shared_a), and its whole backward (dL/dx).
   void shared_forward_fc1(Saved& s, const Tensor& x) const;
   Tensor shared_backward(const Tensor& dy, const Saved& s, const Tensor& x) const;

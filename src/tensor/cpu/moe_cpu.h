@@ -29,6 +29,9 @@ void moe_expert_bias_update_cpu(T* bias, const double* load, int64_t E, double r
 void moe_expert_counts_cpu(int32_t* counts, const int32_t* indices, int64_t slots, int64_t E);
 template <typename T>
 void moe_apply_capacity_cpu(int32_t* indices, const T* weights, int64_t slots, int64_t E, int64_t capacity);
+void moe_dest_ranks_cpu(int32_t* dest, const int32_t* indices, int64_t N, int64_t k, int64_t P, int64_t El);
+void moe_local_choices_cpu(int32_t* local, const int32_t* indices, const int32_t* send_slot, int64_t S, int64_t k,
+                           int64_t P, int64_t El);
 void moe_routing_map_cpu(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* counts, const int32_t* indices,
                          int64_t slots, int64_t E);
 void moe_pad_routing_map_cpu(int32_t* slot_of_row_pad, int32_t* row_of_slot, const int32_t* slot_of_row,

@@ -27,6 +27,24 @@ void moe_apply_capacity_cpu(int32_t* indices, const T* weights, int64_t slots, i
   }
 }
 
+void moe_dest_ranks_cpu(int32_t* dest, const int32_t* indices, int64_t N, int64_t k, int64_t P, int64_t El) {
+  std::fill(dest, dest + N * P, -1);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < k; ++j)
+      if (const int32_t e = indices[n * k + j]; e >= 0) dest[n * P + e / El] = static_cast<int32_t>(e / El);
+}
+
+void moe_local_choices_cpu(int32_t* local, const int32_t* indices, const int32_t* send_slot, int64_t S, int64_t k,
+                           int64_t P, int64_t El) {
+  for (int64_t r = 0; r < S; ++r) {
+    const int64_t n = send_slot[r] / P, d = send_slot[r] % P;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = indices[n * k + j];
+      local[r * k + j] = e >= 0 && e / El == d ? static_cast<int32_t>(e - d * El) : -1;
+    }
+  }
+}
+
 void moe_routing_map_cpu(int32_t* slot_of_row, int32_t* row_of_slot, int32_t* counts, const int32_t* indices,
                          int64_t slots, int64_t E) {
   moe_expert_counts_cpu(counts, indices, slots, E);
