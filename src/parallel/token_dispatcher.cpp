@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "tensor/moe_ops.h"
 
 namespace mt {
 
@@ -55,7 +56,7 @@ TokenDispatcher::Exchange TokenDispatcher::start(const Plan& plan, const Tensor&
   const std::vector<int64_t>& recv = dir == Direction::ToExperts ? plan.recv_rows : plan.send_rows;
   Shape s = rows.shape();
   s[0] = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-  x.received = Tensor::empty(s, rows.dtype(), rows.device());
+  x.received = ops::moe_rows_empty(s, rows.dtype(), rows.device());  // its row count changes every step
   x.work = ep_->all_to_all_v_async(x.received, rows, send, recv);
   return x;
 }

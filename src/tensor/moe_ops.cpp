@@ -405,6 +405,13 @@ int64_t moe_alloc_rows(int64_t rows) {
   return (rows + step - 1) / step * step;
 }
 
+Tensor moe_rows_empty(const Shape& s, DType dtype, Device device) {
+  MT_INTERNAL_ASSERT(!s.empty(), "moe_rows_empty: a shape with rows");
+  Shape alloc = s;
+  alloc[0] = moe_alloc_rows(s[0]);
+  return Tensor::empty(alloc, dtype, device).slice(0, s[0]);
+}
+
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
   const char* op = "moe_zero_unrouted_rows";
   check_2d(op, x, "x");

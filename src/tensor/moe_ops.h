@@ -86,6 +86,10 @@ void moe_pad_routing_map(Tensor& slot_of_row_pad, Tensor& row_of_slot, const Ten
 // few sizes the caching allocator can reuse (its free lists are by exact size: new sizes meant new cudaMalloc calls
 // and, once the device was full of cached blocks, a release of the whole cache every few steps).
 int64_t moe_alloc_rows(int64_t rows);
+// An uninitialized (rows, ...) tensor: the first rows of an allocation of moe_alloc_rows(rows) rows. For the buffers
+// of expert parallelism's exchanges, whose row counts (tokens sent and received) change with the routing every layer
+// and step: in a few sizes, the caching allocator reuses them instead of calling cudaMalloc for each new one.
+Tensor moe_rows_empty(const Shape& s, DType dtype, Device device);
 // x (M, C): rows r with slot_of_row[r] < 0 (padding) = 0, the others untouched; slot_of_row (M) int32.
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).

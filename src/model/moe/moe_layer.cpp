@@ -61,14 +61,16 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
     dispatcher_.exchange_counts(s.plan, s.counts, std::vector<int64_t>(h + E, h + E + P));
     const int64_t S = std::accumulate(s.plan.send_rows.begin(), s.plan.send_rows.end(), int64_t{0});
     // each send row's choices on its rank and their weights, then the tokens (in flight beside the shared fc1)
-    Tensor choices = Tensor::empty({S, k}, DType::I32, x.device()), weights = Tensor::empty({S, k}, s.router.weights.dtype(), x.device());
+    // (buffers of S or T rows, which change every layer and step, in a few allocation sizes: ops::moe_rows_empty)
+    Tensor choices = ops::moe_rows_empty({S, k}, DType::I32, x.device()),
+           weights = ops::moe_rows_empty({S, k}, s.router.weights.dtype(), x.device());
     ops::moe_local_choices(choices, s.router.indices, s.send_slot, P, El);
     ops::moe_permute_forward(weights, s.router.weights, s.send_slot, P);
     using Dir = TokenDispatcher::Direction;
     const Tensor local_choices = dispatcher_.exchange(s.plan, choices, Dir::ToExperts);
     s.local_weights = dispatcher_.exchange(s.plan, weights, Dir::ToExperts);
     choices = weights = Tensor();
-    Tensor sent = c.empty({S, C});
+    Tensor sent = ops::moe_rows_empty({S, C}, c.dtype, x.device());
     ops::moe_permute_forward(sent, x, s.send_slot, P);
     TokenDispatcher::Exchange rows = dispatcher_.start(s.plan, sent, Dir::ToExperts);
     sent = Tensor();
@@ -92,8 +94,8 @@ Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& cho
                                const std::vector<int64_t>* known_counts) const {
   const ModelContext& c = *ctx_;
   const int64_t T = tokens.size(0), C = tokens.size(1), El = dispatcher_.local_experts(), k = opt_.topk;
-  s.slot_of_row = Tensor::empty({T * k}, DType::I32, tokens.device());
-  s.row_of_slot = Tensor::empty({T * k}, DType::I32, tokens.device());
+  s.slot_of_row = ops::moe_rows_empty({T * k}, DType::I32, tokens.device());
+  s.row_of_slot = ops::moe_rows_empty({T * k}, DType::I32, tokens.device());
   Tensor counts_dev = Tensor::empty({El}, DType::I32, tokens.device());
   ops::moe_routing_map(s.slot_of_row, s.row_of_slot, counts_dev, choices, El);
   if (!known_counts) {  // EP 1: the counts come to the host (the grouped GEMMs' sizes) and are the layer's
@@ -112,11 +114,11 @@ Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& cho
     ops::moe_pad_routing_map(pad, s.row_of_slot, s.slot_of_row, counts, regions);
     s.slot_of_row = pad;
   }
-  Tensor xp = c.empty({M, C});
+  Tensor xp = ops::moe_rows_empty({M, C}, c.dtype, tokens.device());
   ops::moe_permute_forward(xp, tokens, s.slot_of_row, k);
   s.yp = experts_.forward(s.experts, xp, s.padded ? regions : counts);  // xp: permuted again in backward (memory)
   xp = Tensor();
-  Tensor out = c.empty({T, C});
+  Tensor out = ops::moe_rows_empty({T, C}, c.dtype, tokens.device());
   ops::moe_unpermute_forward(out, s.yp, weights, s.row_of_slot);
   return out;
 }
@@ -127,17 +129,17 @@ Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& toke
   const int64_t k = opt_.topk;
   // buffers released as soon as read (fewer of them alive at once)
   const int64_t rows = s.yp.size(0);
-  Tensor dyp = c.empty(s.yp.shape());
+  Tensor dyp = ops::moe_rows_empty(s.yp.shape(), c.dtype, tokens.device());
   ops::moe_unpermute_backward(dyp, dweights, dout, s.yp, weights, s.row_of_slot);
   s.yp = Tensor();
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
   Tensor dh = experts_.backward_fc2(dyp, s.experts);
   dyp = Tensor();
-  Tensor xl = c.empty({rows, tokens.size(1)});  // the experts' input rows again
+  Tensor xl = ops::moe_rows_empty({rows, tokens.size(1)}, c.dtype, tokens.device());  // the experts' input rows again
   ops::moe_permute_forward(xl, tokens, s.slot_of_row, k);
   Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
   dh = xl = Tensor();
-  Tensor dtokens = c.empty(tokens.shape());
+  Tensor dtokens = ops::moe_rows_empty(tokens.shape(), c.dtype, tokens.device());
   ops::moe_permute_backward(dtokens, dxl, s.row_of_slot, k);
   return dtokens;
 }
@@ -180,13 +182,13 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     const int64_t P = dispatcher_.ep_size();
     using Dir = TokenDispatcher::Direction;
     const int64_t S = std::accumulate(s.plan.send_rows.begin(), s.plan.send_rows.end(), int64_t{0});
-    Tensor sent = ctx_->empty({S, x.size(1)});
+    Tensor sent = ops::moe_rows_empty({S, x.size(1)}, ctx_->dtype, x.device());
     ops::moe_permute_forward(sent, dy, s.send_slot, P);
     TokenDispatcher::Exchange grads = dispatcher_.start(s.plan, sent, Dir::ToExperts);
     sent = Tensor();
     if (shared_beside) dx_shared = shared_backward(dy, s, x);
     const Tensor dout = dispatcher_.finish(grads);
-    Tensor dw_local = Tensor::empty({dout.size(0), k}, router_.router_dtype(), x.device());
+    Tensor dw_local = ops::moe_rows_empty({dout.size(0), k}, router_.router_dtype(), x.device());
     Tensor dtokens = local_backward(s, dout, s.tokens, s.local_weights, dw_local);
     s.tokens = s.local_weights = Tensor();
     const Tensor dw_back = dispatcher_.exchange(s.plan, dw_local, Dir::Back);
