@@ -13,6 +13,17 @@
 using namespace mt;
 using namespace mt::test;
 
+namespace {
+// The world as one expert-parallel group.
+ParallelState expert_group(Communicator& world) {
+  ParallelState ps;
+  ps.world_size = ps.ep_size = world.size();
+  ps.world_rank = ps.ep_rank = world.rank();
+  ps.ep = &world;
+  return ps;
+}
+}  // namespace
+
 TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
   std::unique_ptr<Communicator> world = make_world_communicator();
   const int P = world->size(), rank = world->rank();
@@ -26,12 +37,7 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
   opt.expert_bias = true;
   opt.seq_length = 1;
   const int64_t C = 4, N = 12 + 3 * rank;  // a different number of tokens on each rank
-  ParallelState ps;
-  ps.world_size = P;
-  ps.world_rank = rank;
-  ps.ep_size = P;
-  ps.ep_rank = rank;
-  ps.ep = world.get();
+  const ParallelState ps = expert_group(*world);
   for (bool blocked : {false, true}) {
     INFO((blocked ? "blocked routing" : "free routing") << " on " << P << " rank(s), rank " << rank);
     MoEFixture ep(opt, C, &ps), one(opt, C);
@@ -82,12 +88,7 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
 TEST_CASE("token dispatcher: counts, rows towards the experts and back", "[moe][mpi]") {
   std::unique_ptr<Communicator> world = make_world_communicator();
   const int P = world->size(), rank = world->rank();
-  ParallelState ps;
-  ps.world_size = P;
-  ps.world_rank = rank;
-  ps.ep_size = P;
-  ps.ep_rank = rank;
-  ps.ep = world.get();
+  const ParallelState ps = expert_group(*world);
   const int64_t E = 8, C = 3;
   TokenDispatcher d(E, ps);
   const int64_t El = d.local_experts();
