@@ -42,7 +42,7 @@ std::vector<double> read_scalars(const std::vector<Tensor>& ts) {
 }
 }  // namespace
 
-void MoEStepDriver::after_iteration() {
+void MoEStepDriver::after_backward() {
   std::vector<Tensor> pending;
   for (MoEMLP* l : layers_) l->pending_losses(pending);
   const std::vector<double> values = read_scalars(pending);

@@ -23,8 +23,10 @@ class MoEStepDriver {
   bool enabled() const { return num_experts_ > 0; }
   // Before an iteration's micro-batches (loss_scale: fp16's, else 1).
   void before_iteration(double loss_scale);
-  // After the iteration's backward and optimizer step (every iteration, the skipped ones too: collective).
-  void after_iteration();
+  // After the iteration's backward, before its optimizer step (every iteration, the skipped ones too:
+  // collective): reads the layers' loss values (one device read), updates the expert biases (not parameters:
+  // the optimizer never touches them; the next forward uses them), adds the routing metrics.
+  void after_backward();
   // The metrics since the last call, one per MoE layer of the whole model (collective over the world).
   std::vector<MoELayerMetrics> take_interval();
   // The routers' expert biases (checkpoints).

@@ -554,6 +554,9 @@ TrainResult run_training(const Config& cfg) {
     run.grad_sync->finish();
     fp8_end_step(run.fp8.get(), ps);
     const double loss = run.global_mean(loss_sum);
+    // The MoE layers' loss values are read while the device is idle here, not after the optimizer step is
+    // enqueued (the read would wait for the whole update, and the host's logging and next batch after it).
+    moe.after_backward();  // expert bias, routing metrics
     const double gnorm = global_grad_norm(*run.store, gps, run.opt->shard(), run.opt->distributed()) / loss_scale;
     const double lr = learning_rate(cfg.optimizer, d.decay_style, decay_iters, it);
     bool skip = false;
@@ -605,7 +608,6 @@ TrainResult run_training(const Config& cfg) {
       interval_loss += loss;
       ++interval_iters;
     }
-    moe.after_iteration();  // expert bias, routing metrics
     iteration = it;
     rec.comm_exposed_ms += take_exposed_comm_ms(run.ctx.device);
     interval_ms += ms_since(t0);
