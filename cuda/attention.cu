@@ -137,23 +137,7 @@ __global__ void __launch_bounds__(kThreads)
           o[mt][dt][2 * rr + 1] *= alpha;
         }
       }
-    // O += P V.
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      uint32_t pa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) c_to_a_frag(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-      for (int dt = 0; dt < kDT; dt += 2) {
-        uint32_t bfr[4];
-        load_b_frags_kn<LD>(bfr, tV, kk * 16, dt * 8);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(o[mt][dt], pa[mt], bfr[0], bfr[1]);
-          mma_16816(o[mt][dt + 1], pa[mt], bfr[2], bfr[3]);
-        }
-      }
-    }
+    mma_cfrags_x_tile<MT, kDT, kBc, LD>(o, s, tV);  // O += P V
     __syncthreads();  // the next iteration's loads overwrite this buffer
   }
 

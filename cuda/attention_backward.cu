@@ -139,29 +139,8 @@ __global__ void __launch_bounds__(kThreads)
           s[mt][nt][e] = p;
           dp[mt][nt][e] = p * (dp[mt][nt][e] - tDelta[col]);
         }
-    // dV += P^T dO, dK += dS^T Q.
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) {
-      uint32_t pa[MT][4], dsa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        c_to_a_frag(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-        c_to_a_frag(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-      }
-#pragma unroll
-      for (int dt = 0; dt < kDT; dt += 2) {
-        uint32_t bo[4], bq[4];
-        load_b_frags_kn<LD>(bo, tdO, kk * 16, dt * 8);
-        load_b_frags_kn<LD>(bq, tQ, kk * 16, dt * 8);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(dvacc[mt][dt], pa[mt], bo[0], bo[1]);
-          mma_16816(dvacc[mt][dt + 1], pa[mt], bo[2], bo[3]);
-          mma_16816(dkacc[mt][dt], dsa[mt], bq[0], bq[1]);
-          mma_16816(dkacc[mt][dt + 1], dsa[mt], bq[2], bq[3]);
-        }
-      }
-    }
+    mma_cfrags_x_tile<MT, kDT, BR, LD>(dvacc, s, tdO);  // dV += P^T dO
+    mma_cfrags_x_tile<MT, kDT, BR, LD>(dkacc, dp, tQ);  // dK += dS^T Q
     __syncthreads();
   }
 
@@ -256,23 +235,7 @@ __global__ void __launch_bounds__(kThreads)
               (key <= row0 + mt * 16 + rr * 8) ? exp2f(fmaf(s[mt][nt][e], scale_log2, -rl[mt][rr])) : 0.f;
           dp[mt][nt][e] = p * (dp[mt][nt][e] - rd[mt][rr]);
         }
-    // dQ += dS K.
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      uint32_t dsa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) c_to_a_frag(dsa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-      for (int dt = 0; dt < kDT; dt += 2) {
-        uint32_t bk[4];
-        load_b_frags_kn<LD>(bk, tK, kk * 16, dt * 8);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(dqacc[mt][dt], dsa[mt], bk[0], bk[1]);
-          mma_16816(dqacc[mt][dt + 1], dsa[mt], bk[2], bk[3]);
-        }
-      }
-    }
+    mma_cfrags_x_tile<MT, kDT, kBc, LD>(dqacc, dp, tK);  // dQ += dS K
     __syncthreads();
   }
 

@@ -164,4 +164,28 @@ __device__ __forceinline__ void mma_rows_x_cols(float (&acc)[MT][kNT][4], const 
   }
 }
 
+// acc[mt][dt] += P B over the kK rows of B: P given as fp32 C fragments p[mt][nt] (16 MT rows x kK columns per
+// warp, rounded to bf16 here), B a padded tile stored [k][n] with D = 8 kDT columns (V in O += P V, K in dQ += dS K,
+// dO and Q in dV += P^T dO and dK += dS^T Q); MT x kDT C fragments per warp.
+template <int MT, int kDT, int kK, int LD>
+__device__ __forceinline__ void mma_cfrags_x_tile(float (&acc)[MT][kDT][4], const float (&p)[MT][kK / 8][4],
+                                                  const bf16_t* B) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) c_to_a_frag(a[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+#pragma unroll
+    for (int dt = 0; dt < kDT; dt += 2) {
+      uint32_t b[4];
+      load_b_frags_kn<LD>(b, B, kk * 16, dt * 8);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][dt], a[mt], b[0], b[1]);
+        mma_16816(acc[mt][dt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 }  // namespace mt::ops::cuda::attn
