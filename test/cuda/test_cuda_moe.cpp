@@ -30,6 +30,63 @@ bool same_ints(const Tensor& device, const Tensor& host) {
   const Tensor h = to_host(device);
   return h.nbytes() == host.nbytes() && std::memcmp(h.raw(), host.raw(), h.nbytes()) == 0;
 }
+// The routing map of idx (N, k) over E experts on the CPU and on the GPU (from the same indices), compared.
+struct RoutingMaps {
+  Tensor s2r_ref, r2s_ref, cnt_ref;  // the CPU's
+  Tensor di, s2r, r2s, cnt;          // the GPU's (di: idx on the device)
+  int64_t M = 0;                     // routed rows
+};
+RoutingMaps check_routing_map(const Tensor& idx, int64_t E) {
+  const int64_t Nk = idx.numel();
+  RoutingMaps m;
+  m.s2r_ref = Tensor::empty({Nk}, DType::I32);
+  m.r2s_ref = Tensor::empty({Nk}, DType::I32);
+  m.cnt_ref = Tensor::empty({E}, DType::I32);
+  ops::moe_routing_map(m.s2r_ref, m.r2s_ref, m.cnt_ref, idx, E);
+  m.di = ints_to_device(idx);
+  m.s2r = Tensor::empty({Nk}, DType::I32, Device::CUDA);
+  m.r2s = Tensor::empty({Nk}, DType::I32, Device::CUDA);
+  m.cnt = Tensor::empty({E}, DType::I32, Device::CUDA);
+  ops::moe_routing_map(m.s2r, m.r2s, m.cnt, m.di, E);
+  CHECK(same_ints(m.s2r, m.s2r_ref));
+  CHECK(same_ints(m.r2s, m.r2s_ref));
+  CHECK(same_ints(m.cnt, m.cnt_ref));
+  for (int64_t e = 0; e < E; ++e) m.M += m.cnt_ref.data<int32_t>()[e];
+  return m;
+}
+
+// Permute / unpermute forward and backward on the GPU against the CPU in fp64 over the maps m, fp32 and bf16, random
+// inputs from seeds seed .. seed + 3 (tokens N x C, top-k).
+void check_permute_ops(const RoutingMaps& m, int64_t N, int64_t C, int64_t k, uint64_t seed) {
+  const int64_t M = m.M;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtype_name(dt));
+    const Tensor x64 = rounded(randn64({N, C}, seed), dt), yp64 = rounded(randn64({M, C}, seed + 1), dt),
+                 dy64 = rounded(randn64({N, C}, seed + 2), dt), w64 = rounded(randn64({N, k}, seed + 3), DType::F32);
+    Tensor xp_ref = Tensor::empty({M, C}, DType::F64);
+    ops::moe_permute_forward(xp_ref, x64, m.s2r_ref, k);
+    Tensor xp = poisoned({M, C}, dt);
+    ops::moe_permute_forward(xp, to_device(x64, dt), m.s2r, k);
+    CHECK(rel_err(to_host64(xp), xp_ref) == 0.0);  // copies
+    Tensor dx_ref = Tensor::empty({N, C}, DType::F64);
+    ops::moe_permute_backward(dx_ref, yp64, m.r2s_ref, k);
+    Tensor dx = poisoned({N, C}, dt);
+    ops::moe_permute_backward(dx, to_device(yp64, dt), m.r2s, k);
+    check_close("moe_permute_backward", dx, dx_ref, dt);
+    Tensor y_ref = Tensor::empty({N, C}, DType::F64);
+    ops::moe_unpermute_forward(y_ref, yp64, w64, m.r2s_ref);
+    Tensor y = poisoned({N, C}, dt);
+    const Tensor w = to_device(w64, DType::F32), yp = to_device(yp64, dt);
+    ops::moe_unpermute_forward(y, yp, w, m.r2s);
+    check_close("moe_unpermute_forward", y, y_ref, dt);
+    Tensor dyp_ref = Tensor::empty({M, C}, DType::F64), dw_ref = Tensor::empty({N, k}, DType::F64);
+    ops::moe_unpermute_backward(dyp_ref, dw_ref, dy64, yp64, w64, m.r2s_ref);
+    Tensor dyp = poisoned({M, C}, dt), dw = poisoned({N, k}, DType::F32);
+    ops::moe_unpermute_backward(dyp, dw, to_device(dy64, dt), yp, w, m.r2s);
+    check_close("moe_unpermute_backward dyp", dyp, dyp_ref, dt);
+    check_close("moe_unpermute_backward dweights", dw, dw_ref, dt);
+  }
+}
 }  // namespace
 
 TEST_CASE("cuda moe router and losses match the CPU", "[cuda][moe]") {
@@ -101,44 +158,8 @@ TEST_CASE("cuda moe routing map, permute and unpermute match the CPU", "[cuda][m
   for (int64_t n = 0; n < N; ++n)  // a token's two choices differ
     if (idx.data<int32_t>()[n * k] == idx.data<int32_t>()[n * k + 1] && idx.data<int32_t>()[n * k] >= 0)
       idx.data<int32_t>()[n * k + 1] = -1;
-  Tensor s2r_ref = Tensor::empty({N * k}, DType::I32), r2s_ref = Tensor::empty({N * k}, DType::I32),
-         cnt_ref = Tensor::empty({E}, DType::I32);
-  ops::moe_routing_map(s2r_ref, r2s_ref, cnt_ref, idx, E);
-  const Tensor di = ints_to_device(idx);
-  Tensor s2r = Tensor::empty({N * k}, DType::I32, Device::CUDA), r2s = Tensor::empty({N * k}, DType::I32, Device::CUDA),
-         cnt = Tensor::empty({E}, DType::I32, Device::CUDA);
-  ops::moe_routing_map(s2r, r2s, cnt, di, E);
-  CHECK(same_ints(s2r, s2r_ref));
-  CHECK(same_ints(r2s, r2s_ref));
-  CHECK(same_ints(cnt, cnt_ref));
-  int64_t M = 0;
-  for (int64_t e = 0; e < E; ++e) M += cnt_ref.data<int32_t>()[e];
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const Tensor x64 = rounded(randn64({N, C}, 11), dt), yp64 = rounded(randn64({M, C}, 12), dt),
-                 dy64 = rounded(randn64({N, C}, 13), dt), w64 = rounded(randn64({N, k}, 14), DType::F32);
-    Tensor xp_ref = Tensor::empty({M, C}, DType::F64);
-    ops::moe_permute_forward(xp_ref, x64, s2r_ref, k);
-    Tensor xp = poisoned({M, C}, dt);
-    ops::moe_permute_forward(xp, to_device(x64, dt), s2r, k);
-    CHECK(rel_err(to_host64(xp), xp_ref) == 0.0);  // copies
-    Tensor dx_ref = Tensor::empty({N, C}, DType::F64);
-    ops::moe_permute_backward(dx_ref, yp64, r2s_ref, k);
-    Tensor dx = poisoned({N, C}, dt);
-    ops::moe_permute_backward(dx, to_device(yp64, dt), r2s, k);
-    check_close("moe_permute_backward", dx, dx_ref, dt);
-    Tensor y_ref = Tensor::empty({N, C}, DType::F64);
-    ops::moe_unpermute_forward(y_ref, yp64, w64, r2s_ref);
-    Tensor y = poisoned({N, C}, dt);
-    const Tensor w = to_device(w64, DType::F32), yp = to_device(yp64, dt);
-    ops::moe_unpermute_forward(y, yp, w, r2s);
-    check_close("moe_unpermute_forward", y, y_ref, dt);
-    Tensor dyp_ref = Tensor::empty({M, C}, DType::F64), dw_ref = Tensor::empty({N, k}, DType::F64);
-    ops::moe_unpermute_backward(dyp_ref, dw_ref, dy64, yp64, w64, r2s_ref);
-    Tensor dyp = poisoned({M, C}, dt), dw = poisoned({N, k}, DType::F32);
-    ops::moe_unpermute_backward(dyp, dw, to_device(dy64, dt), yp, w, r2s);
-    check_close("moe_unpermute_backward dyp", dyp, dyp_ref, dt);
-    check_close("moe_unpermute_backward dweights", dw, dw_ref, dt);
-  }
+  const RoutingMaps m = check_routing_map(idx, E);
+  check_permute_ops(m, N, C, k, 11);
 }
 
 // Token-level dispatch's maps (expert parallelism) on the GPU equal the CPU's: the destination ranks, the send order
@@ -189,48 +210,11 @@ TEST_CASE("cuda moe routing map, permute, unpermute and aux loss at training-lik
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key[a] < key[b]; });
     for (int64_t j = 0; j < k; ++j) idx.data<int32_t>()[n * k + j] = (n * k + j) % 97 == 5 ? -1 : order[j];
   }
-  Tensor s2r_ref = Tensor::empty({N * k}, DType::I32), r2s_ref = Tensor::empty({N * k}, DType::I32),
-         cnt_ref = Tensor::empty({E}, DType::I32);
-  ops::moe_routing_map(s2r_ref, r2s_ref, cnt_ref, idx, E);
-  const Tensor di = ints_to_device(idx);
-  Tensor s2r = Tensor::empty({N * k}, DType::I32, Device::CUDA), r2s = Tensor::empty({N * k}, DType::I32, Device::CUDA),
-         cnt = Tensor::empty({E}, DType::I32, Device::CUDA);
-  ops::moe_routing_map(s2r, r2s, cnt, di, E);
-  CHECK(same_ints(s2r, s2r_ref));
-  CHECK(same_ints(r2s, r2s_ref));
-  CHECK(same_ints(cnt, cnt_ref));
+  const RoutingMaps m = check_routing_map(idx, E);
   Tensor cnt2 = Tensor::empty({E}, DType::I32, Device::CUDA);
-  ops::moe_expert_counts(cnt2, di, E);
-  CHECK(same_ints(cnt2, cnt_ref));
-  int64_t M = 0;
-  for (int64_t e = 0; e < E; ++e) M += cnt_ref.data<int32_t>()[e];
-  for (DType dt : {DType::F32, DType::BF16}) {
-    INFO(dtype_name(dt));
-    const Tensor x64 = rounded(randn64({N, C}, 41), dt), yp64 = rounded(randn64({M, C}, 42), dt),
-                 dy64 = rounded(randn64({N, C}, 43), dt), w64 = rounded(randn64({N, k}, 44), DType::F32);
-    Tensor xp_ref = Tensor::empty({M, C}, DType::F64);
-    ops::moe_permute_forward(xp_ref, x64, s2r_ref, k);
-    Tensor xp = poisoned({M, C}, dt);
-    ops::moe_permute_forward(xp, to_device(x64, dt), s2r, k);
-    CHECK(rel_err(to_host64(xp), xp_ref) == 0.0);
-    Tensor dx_ref = Tensor::empty({N, C}, DType::F64);
-    ops::moe_permute_backward(dx_ref, yp64, r2s_ref, k);
-    Tensor dx = poisoned({N, C}, dt);
-    ops::moe_permute_backward(dx, to_device(yp64, dt), r2s, k);
-    check_close("moe_permute_backward", dx, dx_ref, dt);
-    Tensor y_ref = Tensor::empty({N, C}, DType::F64);
-    ops::moe_unpermute_forward(y_ref, yp64, w64, r2s_ref);
-    Tensor y = poisoned({N, C}, dt);
-    const Tensor w = to_device(w64, DType::F32), yp = to_device(yp64, dt);
-    ops::moe_unpermute_forward(y, yp, w, r2s);
-    check_close("moe_unpermute_forward", y, y_ref, dt);
-    Tensor dyp_ref = Tensor::empty({M, C}, DType::F64), dw_ref = Tensor::empty({N, k}, DType::F64);
-    ops::moe_unpermute_backward(dyp_ref, dw_ref, dy64, yp64, w64, r2s_ref);
-    Tensor dyp = poisoned({M, C}, dt), dw = poisoned({N, k}, DType::F32);
-    ops::moe_unpermute_backward(dyp, dw, to_device(dy64, dt), yp, w, r2s);
-    check_close("moe_unpermute_backward dyp", dyp, dyp_ref, dt);
-    check_close("moe_unpermute_backward dweights", dw, dw_ref, dt);
-  }
+  ops::moe_expert_counts(cnt2, m.di, E);
+  CHECK(same_ints(cnt2, m.cnt_ref));
+  check_permute_ops(m, N, C, k, 41);
   // the balancing loss over one group and over 4099 / 3 ... groups of whole rows (counts over several tiles)
   const Tensor l64 = rounded(randn64({N, E}, 45, 2.0), DType::F32);
   ops::RouterSpec spec;
