@@ -132,7 +132,7 @@ int run_cli(int argc, char** argv) {
     int ranks_on_host = 1;
     const MemoryBudget budget = plan_memory_budget(derive_config(cfg, plan_world_size), plan_world_size, &ranks_on_host);
     const std::string memory = memory_warning(plan_peak_bytes_per_rank(r), ranks_on_host, budget);
-    if (!memory.empty()) std::cout << "\n" << memory << "\n";
+    if (!memory.empty()) std::cout << "\nwarning: " << memory << "\n";
     const std::string ckpt = checkpoint_dir_problem(cfg.checkpoint.dir);
     if (!ckpt.empty())
       std::cout << "\nwarning: checkpoint.dir '" << cfg.checkpoint.dir << "' cannot be created here: " << ckpt

@@ -75,7 +75,7 @@ std::string memory_warning(int64_t per_rank_bytes, int ranks, const MemoryBudget
     std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
     return std::string(buf);
   };
-  return str_cat("warning: the memory estimate (megatrain plan) of ", gib(per_rank_bytes), " per rank",
+  return str_cat("the memory estimate (megatrain plan) of ", gib(per_rank_bytes), " per rank",
                  ranks > 1 ? str_cat(" x ", ranks, " ranks = ", gib(need)) : std::string(), " exceeds ", budget.source,
                  ", ", gib(budget.bytes), "; training will likely run out of memory: lower training.micro_batch_size, "
                  "set training.recompute, or spread the model over more ranks");

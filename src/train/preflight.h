@@ -29,7 +29,8 @@ MemoryBudget gpu_memory_free();        // the current GPU (CUDA build, after cud
 // The plan's per-rank memory in the training.recompute column, the largest over the stages.
 int64_t plan_peak_bytes_per_rank(const PlanReport& r);
 
-// A one-line warning when `ranks` ranks of `per_rank_bytes` each exceed `budget`, else "".
+// A one-line warning (without its "warning: " prefix: log::warn and plan add it) when `ranks` ranks of
+// `per_rank_bytes` each exceed `budget`, else "".
 std::string memory_warning(int64_t per_rank_bytes, int ranks, const MemoryBudget& budget);
 
 // Under Open MPI's mpirun (4.x, ORTE: hnp_uri is OMPI_MCA_orte_hnp_uri, set in every rank it starts), Ctrl-C or a

@@ -118,7 +118,7 @@ TEST_CASE("preflight: memory_warning compares ranks x estimate with the budget",
   const mt::MemoryBudget budget{int64_t{10} << 30, "the host's available memory"};
   CHECK(mt::memory_warning(int64_t{5} << 30, 2, budget).empty());  // exactly fits
   const std::string w = mt::memory_warning(int64_t{6} << 30, 2, budget);
-  CHECK(w == "warning: the memory estimate (megatrain plan) of 6.00 GiB per rank x 2 ranks = 12.00 GiB exceeds the "
+  CHECK(w == "the memory estimate (megatrain plan) of 6.00 GiB per rank x 2 ranks = 12.00 GiB exceeds the "
              "host's available memory, 10.00 GiB; training will likely run out of memory: lower "
              "training.micro_batch_size, set training.recompute, or spread the model over more ranks");
   CHECK(mt::memory_warning(int64_t{1} << 40, 1, mt::MemoryBudget{}).empty());  // unknown budget: nothing to say
