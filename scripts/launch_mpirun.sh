@@ -18,11 +18,6 @@
 # Open MPI to run as root. On one node (no --hostfile / -H) it lets the ranks outnumber the cores
 # (--oversubscribe: the CPU backend, tests) and, when there is no ssh, starts them without it
 # (OMPI_MCA_plm=isolated unless set). The binary: $MEGATRAIN_BIN, else build/megatrain, else megatrain on PATH.
-# Stopping: Ctrl-C or SIGTERM to mpirun itself would make Open MPI pass SIGTERM to the ranks and kill them 1 s
-# later (odls_base_sigkill_timeout), before a checkpoint is written. So mpirun runs in a session of its own (the
-# terminal's Ctrl-C reaches this script only) and the first Ctrl-C / SIGTERM / SIGUSR1 here is passed on as SIGUSR1,
-# which mpirun forwards as it is: every rank finishes the iteration, saves and exits 0. A second one aborts the job;
-# so does this script's end by SIGKILL (its session watches it).
 set -euo pipefail
 
 self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -59,33 +54,7 @@ if [[ ${1:-} == --rank-exec ]]; then
   rank_exec "$@"
 fi
 
-# Internal: `launch_mpirun.sh --job-session LAUNCHER_PID MPIRUN ARGS...`, started by the launcher in a session of its
-# own (no terminal signals reach it). Runs mpirun, passes SIGUSR1 / SIGTERM from the launcher on to it, ends the job
-# (SIGTERM to mpirun) if the launcher disappears without a word (SIGKILL), and exits with mpirun's status.
-job_session() {
-  local launcher=$1 aborted=0 m=""
-  shift
-  trap '[[ -n $m ]] && kill -USR1 "$m" 2>/dev/null || true' USR1
-  trap '[[ -n $m ]] && kill -TERM "$m" 2>/dev/null || true' TERM
-  "$@" &
-  m=$!
-  while kill -0 "$m" 2>/dev/null; do
-    if ((!aborted)) && ! kill -0 "$launcher" 2>/dev/null; then
-      aborted=1
-      kill -TERM "$m" 2>/dev/null || true
-    fi
-    sleep 1 &
-    wait $! || true  # a trapped signal ends the wait at once
-  done
-  wait "$m"
-}
-if [[ ${1:-} == --job-session ]]; then
-  shift
-  job_session "$@"
-  exit
-fi
-
-usage() { sed -n '2,25p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$self" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "launch_mpirun.sh: $*" >&2
   exit 2
@@ -123,7 +92,6 @@ fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-export MT_LAUNCHED_BY=launch_mpirun.sh  # the ranks know a stop comes to them as SIGUSR1 (no start-up warning)
 if [[ $(id -u) == 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 fi
@@ -132,8 +100,7 @@ ranks_here=${per_node:-$np}
 cores=$(nproc 2>/dev/null || echo 1)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / ranks_here > 0 ? cores / ranks_here : 1))}
 
-# --stdin none: mpirun runs in its own session (below), without a terminal to read
-cmd=(mpirun -np "$np" --bind-to none --stdin none "${hosts[@]}")
+cmd=(mpirun -np "$np" --bind-to none "${hosts[@]}")
 if ((${#hosts[@]} == 0)); then
   ((np > cores)) && cmd+=(--oversubscribe)
   command -v ssh >/dev/null || command -v rsh >/dev/null || export OMPI_MCA_plm=${OMPI_MCA_plm:-isolated}
@@ -146,21 +113,4 @@ cmd+=("${extra[@]}" "$self" --rank-exec "$bin" "$@")
 
 echo "+ ${cmd[*]}" >&2
 ((dry)) && exit 0
-setsid "$self" --job-session $$ "${cmd[@]}" &
-pid=$! stops=0
-on_stop() {
-  if ((stops++ == 0)); then
-    echo "launch_mpirun.sh: $1: stopping after the current iteration (each rank saves a checkpoint when" \
-      "checkpoint.dir is set); $1 again aborts the job" >&2
-    kill -USR1 "$pid" 2>/dev/null || true  # the job session passes it on to mpirun
-  else
-    echo "launch_mpirun.sh: $1 again: aborting" >&2
-    kill -TERM "$pid" 2>/dev/null || true
-  fi
-}
-trap 'on_stop SIGINT' INT
-trap 'on_stop SIGTERM' TERM
-trap 'on_stop SIGUSR1' USR1
-# wait returns early when a trapped signal arrives; once the job session has ended, wait gives mpirun's status
-while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
-wait "$pid"
+exec "${cmd[@]}"

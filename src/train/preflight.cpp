@@ -94,10 +94,8 @@ MemoryBudget plan_memory_budget(const DerivedConfig& d, int world_size, int* ran
   return host_memory_available();
 }
 
-std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const char* hnp_uri, const char* timeout,
-                                        const char* launched_by) {
+std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const char* hnp_uri, const char* timeout) {
   if (checkpoint_dir.empty() || !hnp_uri || !*hnp_uri) return "";
-  if (launched_by && std::string(launched_by) == "launch_mpirun.sh") return "";
   long seconds = 1;  // Open MPI's default
   if (timeout && *timeout) {
     char* end = nullptr;
@@ -105,10 +103,10 @@ std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const
     if (end == timeout || *end != '\0') seconds = 1;  // not a number: mpirun falls back to its default too
   }
   if (seconds >= kStopSaveSeconds) return "";
-  return str_cat("under mpirun, Ctrl-C or a SIGTERM to mpirun makes Open MPI pass SIGTERM to the ranks and "
-                 "kill them ", seconds, " s later (Open MPI's odls_base_sigkill_timeout), before a checkpoint is "
-                 "written: to stop with a checkpoint send SIGUSR1 to mpirun (it forwards it) or SIGTERM to the ranks, "
-                 "or start through scripts/launch_mpirun.sh (Ctrl-C and SIGTERM become SIGUSR1 there)");
+  return str_cat("under mpirun, Ctrl-C or a SIGTERM to mpirun makes Open MPI pass SIGTERM to the ranks and kill them ",
+                 seconds, " s later (Open MPI's odls_base_sigkill_timeout), before a checkpoint is written: to stop "
+                 "with a checkpoint send SIGUSR1 to mpirun (kill -USR1 <pid of mpirun>: it forwards it) or SIGTERM to "
+                 "the ranks (SLURM's scancel --signal does)");
 }
 
 void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, int world_rank) {
@@ -117,8 +115,7 @@ void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, i
            "' cannot be created: ", problem, "; set checkpoint.dir to a writable directory (or \"\" for no checkpoints)");
   if (world_rank != 0) return;
   const std::string kill_timeout = mpirun_kill_timeout_warning(
-      cfg.checkpoint.dir, std::getenv("OMPI_MCA_orte_hnp_uri"), std::getenv("OMPI_MCA_odls_base_sigkill_timeout"),
-      std::getenv("MT_LAUNCHED_BY"));
+      cfg.checkpoint.dir, std::getenv("OMPI_MCA_orte_hnp_uri"), std::getenv("OMPI_MCA_odls_base_sigkill_timeout"));
   if (!kill_timeout.empty()) log::warn("{}", kill_timeout);
   MemoryBudget budget;
   int ranks = 1;

@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -25,10 +24,15 @@ struct Proc {
   fs::path out, err;
 };
 
-// Starts the command `words` with stdout/stderr in files named after tag. With pending_sig, that signal is blocked
-// and raised before exec: it is pending when the command starts.
-inline Proc spawn_words(std::vector<std::string> words, const std::string& tag, int pending_sig = 0) {
+// Starts "[mpirun -np NP] megatrain ARGS" (ARGS split at spaces) with stdout/stderr in files. With
+// pending_sig, that signal is blocked and raised before exec: it is pending when megatrain starts.
+inline Proc spawn(const std::string& args, const std::string& tag, int np = 0, int pending_sig = 0) {
   Proc p{-1, temp_dir() / (tag + ".stdout"), temp_dir() / (tag + ".stderr")};
+  std::vector<std::string> words;
+  if (np > 0) words = {"mpirun", "-np", std::to_string(np)};
+  words.push_back(megatrain_bin());
+  std::istringstream ss(args);
+  for (std::string w; ss >> w;) words.push_back(w);
   p.pid = ::fork();
   REQUIRE(p.pid >= 0);
   if (p.pid == 0) {
@@ -36,6 +40,8 @@ inline Proc spawn_words(std::vector<std::string> words, const std::string& tag, 
     const int e = ::open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(o, 1);
     ::dup2(e, 2);
+    // The stop signals at their defaults, whatever the test runner left ignored (a background job ignores SIGINT).
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT}) ::signal(sig, SIG_DFL);
     if (pending_sig) {
       sigset_t set;
       sigemptyset(&set);
@@ -50,45 +56,6 @@ inline Proc spawn_words(std::vector<std::string> words, const std::string& tag, 
     ::_exit(127);
   }
   return p;
-}
-
-// megatrain's ARGS (split at spaces) after `words`.
-inline std::vector<std::string> with_args(std::vector<std::string> words, const std::string& args) {
-  std::istringstream ss(args);
-  for (std::string w; ss >> w;) words.push_back(w);
-  return words;
-}
-
-// "[mpirun -np NP] megatrain ARGS".
-inline Proc spawn(const std::string& args, const std::string& tag, int np = 0, int pending_sig = 0) {
-  std::vector<std::string> words;
-  if (np > 0) words = {"mpirun", "-np", std::to_string(np)};
-  words.push_back(megatrain_bin());
-  return spawn_words(with_args(words, args), tag, pending_sig);
-}
-
-// Whether a live process (not a zombie) has `needle` in its command line (/proc/PID/cmdline, NULs as spaces).
-inline bool any_process_with(const std::string& needle) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string stat = read_file(e.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
-    std::string cmd = read_file(e.path() / "cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos) return true;
-  }
-  return false;
-}
-
-// "scripts/launch_mpirun.sh -n NP -- ARGS" on this build's megatrain (MEGATRAIN_BIN).
-inline Proc spawn_launcher(const std::string& args, const std::string& tag, int np) {
-  return spawn_words(with_args({"env", "MEGATRAIN_BIN=" + megatrain_bin(), source_path("scripts/launch_mpirun.sh"), "-n",
-                                std::to_string(np), "--"},
-                               args),
-                     tag);
 }
 
 // Waits until `file` contains `text` (true) or the process ended / 120 s passed (false).
