@@ -18,6 +18,12 @@
 # Open MPI to run as root. On one node (no --hostfile / -H) it lets the ranks outnumber the cores
 # (--oversubscribe: the CPU backend, tests) and, when there is no ssh, starts them without it
 # (OMPI_MCA_plm=isolated unless set). The binary: $MEGATRAIN_BIN, else build/megatrain, else megatrain on PATH.
+# Stopping: Ctrl-C or SIGTERM to a bare mpirun makes Open MPI pass SIGTERM to the ranks and kill them 1 s later
+# (odls_base_sigkill_timeout), before a checkpoint is written. Here mpirun runs in a process group of its own (the
+# terminal's Ctrl-C reaches this script only) and the first Ctrl-C / SIGTERM / SIGUSR1 to this script goes on to it
+# as SIGUSR1, which mpirun forwards as it is: every rank finishes the iteration, saves a checkpoint (checkpoint.dir)
+# and exits 0, and so does this script. A second Ctrl-C / SIGTERM aborts the job (SIGTERM to mpirun). Should this
+# script die without a word (SIGKILL), mpirun gets SIGUSR1 all the same (setpriv --pdeathsig).
 set -euo pipefail
 
 self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -54,7 +60,7 @@ if [[ ${1:-} == --rank-exec ]]; then
   rank_exec "$@"
 fi
 
-usage() { sed -n '2,20p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$self" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "launch_mpirun.sh: $*" >&2
   exit 2
@@ -92,6 +98,7 @@ fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export MT_LAUNCHED_BY=launch_mpirun.sh  # the ranks know a stop reaches them as SIGUSR1: no start-up warning about it
 if [[ $(id -u) == 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 fi
@@ -100,7 +107,8 @@ ranks_here=${per_node:-$np}
 cores=$(nproc 2>/dev/null || echo 1)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / ranks_here > 0 ? cores / ranks_here : 1))}
 
-cmd=(mpirun -np "$np" --bind-to none "${hosts[@]}")
+# --stdin none: mpirun runs in a background process group (below), with no terminal input to pass on
+cmd=(mpirun -np "$np" --bind-to none --stdin none "${hosts[@]}")
 if ((${#hosts[@]} == 0)); then
   ((np > cores)) && cmd+=(--oversubscribe)
   command -v ssh >/dev/null || command -v rsh >/dev/null || export OMPI_MCA_plm=${OMPI_MCA_plm:-isolated}
@@ -113,4 +121,28 @@ cmd+=("${extra[@]}" "$self" --rank-exec "$bin" "$@")
 
 echo "+ ${cmd[*]}" >&2
 ((dry)) && exit 0
-exec "${cmd[@]}"
+# SIGUSR1 to mpirun if this script dies first (setpriv is util-linux's; without it a killed script leaves mpirun be)
+deathsig=()
+setpriv --help 2>/dev/null | grep -q -- --pdeathsig && deathsig=(setpriv --pdeathsig USR1 --)
+set -m  # job control: the job below gets a process group of its own, out of reach of the terminal's Ctrl-C
+"${deathsig[@]}" "${cmd[@]}" &
+job=$!
+set +m
+stops=0
+on_stop() {
+  if ((stops++ == 0)); then
+    echo "launch_mpirun.sh: $1: stopping after the current iteration (each rank saves a checkpoint when" \
+      "checkpoint.dir is set); Ctrl-C or SIGTERM again aborts the job" >&2
+    kill -USR1 "$job" 2>/dev/null || true
+  elif [[ $1 != SIGUSR1 ]]; then
+    echo "launch_mpirun.sh: $1 again: aborting the job" >&2
+    kill -TERM "$job" 2>/dev/null || true
+  fi
+}
+trap 'on_stop SIGINT' INT
+trap 'on_stop SIGTERM' TERM
+trap 'on_stop SIGUSR1' USR1
+# A trapped signal ends `wait` early; once mpirun has ended, `wait` gives its exit status.
+set +e
+while kill -0 "$job" 2>/dev/null; do wait "$job"; done
+wait "$job"

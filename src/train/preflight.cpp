@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "runtime/cuda/cuda_runtime.h"
@@ -94,8 +95,10 @@ MemoryBudget plan_memory_budget(const DerivedConfig& d, int world_size, int* ran
   return host_memory_available();
 }
 
-std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const char* hnp_uri, const char* timeout) {
+std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const char* hnp_uri, const char* timeout,
+                                        const char* launched_by) {
   if (checkpoint_dir.empty() || !hnp_uri || !*hnp_uri) return "";
+  if (launched_by && std::string_view(launched_by) == "launch_mpirun.sh") return "";  // stops reach mpirun as SIGUSR1
   long seconds = 1;  // Open MPI's default
   if (timeout && *timeout) {
     char* end = nullptr;
@@ -106,7 +109,8 @@ std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const
   return str_cat("under mpirun, Ctrl-C or a SIGTERM to mpirun makes Open MPI pass SIGTERM to the ranks and kill them ",
                  seconds, " s later (Open MPI's odls_base_sigkill_timeout), before a checkpoint is written: to stop "
                  "with a checkpoint send SIGUSR1 to mpirun (kill -USR1 <pid of mpirun>: it forwards it) or SIGTERM to "
-                 "the ranks (SLURM's scancel --signal does)");
+                 "the ranks (SLURM's scancel --signal does), or start the job with scripts/launch_mpirun.sh, which "
+                 "turns Ctrl-C and SIGTERM into that");
 }
 
 void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, int world_rank) {
@@ -115,7 +119,8 @@ void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, i
            "' cannot be created: ", problem, "; set checkpoint.dir to a writable directory (or \"\" for no checkpoints)");
   if (world_rank != 0) return;
   const std::string kill_timeout = mpirun_kill_timeout_warning(
-      cfg.checkpoint.dir, std::getenv("OMPI_MCA_orte_hnp_uri"), std::getenv("OMPI_MCA_odls_base_sigkill_timeout"));
+      cfg.checkpoint.dir, std::getenv("OMPI_MCA_orte_hnp_uri"), std::getenv("OMPI_MCA_odls_base_sigkill_timeout"),
+      std::getenv("MT_LAUNCHED_BY"));
   if (!kill_timeout.empty()) log::warn("{}", kill_timeout);
   MemoryBudget budget;
   int ranks = 1;

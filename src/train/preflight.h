@@ -33,14 +33,16 @@ int64_t plan_peak_bytes_per_rank(const PlanReport& r);
 // `per_rank_bytes` each exceed `budget`, else "".
 std::string memory_warning(int64_t per_rank_bytes, int ranks, const MemoryBudget& budget);
 
-// Under Open MPI's mpirun (4.x, ORTE: hnp_uri is OMPI_MCA_orte_hnp_uri, set in every rank it starts; also through
-// scripts/launch_mpirun.sh), Ctrl-C or a SIGTERM to mpirun makes it pass SIGTERM to the ranks and kill them
-// odls_base_sigkill_timeout seconds later (`timeout`: OMPI_MCA_odls_base_sigkill_timeout; unset = Open MPI's default,
-// 1 s): too soon to finish the iteration and write the checkpoint the signal asks for. SIGUSR1 to mpirun is
-// forwarded without a kill. A one-line warning (for log::warn, which prefixes "warning:") naming the ways to stop
-// with a checkpoint when checkpoint.dir is set and the timeout is short; else "".
+// Under Open MPI's mpirun (4.x, ORTE: hnp_uri is OMPI_MCA_orte_hnp_uri, set in every rank it starts), Ctrl-C or a
+// SIGTERM to mpirun makes it pass SIGTERM to the ranks and kill them odls_base_sigkill_timeout seconds later
+// (`timeout`: OMPI_MCA_odls_base_sigkill_timeout; unset = Open MPI's default, 1 s): too soon to finish the iteration
+// and write the checkpoint the signal asks for. SIGUSR1 to mpirun is forwarded without a kill, and
+// scripts/launch_mpirun.sh turns Ctrl-C / SIGTERM into it (`launched_by`: MT_LAUNCHED_BY, "launch_mpirun.sh" there).
+// A one-line warning (for log::warn, which prefixes "warning:") naming the ways to stop with a checkpoint when
+// checkpoint.dir is set, the timeout is short and the launcher is not in between; else "".
 constexpr int kStopSaveSeconds = 60;  // a kill timeout from this long on is taken as the user's choice
-std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const char* hnp_uri, const char* timeout);
+std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const char* hnp_uri, const char* timeout,
+                                        const char* launched_by);
 
 // The budget `plan` compares with on this machine: a visible GPU's free memory when training would
 // run on it; the host's available memory for all ranks when training would run on the CPU

@@ -99,16 +99,20 @@ TEST_CASE("preflight: under mpirun, a kill timeout too short to save after Ctrl-
           "[plan][preflight]") {
   const char* hnp = "895549440.0;tcp://10.0.0.1:47451";  // OMPI_MCA_orte_hnp_uri: started by mpirun
   // Open MPI's default (unset) is 1 s; the ways to stop with a checkpoint are named.
-  const std::string unset = mt::mpirun_kill_timeout_warning("ck", hnp, nullptr);
+  const std::string unset = mt::mpirun_kill_timeout_warning("ck", hnp, nullptr, nullptr);
   CHECK(unset.find("kill them 1 s later (Open MPI's odls_base_sigkill_timeout), before a checkpoint is written") !=
         std::string::npos);
   CHECK(unset.find("send SIGUSR1 to mpirun") != std::string::npos);
-  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "30").find("kill them 30 s later") != std::string::npos);
-  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "x").find("kill them 1 s later") != std::string::npos);
-  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "60").empty());  // mt::kStopSaveSeconds: the user's choice
-  CHECK(mt::mpirun_kill_timeout_warning("", hnp, nullptr).empty());        // no checkpoints to save
-  CHECK(mt::mpirun_kill_timeout_warning("ck", nullptr, nullptr).empty());  // not under mpirun (alone, srun)
-  CHECK(mt::mpirun_kill_timeout_warning("ck", "", nullptr).empty());
+  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "30", nullptr).find("kill them 30 s later") != std::string::npos);
+  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "x", nullptr).find("kill them 1 s later") != std::string::npos);
+  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "60", nullptr).empty());  // mt::kStopSaveSeconds: the user's choice
+  CHECK(mt::mpirun_kill_timeout_warning("", hnp, nullptr, nullptr).empty());        // no checkpoints to save
+  CHECK(mt::mpirun_kill_timeout_warning("ck", nullptr, nullptr, nullptr).empty());  // not under mpirun (alone, srun)
+  CHECK(mt::mpirun_kill_timeout_warning("ck", "", nullptr, nullptr).empty());
+  // Started through scripts/launch_mpirun.sh (MT_LAUNCHED_BY): Ctrl-C / SIGTERM reach mpirun as SIGUSR1.
+  CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, nullptr, "launch_mpirun.sh").empty());
+  CHECK(!mt::mpirun_kill_timeout_warning("ck", hnp, nullptr, "other").empty());
+  CHECK(unset.find("start the job with scripts/launch_mpirun.sh") != std::string::npos);
 }
 
 TEST_CASE("preflight: memory_warning compares ranks x estimate with the budget", "[plan][preflight]") {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -24,18 +25,16 @@ struct Proc {
   fs::path out, err;
 };
 
-// Starts "[mpirun -np NP] megatrain ARGS" (ARGS split at spaces) with stdout/stderr in files. With
-// pending_sig, that signal is blocked and raised before exec: it is pending when megatrain starts.
-inline Proc spawn(const std::string& args, const std::string& tag, int np = 0, int pending_sig = 0) {
+// Starts the command `words` with stdout/stderr in files named after tag. With pending_sig, that signal is blocked
+// and raised before exec: it is pending when the command starts. With own_group, the command leads a process group
+// of its own, as a shell starts a job: kill(-pid, SIGINT) is then what a terminal's Ctrl-C sends.
+inline Proc spawn_words(std::vector<std::string> words, const std::string& tag, int pending_sig = 0,
+                        bool own_group = false) {
   Proc p{-1, temp_dir() / (tag + ".stdout"), temp_dir() / (tag + ".stderr")};
-  std::vector<std::string> words;
-  if (np > 0) words = {"mpirun", "-np", std::to_string(np)};
-  words.push_back(megatrain_bin());
-  std::istringstream ss(args);
-  for (std::string w; ss >> w;) words.push_back(w);
   p.pid = ::fork();
   REQUIRE(p.pid >= 0);
   if (p.pid == 0) {
+    if (own_group) ::setpgid(0, 0);
     const int o = ::open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = ::open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(o, 1);
@@ -55,7 +54,48 @@ inline Proc spawn(const std::string& args, const std::string& tag, int np = 0, i
     ::execvp(argv[0], argv.data());
     ::_exit(127);
   }
+  if (own_group) ::setpgid(p.pid, p.pid);  // also from here, so it holds before the caller signals the group
   return p;
+}
+
+// `words` followed by ARGS split at spaces.
+inline std::vector<std::string> with_args(std::vector<std::string> words, const std::string& args) {
+  std::istringstream ss(args);
+  for (std::string w; ss >> w;) words.push_back(w);
+  return words;
+}
+
+// Starts "[mpirun -np NP] megatrain ARGS" (ARGS split at spaces).
+inline Proc spawn(const std::string& args, const std::string& tag, int np = 0, int pending_sig = 0) {
+  std::vector<std::string> words;
+  if (np > 0) words = {"mpirun", "-np", std::to_string(np)};
+  words.push_back(megatrain_bin());
+  return spawn_words(with_args(words, args), tag, pending_sig);
+}
+
+// Starts "scripts/launch_mpirun.sh -n NP -- ARGS" on this build's megatrain (MEGATRAIN_BIN), leading a process group
+// of its own as a job started from a terminal does.
+inline Proc spawn_launcher(const std::string& args, const std::string& tag, int np) {
+  return spawn_words(with_args({"env", "MEGATRAIN_BIN=" + megatrain_bin(), source_path("scripts/launch_mpirun.sh"), "-n",
+                                std::to_string(np), "--"},
+                               args),
+                     tag, 0, true);
+}
+
+// Whether a live process (not a zombie) has `needle` in its command line (/proc/PID/cmdline, NULs as spaces).
+inline bool any_process_with(const std::string& needle) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(e.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
+    std::string cmd = read_file(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // Waits until `file` contains `text` (true) or the process ended / 120 s passed (false).

@@ -135,6 +135,42 @@ TEST_CASE("under mpirun with 2 ranks a stop signal saves one complete checkpoint
   CHECK(fs::exists(ck2 / iter_dirs(ck2)[0] / "DONE"));
   CHECK(read_file(m.out).find("SIGUSR1 received at iteration") != std::string::npos);
 
+  // scripts/launch_mpirun.sh (mpirun in a process group of its own): Ctrl-C to the launcher's group (what a terminal
+  // sends) and SIGTERM to the launcher go on to mpirun as SIGUSR1; the ranks save one complete checkpoint, the
+  // launcher exits 0, and rank 0 does not warn about the kill timeout.
+  for (int sig : {SIGINT, SIGTERM}) {
+    const std::string tag = sig == SIGINT ? "sig_launcher_int" : "sig_launcher_term";
+    INFO(tag);
+    const fs::path dir = temp_dir() / tag;
+    Proc l = spawn_launcher(args(dir.string()), tag, 2);
+    REQUIRE(wait_for(l, l.out, "iter 2/"));
+    ::kill(sig == SIGINT ? -l.pid : l.pid, sig);
+    CHECK(wait_exit(l) == 0);
+    REQUIRE(iter_dirs(dir).size() == 1);
+    CHECK(fs::exists(dir / iter_dirs(dir)[0] / "DONE"));
+    CHECK(read_file(l.err).find("stopping after the current iteration") != std::string::npos);  // the launcher
+    const std::string lout = read_file(l.out);
+    CHECK(lout.find("SIGUSR1 received at iteration") != std::string::npos);
+    CHECK(lout.find("odls_base_sigkill_timeout") == std::string::npos);
+  }
+  // The launcher killed outright (SIGKILL: no word to pass on): mpirun gets SIGUSR1 all the same (its parent-death
+  // signal); the ranks save one complete checkpoint and no process of the job is left.
+  {
+    const fs::path dir = temp_dir() / "sig_launcher_kill";
+    Proc l = spawn_launcher(args(dir.string()), "sig_launcher_kill", 2);
+    REQUIRE(wait_for(l, l.out, "iter 2/"));
+    ::kill(l.pid, SIGKILL);
+    wait_exit(l);
+    bool left = true;
+    for (int i = 0; i < 240 && left; ++i) {
+      left = any_process_with(dir.string());
+      if (left) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    CHECK(!left);
+    REQUIRE(iter_dirs(dir).size() == 1);
+    CHECK(fs::exists(dir / iter_dirs(dir)[0] / "DONE"));
+  }
+
   // SIGUSR1 to mpirun (forwarded), no checkpoint.dir.
   Proc q = spawn(args(""), "sig_mpi_nodir", 2);
   REQUIRE(wait_for(q, q.out, "iter 2/"));
