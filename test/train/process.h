@@ -39,8 +39,13 @@ inline Proc spawn_words(std::vector<std::string> words, const std::string& tag, 
     const int e = ::open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(o, 1);
     ::dup2(e, 2);
-    // The stop signals at their defaults, whatever the test runner left ignored (a background job ignores SIGINT).
+    // The stop signals at their defaults and unblocked, as a terminal's shell starts a command, whatever the test
+    // runner left ignored (a background job ignores SIGINT) or blocked (masks are inherited: a blocked SIGUSR1 never
+    // reaches mpirun, which does not unblock it).
     for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT}) ::signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (pending_sig) {
       sigset_t set;
       sigemptyset(&set);
