@@ -20,10 +20,10 @@
 # (OMPI_MCA_plm=isolated unless set). The binary: $MEGATRAIN_BIN, else build/megatrain, else megatrain on PATH.
 # Stopping: Ctrl-C or SIGTERM to a bare mpirun makes Open MPI pass SIGTERM to the ranks and kill them 1 s later
 # (odls_base_sigkill_timeout), before a checkpoint is written. Here mpirun runs in a process group of its own (the
-# terminal's Ctrl-C reaches this script only) and the first Ctrl-C / SIGTERM / SIGUSR1 to this script goes on to it
-# as SIGUSR1, which mpirun forwards as it is: every rank finishes the iteration, saves a checkpoint (checkpoint.dir)
+# terminal's Ctrl-C reaches this script only) and the first Ctrl-C / SIGTERM / SIGUSR1 to this script goes on as
+# SIGUSR1 to this node's ranks (else to mpirun): every rank finishes the iteration, saves a checkpoint (checkpoint.dir)
 # and exits 0, and so does this script. A second Ctrl-C / SIGTERM aborts the job (SIGTERM to mpirun). Should this
-# script die without a word (SIGKILL), mpirun gets SIGUSR1 all the same (setpriv --pdeathsig).
+# script die without a word (SIGKILL), a watcher it leaves stops the job the same way.
 set -euo pipefail
 
 self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -121,19 +121,28 @@ cmd+=("${extra[@]}" "$self" --rank-exec "$bin" "$@")
 
 echo "+ ${cmd[*]}" >&2
 ((dry)) && exit 0
-# SIGUSR1 to mpirun if this script dies first (setpriv is util-linux's; without it a killed script leaves mpirun be)
-deathsig=()
-setpriv --help 2>/dev/null | grep -q -- --pdeathsig && deathsig=(setpriv --pdeathsig USR1 --)
-set -m  # job control: the job below gets a process group of its own, out of reach of the terminal's Ctrl-C
-"${deathsig[@]}" "${cmd[@]}" &
+set -m  # job control: mpirun gets a process group of its own, out of reach of the terminal's Ctrl-C
+"${cmd[@]}" &
 job=$!
 set +m
+# A stop goes as SIGUSR1 to this node's ranks (mpirun's children running the binary; megatrain stops every rank after
+# the iteration in which any one of them got a stop signal), or to mpirun when none runs here (the ranks on other
+# nodes): it forwards SIGUSR1 where it forwards signals (Debian 12's Open MPI 4.1.4 does; Ubuntu 24.04's 4.1.6 did
+# not on our GPU machine).
+bin_real=$(readlink -f "$bin")
+stop_job() {
+  local c sent=0
+  for c in $(cat /proc/"$job"/task/*/children 2>/dev/null); do  # a rank still starting (not yet megatrain): skipped
+    [[ $(readlink /proc/"$c"/exe 2>/dev/null) == "$bin_real" ]] && kill -USR1 "$c" 2>/dev/null && sent=1
+  done
+  ((sent)) || kill -USR1 "$job" 2>/dev/null || true
+}
 stops=0
 on_stop() {
   if ((stops++ == 0)); then
     echo "launch_mpirun.sh: $1: stopping after the current iteration (each rank saves a checkpoint when" \
       "checkpoint.dir is set); Ctrl-C or SIGTERM again aborts the job" >&2
-    kill -USR1 "$job" 2>/dev/null || true
+    stop_job
   elif [[ $1 != SIGUSR1 ]]; then
     echo "launch_mpirun.sh: $1 again: aborting the job" >&2
     kill -TERM "$job" 2>/dev/null || true
@@ -142,6 +151,12 @@ on_stop() {
 trap 'on_stop SIGINT' INT
 trap 'on_stop SIGTERM' TERM
 trap 'on_stop SIGUSR1' USR1
+# Should this script die without a word (SIGKILL), a watcher stops the job the same way (with a checkpoint).
+(
+  trap '' INT TERM USR1
+  while kill -0 $$ 2>/dev/null && kill -0 "$job" 2>/dev/null; do sleep 1; done
+  kill -0 "$job" 2>/dev/null && echo "launch_mpirun.sh: the launcher is gone: stopping the job" >&2 && stop_job
+) &
 # A trapped signal ends `wait` early; once mpirun has ended, `wait` gives its exit status.
 set +e
 while kill -0 "$job" 2>/dev/null; do wait "$job"; done

@@ -108,9 +108,9 @@ std::string mpirun_kill_timeout_warning(const std::string& checkpoint_dir, const
   if (seconds >= kStopSaveSeconds) return "";
   return str_cat("under mpirun, Ctrl-C or a SIGTERM to mpirun makes Open MPI pass SIGTERM to the ranks and kill them ",
                  seconds, " s later (Open MPI's odls_base_sigkill_timeout), before a checkpoint is written: to stop "
-                 "with a checkpoint send SIGUSR1 to mpirun (kill -USR1 <pid of mpirun>: it forwards it) or SIGTERM to "
-                 "the ranks (SLURM's scancel --signal does), or start the job with scripts/launch_mpirun.sh, which "
-                 "turns Ctrl-C and SIGTERM into that");
+                 "with a checkpoint send SIGUSR1 or SIGTERM to one rank (kill -USR1 <pid of a rank>: every rank stops "
+                 "after the same iteration; SLURM's scancel --signal signals them all), or start the job with "
+                 "scripts/launch_mpirun.sh, which turns Ctrl-C and SIGTERM into that");
 }
 
 void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, int world_rank) {

@@ -36,8 +36,9 @@ std::string memory_warning(int64_t per_rank_bytes, int ranks, const MemoryBudget
 // Under Open MPI's mpirun (4.x, ORTE: hnp_uri is OMPI_MCA_orte_hnp_uri, set in every rank it starts), Ctrl-C or a
 // SIGTERM to mpirun makes it pass SIGTERM to the ranks and kill them odls_base_sigkill_timeout seconds later
 // (`timeout`: OMPI_MCA_odls_base_sigkill_timeout; unset = Open MPI's default, 1 s): too soon to finish the iteration
-// and write the checkpoint the signal asks for. SIGUSR1 to mpirun is forwarded without a kill, and
-// scripts/launch_mpirun.sh turns Ctrl-C / SIGTERM into it (`launched_by`: MT_LAUNCHED_BY, "launch_mpirun.sh" there).
+// and write the checkpoint the signal asks for. A stop signal to any one rank stops every rank after the same
+// iteration (not every Open MPI forwards SIGUSR1 to mpirun on: Ubuntu 24.04's 4.1.6 did not on our GPU machine), and
+// scripts/launch_mpirun.sh turns Ctrl-C / SIGTERM into that (`launched_by`: MT_LAUNCHED_BY, "launch_mpirun.sh" there).
 // A one-line warning (for log::warn, which prefixes "warning:") naming the ways to stop with a checkpoint when
 // checkpoint.dir is set, the timeout is short and the launcher is not in between; else "".
 constexpr int kStopSaveSeconds = 60;  // a kill timeout from this long on is taken as the user's choice

@@ -102,7 +102,7 @@ TEST_CASE("preflight: under mpirun, a kill timeout too short to save after Ctrl-
   const std::string unset = mt::mpirun_kill_timeout_warning("ck", hnp, nullptr, nullptr);
   CHECK(unset.find("kill them 1 s later (Open MPI's odls_base_sigkill_timeout), before a checkpoint is written") !=
         std::string::npos);
-  CHECK(unset.find("send SIGUSR1 to mpirun") != std::string::npos);
+  CHECK(unset.find("send SIGUSR1 or SIGTERM to one rank") != std::string::npos);
   CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "30", nullptr).find("kill them 30 s later") != std::string::npos);
   CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "x", nullptr).find("kill them 1 s later") != std::string::npos);
   CHECK(mt::mpirun_kill_timeout_warning("ck", hnp, "60", nullptr).empty());  // mt::kStopSaveSeconds: the user's choice

@@ -135,5 +135,16 @@ inline std::vector<pid_t> children(pid_t pid) {
   return out;
 }
 
+// Which of mpirun's `ranks` is world rank `rank` (OMPI_COMM_WORLD_RANK in its environment); -1 if none.
+inline pid_t rank_pid(const std::vector<pid_t>& ranks, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (pid_t r : ranks) {
+    std::istringstream env(read_file("/proc/" + std::to_string(r) + "/environ"));
+    for (std::string var; std::getline(env, var, '\0');)
+      if (var == want) return r;
+  }
+  return -1;
+}
+
 
 }  // namespace mt::test
