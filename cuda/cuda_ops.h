@@ -2,8 +2,7 @@
 // signatures as the CPU references of tensor/cpu/cpu_ops.h, with element type T = float (parity mode)
 // or mt::bf16 / mt::f16 (training). Declarations only (plain header: ops.cpp includes it); one
 // cuda/<family>.cu per family holds the kernels and these launchers. Every launcher runs on the backend's current
-// stream (cuda_context.h), checks its own launch, and returns without synchronizing, except
-// sum_squares_cuda, which returns a host value.
+// stream (cuda_context.h), checks its own launch, and returns without synchronizing.
 //
 // Mixed precision (Megatron style): statistics (mean, rstd, lse, cross-entropy partials) are fp32;
 // parameter gradients (dweight, dbias, dtable) are fp32 "main grads", accumulated (+=) whatever T
@@ -25,8 +24,10 @@ template <typename T> void scale_cuda(T* x, int64_t n, double s);
 // To/From in {float, bf16} or {float, f16} (To != From); same-type copies go through copy_cuda.
 template <typename To, typename From> void cast_cuda(To* out, const From* in, int64_t n);
 void copy_cuda(void* out, const void* in, size_t bytes);
-// sum of x^2 in fp64, deterministic (fixed grid and reduction order); synchronizes the stream.
-template <typename T> double sum_squares_cuda(const T* x, int64_t n);
+// *out (device) = sum of x^2 in fp64, deterministic (fixed grid and reduction order).
+template <typename T> void sum_squares_into_cuda(double* out, const T* x, int64_t n);
+// out[i] = *in[i] for i < n (in: device pointers to one element each; T float or double).
+template <typename T> void gather_scalars_cuda(T* out, const T* const* in, int64_t n);
 
 // ---------------------------------------------------------------- gemm.cu (cuBLASLt)
 // out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC) [+ residual(N, OC), the GEMM's C operand]

@@ -1,4 +1,4 @@
-// Elementwise ops on CUDA: fill, add, add_, scale, cast, copy, sum_squares. Any shape, n = numel.
+// Elementwise ops on CUDA: fill, add, add_, scale, cast, copy, sum_squares_into, gather_scalars. Any shape, n = numel.
 //   fill: x = value   add: out = a + b (out may alias a or b)   scale: x *= s   cast: out = convert(in)
 //   Arithmetic in fp32 (bf16 rounds once, to nearest even, on store); fp32 results are bit-identical
 //   to the CPU reference's (same single operation per element).
@@ -7,6 +7,7 @@
 //   its threads in a fixed tree and writes one partial; one block then adds the partials in a fixed
 //   tree. Same input, same bits, on every run.
 // Memory-bound: 16-byte accesses where the pointers allow (kernel_utils.cuh launch_map).
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_ops.h"
@@ -61,6 +62,16 @@ __global__ void sum_squares_kernel_final(double* out, const double* partial, int
   if (threadIdx.x == 0) *out = acc;
 }
 
+// out[i] = *in[i]: one-element tensors gathered for one copy to the host (tensor/scalar_read.h).
+constexpr int kMaxScalars = 128;
+struct ScalarPtrs {
+  const void* p[kMaxScalars];
+};
+template <typename T>
+__global__ void gather_scalars_kernel(T* out, const ScalarPtrs in, int n) {
+  if (threadIdx.x < n) out[threadIdx.x] = *static_cast<const T*>(in.p[threadIdx.x]);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- launchers
@@ -100,27 +111,39 @@ void copy_cuda(void* out, const void* in, size_t bytes) {
 }
 
 template <typename T>
-double sum_squares_cuda(const T* x, int64_t n) {
-  if (n <= 0) return 0.0;
+void sum_squares_into_cuda(double* out, const T* x, int64_t n) {
   cudaStream_t s = current_stream();
-  Scratch scratch(sizeof(double) * (kSumBlocks + 1));  // kSumBlocks partials + the result
-  double* buf = scratch.as<double>();
+  if (n <= 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
+    return;
+  }
+  Scratch partials(sizeof(double) * kSumBlocks);
+  double* buf = partials.as<double>();
   sum_squares_kernel_partials<<<kSumBlocks, kSumThreads, 0, s>>>(buf, dev(x), n);
   MT_CUDA_CHECK_LAUNCH("sum_squares_kernel_partials");
-  sum_squares_kernel_final<<<1, 1024, 0, s>>>(buf + kSumBlocks, buf, kSumBlocks);
+  sum_squares_kernel_final<<<1, 1024, 0, s>>>(out, buf, kSumBlocks);
   MT_CUDA_CHECK_LAUNCH("sum_squares_kernel_final");
-  double result = 0;
-  MT_CUDA_CHECK(cudaMemcpyAsync(&result, buf + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, s));
-  MT_CUDA_CHECK(cudaStreamSynchronize(s));
-  return result;
 }
+
+template <typename T>
+void gather_scalars_cuda(T* out, const T* const* in, int64_t n) {
+  for (int64_t first = 0; first < n; first += kMaxScalars) {
+    const int m = static_cast<int>(std::min<int64_t>(kMaxScalars, n - first));
+    ScalarPtrs p{};
+    for (int i = 0; i < m; ++i) p.p[i] = in[first + i];
+    gather_scalars_kernel<T><<<1, kMaxScalars, 0, current_stream()>>>(out + first, p, m);
+    MT_CUDA_CHECK_LAUNCH("gather_scalars_kernel");
+  }
+}
+template void gather_scalars_cuda<float>(float*, const float* const*, int64_t);
+template void gather_scalars_cuda<double>(double*, const double* const*, int64_t);
 
 #define MT_INSTANTIATE(T)                                      \
   template void fill_cuda<T>(T*, int64_t, double);             \
   template void add_inplace_cuda<T>(T*, const T*, int64_t);    \
   template void add_cuda<T>(T*, const T*, const T*, int64_t);  \
   template void scale_cuda<T>(T*, int64_t, double);            \
-  template double sum_squares_cuda<T>(const T*, int64_t);
+  template void sum_squares_into_cuda<T>(double*, const T*, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

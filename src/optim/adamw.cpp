@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -31,35 +32,40 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const 
   return segs;
 }
 
-double global_grad_norm(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard,
-                        bool sharded) {
-  double total[2] = {0, 0};  // dense, expert parameters
+GradSquareSums grad_square_sums(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard) {
   Tensor flat = const_cast<ParamStore&>(store).flat_grads();
-  // Adjacent segments that all count are summed in one reduction (one device sync, not one per
-  // parameter); the padding past the last parameter holds zeros.
-  int64_t run_begin = -1, run_end = -1;
-  bool run_expert = false;
-  auto flush = [&] {
-    if (run_begin >= 0) total[run_expert] += ops::sum_squares(flat.slice(run_begin, run_end - run_begin));
-    run_begin = run_end = -1;
-  };
+  // Adjacent segments that all count are summed in one reduction (few launches, one value each); the padding past
+  // the last parameter holds zeros.
+  std::vector<std::array<int64_t, 2>> runs;  // [begin, end) of the flat buffer
+  std::vector<bool> expert;
   for (const OptimizerSegment& s : optimizer_segments(store, shard)) {
     const ParamSpec& spec = s.param->spec;
     const bool split = spec.partition_dim >= 0 && ps.tp_size > 1;
-    if (spec.tied_copy || (!split && ps.tp_rank != 0)) {
-      flush();
-      continue;
-    }
-    if (run_begin >= 0 && run_end == s.flat_begin && run_expert == spec.expert_parallel) {
-      run_end += s.length;
+    if (spec.tied_copy || (!split && ps.tp_rank != 0)) continue;
+    if (!runs.empty() && runs.back()[1] == s.flat_begin && expert.back() == spec.expert_parallel) {
+      runs.back()[1] += s.length;
     } else {
-      flush();
-      run_begin = s.flat_begin;
-      run_end = s.flat_begin + s.length;
-      run_expert = spec.expert_parallel;
+      runs.push_back({s.flat_begin, s.flat_begin + s.length});
+      expert.push_back(spec.expert_parallel);
     }
   }
-  flush();
+  GradSquareSums out;
+  out.expert = expert;
+  Tensor values = Tensor::empty({static_cast<int64_t>(runs.size())}, DType::F64, flat.device());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Tensor slot = values.slice(static_cast<int64_t>(i), 1);
+    ops::sum_squares_into(slot, flat.slice(runs[i][0], runs[i][1] - runs[i][0]));
+    out.sums.push_back(slot);
+  }
+  return out;
+}
+
+double global_grad_norm(const GradSquareSums& squares, std::span<const double> values, const ParamStore& store,
+                        const ParallelState& ps, bool sharded) {
+  MT_INTERNAL_ASSERT(values.size() == squares.sums.size(), "global_grad_norm: ", values.size(), " values for ",
+                     squares.sums.size(), " sums");
+  double total[2] = {0, 0};  // dense, expert parameters
+  for (size_t i = 0; i < values.size(); ++i) total[squares.expert[i]] += values[i];
   if (sharded && ps.dp_size > 1) total[0] = ps.dp->all_reduce_scalar(total[0], ReduceOp::Sum);
   if (store.has_experts()) {
     // Expert parameters: sharded over expert data parallel; each expert-parallel rank holds other experts.

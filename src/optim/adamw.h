@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "config/config.h"
@@ -31,8 +32,16 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const 
 // every TP rank, TP-replicated ones from TP rank 0, the tied embedding copy of the last stage never;
 // summed over TP and PP, and over DP when the gradients are sharded (distributed optimizer); expert parameters
 // (ParamSpec::expert_parallel) summed over the expert-parallel ranks, and over expert data parallel when sharded.
-double global_grad_norm(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard,
-                        bool sharded);
+// In two halves, so that the device works on the sums while the host waits for the step's other values:
+// grad_square_sums queues this rank's sums of squares (one per run of adjacent counted segments, no wait), and
+// global_grad_norm takes their values (tensor/scalar_read.h) and reduces them over the ranks.
+struct GradSquareSums {
+  std::vector<Tensor> sums;  // one F64 element each, on the gradients' device
+  std::vector<bool> expert;  // sums[i] is over expert parameters
+};
+GradSquareSums grad_square_sums(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard);
+double global_grad_norm(const GradSquareSums& squares, std::span<const double> values, const ParamStore& store,
+                        const ParallelState& ps, bool sharded);
 
 class AdamW {
  public:

@@ -230,29 +230,75 @@ void cast(Tensor& out, const Tensor& in) {
   }
 }
 
-double sum_squares(const Tensor& x) {
+void sum_squares_into(Tensor& out, const Tensor& x) {
   const char* op = "sum_squares";
   need(op, x, "x");
-  double result = 0;
+  need(op, out, "out");
+  OP_ASSERT(out.dtype() == DType::F64 && out.numel() == 1 && out.device() == x.device(), "out ", out.str(),
+            " should be one F64 element on x's device");
   switch (x.device()) {
     case Device::CPU:
       cpu_float(op, x, [&](auto z) {
         using T = decltype(z);
-        result = cpu::sum_squares_cpu<T>(x.data<T>(), x.numel());
+        out.data<double>()[0] = cpu::sum_squares_cpu<T>(x.data<T>(), x.numel());
       });
-      return result;
+      return;
 #if defined(MEGATRAIN_HAVE_CUDA)
     case Device::CUDA:
       cuda_float(op, x, [&](auto z) {
         using T = decltype(z);
         const cuda::OpTimer timer(op, x.numel());
-        result = cuda::sum_squares_cuda<T>(x.data<T>(), x.numel());
+        cuda::sum_squares_into_cuda<T>(out.data<double>(), x.data<T>(), x.numel());
       });
-      return result;
+      return;
 #endif
     default:
       unsupported(op, x);
   }
+}
+
+void gather_scalars(Tensor& out, const std::vector<Tensor>& in) {
+  const char* op = "gather_scalars";
+  need(op, out, "out");
+  OP_ASSERT(out.dim() == 1 && out.numel() == static_cast<int64_t>(in.size()), "out ", out.str(), " for ", in.size(),
+            " scalars");
+  OP_ASSERT(out.dtype() == DType::F32 || out.dtype() == DType::F64, "out ", out.str(), " should be F32 or F64");
+  for (const Tensor& t : in) {
+    like(op, out, t, "a scalar");
+    OP_ASSERT(t.numel() == 1, "scalar ", t.str(), " has more than one element");
+  }
+  if (in.empty()) return;
+  switch (out.device()) {
+    case Device::CPU:
+      for (size_t i = 0; i < in.size(); ++i) out.slice(static_cast<int64_t>(i), 1).copy_from(in[i]);
+      return;
+#if defined(MEGATRAIN_HAVE_CUDA)
+    case Device::CUDA: {
+      const int64_t n = static_cast<int64_t>(in.size());
+      if (out.dtype() == DType::F64) {
+        std::vector<const double*> p;
+        for (const Tensor& t : in) p.push_back(t.data<double>());
+        cuda::gather_scalars_cuda<double>(out.data<double>(), p.data(), n);
+      } else {
+        std::vector<const float*> p;
+        for (const Tensor& t : in) p.push_back(t.data<float>());
+        cuda::gather_scalars_cuda<float>(out.data<float>(), p.data(), n);
+      }
+      return;
+    }
+#endif
+    default:
+      unsupported(op, out);
+  }
+}
+
+double sum_squares(const Tensor& x) {
+  need("sum_squares", x, "x");
+  Tensor out = Tensor::empty({1}, DType::F64, x.device());
+  sum_squares_into(out, x);
+  Tensor host = x.device() == Device::CPU ? out : Tensor::empty({1}, DType::F64);
+  if (x.device() != Device::CPU) host.copy_from(out);  // waits for the device
+  return host.data<double>()[0];
 }
 
 // ---------------------------------------------------------------- linear

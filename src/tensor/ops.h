@@ -27,7 +27,9 @@ void add_(Tensor& a, const Tensor& b);                    // a += b
 void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
 void scale_(Tensor& x, double s);                          // x *= s
 void cast(Tensor& out, const Tensor& in);                  // dtype conversion, same numel
-double sum_squares(const Tensor& x);                       // sum of x^2, accumulated in fp64
+double sum_squares(const Tensor& x);                       // sum of x^2, accumulated in fp64 (a host value)
+void sum_squares_into(Tensor& out, const Tensor& x);       // out (one F64 on x's device) = sum_squares(x), no wait
+void gather_scalars(Tensor& out, const std::vector<Tensor>& in);  // out[i] = in[i] (one element each; F32 | F64)
 
 // ---------------------------------------------------------------- linear (GEMM)
 // out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC) [+ residual(N, OC)]   (bias, residual may be null)

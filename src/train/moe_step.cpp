@@ -22,31 +22,14 @@ void MoEStepDriver::before_iteration(double loss_scale) {
   for (MoEMLP* l : layers_) l->router().set_loss_grad_scale(loss_scale / micro);
 }
 
-namespace {
-// The values of device scalars of one dtype (F32 or F64), gathered on their device and read with one copy.
-std::vector<double> read_scalars(const std::vector<Tensor>& ts) {
-  if (ts.empty()) return {};
-  const DType dt = ts.front().dtype();
-  Tensor dev = Tensor::empty({static_cast<int64_t>(ts.size())}, dt, ts.front().device());
-  for (size_t i = 0; i < ts.size(); ++i) {
-    MT_INTERNAL_ASSERT(ts[i].numel() == 1 && ts[i].dtype() == dt, "loss value ", ts[i].str());
-    Tensor slot = dev.slice(static_cast<int64_t>(i), 1);
-    slot.copy_from(ts[i]);  // device to device: no host synchronization
-  }
-  Tensor host = Tensor::empty(dev.shape(), dt);
-  host.copy_from(dev);
-  std::vector<double> out(ts.size());
-  for (size_t i = 0; i < ts.size(); ++i)
-    out[i] = dt == DType::F64 ? host.data<double>()[i] : static_cast<double>(host.data<float>()[i]);
-  return out;
-}
-}  // namespace
-
-void MoEStepDriver::after_backward() {
+std::vector<Tensor> MoEStepDriver::pending_values() const {
   std::vector<Tensor> pending;
   for (MoEMLP* l : layers_) l->pending_losses(pending);
-  const std::vector<double> values = read_scalars(pending);
-  std::span<const double> rest(values);
+  return pending;
+}
+
+void MoEStepDriver::after_backward(std::span<const double> values) {
+  std::span<const double> rest = values;
   for (MoEMLP* l : layers_) {
     if (l->options().expert_bias) {
       std::vector<int64_t> load = l->router().expert_load();
@@ -64,6 +47,7 @@ void MoEStepDriver::after_backward() {
     t[4] += static_cast<double>(s.microbatches);
     t[5] = 1;
   }
+  MT_INTERNAL_ASSERT(rest.empty(), "MoE step: ", rest.size(), " loss values left over");
 }
 
 std::vector<StateBuffer> MoEStepDriver::state_buffers() const {

@@ -8,6 +8,7 @@
 //   - the routing metrics of the log interval (MoELayerMetrics), summed over all ranks when a line is logged.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "model/gpt_model.h"
@@ -23,10 +24,13 @@ class MoEStepDriver {
   bool enabled() const { return num_experts_ > 0; }
   // Before an iteration's micro-batches (loss_scale: fp16's, else 1).
   void before_iteration(double loss_scale);
+  // The layers' loss values of this iteration (one-element device tensors), for the step's one device read
+  // (tensor/scalar_read.h) at the end of the backward.
+  std::vector<Tensor> pending_values() const;
   // After the iteration's backward, before its optimizer step (every iteration, the skipped ones too:
-  // collective): reads the layers' loss values (one device read), updates the expert biases (not parameters:
-  // the optimizer never touches them; the next forward uses them), adds the routing metrics.
-  void after_backward();
+  // collective), with pending_values()' values: updates the expert biases (not parameters: the optimizer never
+  // touches them; the next forward uses them), adds the routing metrics.
+  void after_backward(std::span<const double> values);
   // The metrics since the last call, one per MoE layer of the whole model (collective over the world).
   std::vector<MoELayerMetrics> take_interval();
   // The routers' expert biases (checkpoints).

@@ -41,7 +41,7 @@ Tensor PipelineExecutor::activation_buffer(const data::MicroBatch& mb) const {
   return ctx_->empty({rows, ctx_->model->hidden_size});
 }
 
-double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_t seed, double dloss) {
+Tensor PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_t seed, double dloss) {
   const ParallelState& ps = *ctx_->ps;
   const int p = ps.pp_size, s = ps.pp_rank, v = static_cast<int>(chunks_.size());
   const std::vector<pp::Action> actions = pp::pipeline_schedule(p, s, static_cast<int>(mbs.size()), v);
@@ -130,7 +130,7 @@ double PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
   drain_sends();
   MT_INTERNAL_ASSERT(states.empty() && act_in.empty() && grad_in.empty() && arriving.empty(),
                      "pipeline schedule left work behind");
-  return host_scalar(loss);
+  return loss;
 }
 
 double PipelineExecutor::evaluate(const std::vector<data::MicroBatch>& mbs) {

@@ -19,9 +19,10 @@ class PipelineExecutor {
  public:
   // chunks[c] is this rank's model chunk c (virtual stage c * pp + pp_rank).
   PipelineExecutor(std::vector<const GPTModel*> chunks, const ModelContext& ctx);
-  // Forward and backward of every micro-batch; returns the summed token loss (non-zero only on the
-  // last stage). Each token's loss has weight dloss_per_token.
-  double train(const std::vector<data::MicroBatch>& mbs, uint64_t dropout_seed, double dloss_per_token);
+  // Forward and backward of every micro-batch, queued without waiting for the device; returns the summed token loss
+  // as one F64 element on the device (non-zero only on the last stage), to be read with the step's other values
+  // (tensor/scalar_read.h). Each token's loss has weight dloss_per_token.
+  Tensor train(const std::vector<data::MicroBatch>& mbs, uint64_t dropout_seed, double dloss_per_token);
   // Forward only (no dropout); returns the summed token loss on the last stage, 0 elsewhere.
   double evaluate(const std::vector<data::MicroBatch>& mbs);
 

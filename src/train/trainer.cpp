@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -33,6 +34,7 @@
 #include "core/counter_rng.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/ops.h"
+#include "tensor/scalar_read.h"
 #include "train/metrics.h"
 #include "train/moe_step.h"
 #include "train/pipeline_executor.h"
@@ -549,15 +551,26 @@ TrainResult run_training(const Config& cfg) {
     const double loss_scale = fp16 ? scaler.scale() : 1.0;
     moe.before_iteration(loss_scale);
     fp8_begin_step(run.fp8.get());
-    const double loss_sum =
+    const Tensor loss_sum =
         run.exec->train(batches, run.dropout_seed(it), loss_scale / static_cast<double>(d.tokens_per_iteration));
     run.grad_sync->finish();
     fp8_end_step(run.fp8.get(), ps);
-    const double loss = run.global_mean(loss_sum);
-    // The MoE layers' loss values are read while the device is idle here, not after the optimizer step is
-    // enqueued (the read would wait for the whole update, and the host's logging and next batch after it).
-    moe.after_backward();  // expert bias, routing metrics
-    const double gnorm = global_grad_norm(*run.store, gps, run.opt->shard(), run.opt->distributed()) / loss_scale;
+    // One wait for the device per step before the update: the loss, the gradient's sums of squares (queued behind
+    // the backward, so the device goes on from the backward to them without waiting for the host) and the MoE
+    // layers' loss values come to the host together. (Not after the optimizer step is queued: that read would wait
+    // for the whole update, and the host's logging and next batch after it.)
+    const GradSquareSums squares = grad_square_sums(*run.store, gps, run.opt->shard());
+    std::vector<Tensor> scalars = squares.sums;
+    scalars.push_back(loss_sum);
+    const std::vector<Tensor> moe_values = moe.pending_values();
+    scalars.insert(scalars.end(), moe_values.begin(), moe_values.end());
+    const std::vector<double> values = read_scalars(scalars);
+    const std::span<const double> all(values);
+    const size_t n_sums = squares.sums.size();
+    const double loss = run.global_mean(all[n_sums]);
+    moe.after_backward(all.subspan(n_sums + 1));  // expert bias, routing metrics
+    const double gnorm =
+        global_grad_norm(squares, all.first(n_sums), *run.store, gps, run.opt->distributed()) / loss_scale;
     const double lr = learning_rate(cfg.optimizer, d.decay_style, decay_iters, it);
     bool skip = false;
     // A non-finite loss is divergence (training.nan_policy); with fp16 a non-finite gradient alone is

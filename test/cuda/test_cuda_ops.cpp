@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "test_cuda_util.h"
+#include "tensor/scalar_read.h"
 
 using namespace mt;
 using namespace mt::gpu_test;
@@ -106,6 +107,31 @@ TEST_CASE("cuda sum_squares matches the CPU and is deterministic", "[cuda][ops]"
       CHECK(std::fabs(got - ref) <= 1e-12 * ref);
       CHECK(std::memcmp(&got, &again, sizeof got) == 0);
     }
+}
+
+TEST_CASE("cuda sum_squares_into and read_scalars: one read of many device values", "[cuda][ops]") {
+  init();
+  // Sums of squares written on the device (no wait), read with F32 scalars in one call: equal to the host-value
+  // sum_squares bit for bit, in order; more scalars than one gather launch takes (128).
+  const Tensor x64 = rounded(randn64({300001}, 41), DType::BF16);
+  const Tensor x = to_device(x64, DType::BF16);
+  Tensor sums = Tensor::empty({2}, DType::F64, Device::CUDA);
+  Tensor s0 = sums.slice(0, 1), s1 = sums.slice(1, 1);
+  ops::sum_squares_into(s0, x);
+  ops::sum_squares_into(s1, x.slice(0, 1000));
+  const double a = ops::sum_squares(x), b = ops::sum_squares(x.slice(0, 1000));
+  const int n = 300;
+  Tensor f_host = Tensor::empty({n}, DType::F32);
+  for (int i = 0; i < n; ++i) f_host.data<float>()[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  const Tensor f = to_device(f_host, DType::F32);
+  std::vector<Tensor> scalars = {s1};
+  for (int i = 0; i < n; ++i) scalars.push_back(f.slice(i, 1));
+  scalars.push_back(s0);
+  const std::vector<double> v = read_scalars(scalars);
+  REQUIRE(v.size() == scalars.size());
+  CHECK(std::memcmp(&v.front(), &b, sizeof(double)) == 0);
+  CHECK(std::memcmp(&v.back(), &a, sizeof(double)) == 0);
+  for (int i = 0; i < n; ++i) CHECK(v[size_t(i) + 1] == 0.25 * i - 7.0);
 }
 
 TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "[cuda][linear]") {

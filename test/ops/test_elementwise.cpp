@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "gradcheck.h"
+#include "tensor/scalar_read.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -108,6 +109,31 @@ TEST_CASE("sum_squares is exact enough and bit-identical for any thread count", 
   CHECK(std::memcmp(&s1, &s3, sizeof(double)) == 0);
   CHECK(s1 == Approx(static_cast<double>(ref)).epsilon(1e-12));
   CHECK(ops::sum_squares(randn({0}, 6)) == 0.0);
+}
+
+TEST_CASE("sum_squares_into and read_scalars: the step's values without a wait per value", "[ops][elementwise]") {
+  const Tensor x = randn({4097}, 7, DType::F32);
+  Tensor sums = Tensor::empty({2}, DType::F64);
+  Tensor s0 = sums.slice(0, 1), s1 = sums.slice(1, 1);
+  ops::sum_squares_into(s0, x);
+  ops::sum_squares_into(s1, x.slice(0, 0));  // empty: 0
+  const double direct = ops::sum_squares(x);
+  // F32 and F64 scalars, interleaved: the values come back in order, each exactly.
+  Tensor f = Tensor::empty({2}, DType::F32);
+  f.data<float>()[0] = 1.5f;
+  f.data<float>()[1] = -2.25f;
+  const std::vector<double> v = read_scalars({f.slice(1, 1), s0, f.slice(0, 1), s1});
+  REQUIRE(v.size() == 4);
+  CHECK(v[0] == -2.25);
+  CHECK(std::memcmp(&v[1], &direct, sizeof(double)) == 0);
+  CHECK(v[2] == 1.5);
+  CHECK(v[3] == 0.0);
+  CHECK(read_scalars({}).empty());
+  Tensor out = Tensor::empty({1}, DType::F64);
+  CHECK_THROWS_AS(ops::gather_scalars(out, {Tensor::zeros({2}, DType::F64)}), InternalError);  // not one element
+  CHECK_THROWS_AS(ops::gather_scalars(out, {Tensor::zeros({1}, DType::F32)}), InternalError);  // another dtype
+  Tensor wrong = Tensor::empty({1}, DType::F32);
+  CHECK_THROWS_AS(ops::sum_squares_into(wrong, x), InternalError);                           // not F64
 }
 
 TEST_CASE("unsupported devices and dtypes name the op", "[ops][elementwise]") {
