@@ -4,7 +4,9 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,6 +87,62 @@ inline Proc spawn_launcher(const std::string& args, const std::string& tag, int 
                                 std::to_string(np), "--"},
                                args),
                      tag, 0, true);
+}
+
+// A command on a terminal of its own: a session leader whose controlling terminal (and stdin, stdout, stderr) is a
+// new pseudo-terminal, as a shell in a terminal window starts it. `master` is the terminal's other end: what the
+// command writes is read there, and "\x03" written there is Ctrl-C typed at the keyboard (the terminal sends SIGINT
+// to its foreground process group, not to a job that runs in a process group of its own).
+struct TermProc {
+  pid_t pid = -1;
+  int master = -1;
+  std::string out;  // everything read from the terminal so far
+};
+
+inline TermProc spawn_on_terminal(std::vector<std::string> words) {
+  TermProc t;
+  t.master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(t.master >= 0);
+  REQUIRE(::grantpt(t.master) == 0);
+  REQUIRE(::unlockpt(t.master) == 0);
+  const std::string slave = ::ptsname(t.master);
+  t.pid = ::fork();
+  REQUIRE(t.pid >= 0);
+  if (t.pid == 0) {
+    ::setsid();
+    const int fd = ::open(slave.c_str(), O_RDWR);  // the first terminal a session leader opens becomes its own
+    if (fd < 0) ::_exit(126);
+    ::dup2(fd, 0);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::close(t.master);
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT, SIGHUP, SIGTTOU, SIGTTIN}) ::signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    std::vector<char*> argv;
+    for (std::string& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return t;
+}
+
+// Reads the terminal until `text` has appeared (true), or until the terminal closes / `seconds` pass (false).
+inline bool read_terminal_until(TermProc& t, const std::string& text, int seconds = 120) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (t.out.find(text) != std::string::npos) return true;
+    pollfd pfd{t.master, POLLIN, 0};
+    if (::poll(&pfd, 1, 50) > 0) {
+      char buf[4096];
+      const ssize_t n = ::read(t.master, buf, sizeof buf);
+      if (n <= 0) return t.out.find(text) != std::string::npos;  // closed: every process of the session is gone
+      t.out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  return false;
 }
 
 // Whether a live process (not a zombie) has `needle` in its command line (/proc/PID/cmdline, NULs as spaces).

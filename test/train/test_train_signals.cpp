@@ -160,6 +160,28 @@ TEST_CASE("under mpirun with 2 ranks a stop signal saves one complete checkpoint
     CHECK(lout.find("SIGUSR1 received at iteration") != std::string::npos);
     CHECK(lout.find("odls_base_sigkill_timeout") == std::string::npos);
   }
+  // Ctrl-C typed at a real terminal (a pseudo-terminal; the launcher in the foreground as a shell runs it): the ranks
+  // save one complete checkpoint and the launcher exits 0. Also proves that mpirun, in a background process group
+  // of that terminal, is not stopped for writing to it.
+  {
+    const fs::path dir = temp_dir() / "sig_launcher_tty";
+    TermProc t = spawn_on_terminal(with_args({"env", "MEGATRAIN_BIN=" + megatrain_bin(),
+                                              source_path("scripts/launch_mpirun.sh"), "-n", "2", "--"},
+                                             args(dir.string())));
+    REQUIRE(read_terminal_until(t, "iter 2/"));
+    REQUIRE(::write(t.master, "\x03", 1) == 1);
+    read_terminal_until(t, "the terminal closes");  // reads until every process of the session is gone
+    int status = 0;
+    REQUIRE(::waitpid(t.pid, &status, 0) == t.pid);
+    ::close(t.master);
+    INFO(t.out);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(t.out.find("launch_mpirun.sh: SIGINT: stopping after the current iteration") != std::string::npos);
+    CHECK(t.out.find("SIGUSR1 received at iteration") != std::string::npos);
+    REQUIRE(iter_dirs(dir).size() == 1);
+    CHECK(fs::exists(dir / iter_dirs(dir)[0] / "DONE"));
+  }
   // The launcher killed outright (SIGKILL: no word to pass on): the watcher it left stops the ranks all the same; they
   // save one complete checkpoint and no process of the job is left.
   {
