@@ -27,6 +27,29 @@ struct Proc {
   fs::path out, err;
 };
 
+// In a forked child: runs `words` with the signals as a terminal's shell leaves them for a command, at their defaults
+// and unblocked, whatever the test runner left ignored (a background job ignores SIGINT) or blocked (masks are
+// inherited: a blocked SIGUSR1 never reaches mpirun, which does not unblock it). With pending_sig, that signal is
+// then blocked and raised: it is pending when the command starts.
+[[noreturn]] inline void exec_from_shell(std::vector<std::string>& words, int pending_sig = 0) {
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT, SIGHUP, SIGTTOU, SIGTTIN}) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (pending_sig) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, pending_sig);
+    ::sigprocmask(SIG_BLOCK, &set, nullptr);
+    ::kill(::getpid(), pending_sig);
+  }
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  ::_exit(127);
+}
+
 // Starts the command `words` with stdout/stderr in files named after tag. With pending_sig, that signal is blocked
 // and raised before exec: it is pending when the command starts. With own_group, the command leads a process group
 // of its own, as a shell starts a job: kill(-pid, SIGINT) is then what a terminal's Ctrl-C sends.
@@ -41,25 +64,7 @@ inline Proc spawn_words(std::vector<std::string> words, const std::string& tag, 
     const int e = ::open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(o, 1);
     ::dup2(e, 2);
-    // The stop signals at their defaults and unblocked, as a terminal's shell starts a command, whatever the test
-    // runner left ignored (a background job ignores SIGINT) or blocked (masks are inherited: a blocked SIGUSR1 never
-    // reaches mpirun, which does not unblock it).
-    for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT}) ::signal(sig, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (pending_sig) {
-      sigset_t set;
-      sigemptyset(&set);
-      sigaddset(&set, pending_sig);
-      ::sigprocmask(SIG_BLOCK, &set, nullptr);
-      ::kill(::getpid(), pending_sig);
-    }
-    std::vector<char*> argv;
-    for (std::string& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
+    exec_from_shell(words, pending_sig);
   }
   if (own_group) ::setpgid(p.pid, p.pid);  // also from here, so it holds before the caller signals the group
   return p;
@@ -116,15 +121,7 @@ inline TermProc spawn_on_terminal(std::vector<std::string> words) {
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     ::close(t.master);
-    for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT, SIGHUP, SIGTTOU, SIGTTIN}) ::signal(sig, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    std::vector<char*> argv;
-    for (std::string& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
+    exec_from_shell(words);
   }
   return t;
 }
