@@ -36,21 +36,19 @@ GradSquareSums grad_square_sums(const ParamStore& store, const ParallelState& ps
   Tensor flat = const_cast<ParamStore&>(store).flat_grads();
   // Adjacent segments that all count are summed in one reduction (few launches, one value each); the padding past
   // the last parameter holds zeros.
-  std::vector<std::array<int64_t, 2>> runs;  // [begin, end) of the flat buffer
-  std::vector<bool> expert;
+  GradSquareSums out;
+  std::vector<std::array<int64_t, 2>> runs;  // [begin, end) of the flat buffer; out.expert[i]: run i's kind
   for (const OptimizerSegment& s : optimizer_segments(store, shard)) {
     const ParamSpec& spec = s.param->spec;
     const bool split = spec.partition_dim >= 0 && ps.tp_size > 1;
     if (spec.tied_copy || (!split && ps.tp_rank != 0)) continue;
-    if (!runs.empty() && runs.back()[1] == s.flat_begin && expert.back() == spec.expert_parallel) {
+    if (!runs.empty() && runs.back()[1] == s.flat_begin && out.expert.back() == spec.expert_parallel) {
       runs.back()[1] += s.length;
     } else {
       runs.push_back({s.flat_begin, s.flat_begin + s.length});
-      expert.push_back(spec.expert_parallel);
+      out.expert.push_back(spec.expert_parallel);
     }
   }
-  GradSquareSums out;
-  out.expert = expert;
   Tensor values = Tensor::empty({static_cast<int64_t>(runs.size())}, DType::F64, flat.device());
   for (size_t i = 0; i < runs.size(); ++i) {
     Tensor slot = values.slice(static_cast<int64_t>(i), 1);

@@ -14,6 +14,7 @@
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/fp8/fp8_ops.h"
+#include "tensor/scalar_read.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "cuda/cuda_ops.h"
 #endif
@@ -296,9 +297,7 @@ double sum_squares(const Tensor& x) {
   need("sum_squares", x, "x");
   Tensor out = Tensor::empty({1}, DType::F64, x.device());
   sum_squares_into(out, x);
-  Tensor host = x.device() == Device::CPU ? out : Tensor::empty({1}, DType::F64);
-  if (x.device() != Device::CPU) host.copy_from(out);  // waits for the device
-  return host.data<double>()[0];
+  return read_scalars({out})[0];  // waits for the device
 }
 
 // ---------------------------------------------------------------- linear

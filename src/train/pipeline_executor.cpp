@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "parallel/pipeline_schedule.h"
+#include "tensor/scalar_read.h"
 
 namespace mt {
 
@@ -17,12 +18,6 @@ StepContext step_for(const data::MicroBatch& mb, uint64_t seed, bool training) {
   s.dropout_seed = seed;
   s.first_sample = mb.first_sample;
   return s;
-}
-// The value of a one-element fp64 tensor (waits for the device).
-double host_scalar(const Tensor& t) {
-  Tensor host = Tensor::empty({1}, DType::F64);
-  host.copy_from(t);
-  return host.data<double>()[0];
 }
 }  // namespace
 
@@ -156,7 +151,7 @@ double PipelineExecutor::evaluate(const std::vector<data::MicroBatch>& mbs) {
       }
     }
   }
-  return host_scalar(loss);
+  return read_scalars({loss})[0];  // waits for the device
 }
 
 }  // namespace mt
