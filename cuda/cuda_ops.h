@@ -44,7 +44,8 @@ void linear_forward_f32out_cuda(float* out, const T* inp, const T* weight, int64
 // (K = 3 OC for dinp; three stacked gradients summed in fp32 for dweight): fp32 sums of exact products, as an fp32
 // GEMM of upcast copies. The MoE router's backward. Null outputs are skipped.
 void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
-                               const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight);
+                               const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight,
+                               bool accumulate_dinp = false);
 // dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += (= unless accumulate_dweight)
 // dout^T @ inp; dbias (fp32) += column sums of dout. Null outputs are skipped.
 template <typename T>

@@ -236,9 +236,11 @@ __global__ void sum3_kernel(float* out, const float* parts, int64_t n, bool accu
 }  // namespace
 
 void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
-                               const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight) {
+                               const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight,
+                               bool accumulate_dinp) {
   if (N == 0 || OC == 0 || IC == 0) {
-    linear_backward_cuda<mt::bf16>(dinp, dweight, nullptr, nullptr, inp, weight, N, IC, OC, false, accumulate_dweight);
+    linear_backward_cuda<mt::bf16>(dinp, dweight, nullptr, nullptr, inp, weight, N, IC, OC, accumulate_dinp,
+                                   accumulate_dweight);
     return;
   }
   cudaStream_t s = current_stream();
@@ -253,7 +255,7 @@ void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout
                                     cudaMemcpyDeviceToDevice, s));
   Scratch dw3(dweight ? sizeof(float) * size_t(3 * OC * IC) : 1);  // the parts' weight gradients (3 OC, IC)
   linear_backward_cuda<mt::bf16>(dinp, dweight ? dw3.as<float>() : nullptr, nullptr, parts.as<mt::bf16>(), inp,
-                                 w3.as<mt::bf16>(), N, IC, 3 * OC, false, false);
+                                 w3.as<mt::bf16>(), N, IC, 3 * OC, accumulate_dinp, false);
   if (dweight) {
     sum3_kernel<<<grid_for(OC * IC, 256), 256, 0, s>>>(dweight, dw3.as<float>(), OC * IC, accumulate_dweight);
     MT_CUDA_CHECK_LAUNCH("sum3_kernel");

@@ -47,7 +47,7 @@ template <typename T>
 void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 template <typename T>
 void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const int32_t* row_of_slot, int64_t N,
-                                int64_t C, int64_t k);
+                                int64_t C, int64_t k, const T* residual);
 template <typename T>
 void moe_unpermute_backward_cuda(T* dyp, float* dweights, const T* dy, const T* yp, const float* weights,
                                  const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);

@@ -444,7 +444,8 @@ void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_s
   });
 }
 
-void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, const Tensor& row_of_slot) {
+void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, const Tensor& row_of_slot,
+                           const Tensor* residual) {
   const char* op = "moe_unpermute_forward";
   check_2d(op, y, "y");
   check_2d(op, yp, "yp");
@@ -453,16 +454,18 @@ void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, c
   check(op, yp, "yp", y, y.dtype(), {yp.size(0), C});
   check(op, weights, "weights", y, router_dtype(y.dtype()), {N, k});
   check(op, row_of_slot, "row_of_slot", y, DType::I32, {N * k});
+  if (residual) check(op, *residual, "residual", y, y.dtype(), {N, C});
   any_float(op, y, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
     if (on_cuda(y))
       return cuda::moe_unpermute_forward_cuda<T>(y.data<T>(), yp.data<T>(), weights.data<float>(),
-                                                 row_of_slot.data<int32_t>(), N, C, k);
+                                                 row_of_slot.data<int32_t>(), N, C, k,
+                                                 residual ? residual->data<T>() : nullptr);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_unpermute_forward_cpu<T>(y.data<T>(), yp.data<T>(), weights.data<T>(), row_of_slot.data<int32_t>(), N,
-                                        C, k);
+                                        C, k, residual ? residual->data<T>() : nullptr);
   });
 }
 

@@ -94,9 +94,11 @@ Tensor moe_rows_empty(const Shape& s, DType dtype, Device device);
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
 void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k);
-// y (N, C) (=): y[n] = sum_j weights[n, j] * yp[row_of_slot[n*k+j]] over the kept slots (the combine).
-// weights (N, k) in the router dtype; yp, y in the activation dtype.
-void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, const Tensor& row_of_slot);
+// y (N, C) (=): y[n] = sum_j weights[n, j] * yp[row_of_slot[n*k+j]] over the kept slots (the combine), plus
+// residual[n] (the layer's residual stream, rounded once with the sum) when given.
+// weights (N, k) in the router dtype; yp, y, residual in the activation dtype.
+void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, const Tensor& row_of_slot,
+                           const Tensor* residual = nullptr);
 // dyp (M, C) (=): dyp[r] = weights[s] * dy[s / k] for s = slot_of_row... (from row_of_slot); dweights (N, k) (=):
 // dot(dy[n], yp[row]) for kept slots, 0 for dropped ones.
 void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, const Tensor& yp, const Tensor& weights,

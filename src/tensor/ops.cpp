@@ -386,11 +386,11 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
 }
 
 void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                          GradMode dweight_mode) {
+                          GradMode dweight_mode, GradMode dinp_mode) {
   const char* op = "linear_backward_wide";
   need(op, dout, "dout");
   if (inp.defined() && inp.dtype() == dout.dtype())  // fp32 / fp64
-    return linear_backward(dinp, dweight, nullptr, dout, inp, weight, GradMode::Overwrite, dweight_mode);
+    return linear_backward(dinp, dweight, nullptr, dout, inp, weight, dinp_mode, dweight_mode);
   const auto [N, IC, OC] = linear_dims(op, inp, weight);
   OP_ASSERT(dout.dtype() == DType::F32 && (inp.dtype() == DType::BF16 || inp.dtype() == DType::F16), "dout ",
             dout.str(), " should be fp32 for 16-bit inp ", inp.str());
@@ -406,7 +406,7 @@ void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, con
     const cuda::OpTimer timer(op, inp.numel());
     cuda::linear_backward_wide_cuda(dinp ? dinp->data<bf16>() : nullptr, dweight ? dweight->data<float>() : nullptr,
                                     dout.data<float>(), inp.data<bf16>(), weight.data<bf16>(), N, IC, OC,
-                                    dweight_mode == GradMode::Accumulate);
+                                    dweight_mode == GradMode::Accumulate, dinp_mode == GradMode::Accumulate);
     return;
   }
   if (inp.device() == Device::CUDA) {  // fp16: parts would leave fp16's range; through fp32 copies
@@ -415,7 +415,8 @@ void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, con
     cast(xr, inp);
     cast(wr, weight);
     Tensor dxr = dinp ? Tensor::empty(inp.shape(), DType::F32, inp.device()) : Tensor();
-    linear_backward(dinp ? &dxr : nullptr, dweight, nullptr, dout, xr, wr, GradMode::Overwrite, dweight_mode);
+    if (dinp && dinp_mode == GradMode::Accumulate) cast(dxr, *dinp);
+    linear_backward(dinp ? &dxr : nullptr, dweight, nullptr, dout, xr, wr, dinp_mode, dweight_mode);
     if (dinp) cast(*dinp, dxr);
     return;
   }

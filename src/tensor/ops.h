@@ -47,11 +47,12 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
                      const Tensor& weight, GradMode dinp_mode = GradMode::Overwrite,
                      GradMode dweight_mode = GradMode::Accumulate);
 // The backward of linear_forward_wide: dout (N, OC) in the wider dtype (fp32 for 16-bit inp and weight);
-// dinp (N, IC) (=) in inp's dtype = dout @ weight, rounded once; dweight (OC, IC) fp32 += (= with Overwrite)
-// dout^T @ inp. The same math as fp32 GEMMs of upcast copies (fp32 sums of exact products; CUDA bf16: without
-// the copies, on an exact three-way bf16 split of dout), fp32 / fp64 operands as linear_backward. The MoE router.
+// dinp (N, IC) (=, or += with Accumulate) in inp's dtype = dout @ weight, rounded once; dweight (OC, IC) fp32 +=
+// (= with Overwrite) dout^T @ inp. The same math as fp32 GEMMs of upcast copies (fp32 sums of exact products; CUDA
+// bf16: without the copies, on an exact three-way bf16 split of dout), fp32 / fp64 operands as linear_backward.
+// The MoE router.
 void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                          GradMode dweight_mode = GradMode::Accumulate);
+                          GradMode dweight_mode = GradMode::Accumulate, GradMode dinp_mode = GradMode::Overwrite);
 
 // Linear + GELU (the MLP of GPT-2): pre(N, OC) = inp @ weight^T + bias, out(N, OC) = gelu(pre): the same as
 // linear_forward then gelu_forward, with the GELU in the GEMM's epilogue where the backend has one.

@@ -79,6 +79,11 @@ void check_permute_ops(const RoutingMaps& m, int64_t N, int64_t C, int64_t k, ui
     const Tensor w = to_device(w64, DType::F32), yp = to_device(yp64, dt);
     ops::moe_unpermute_forward(y, yp, w, m.r2s);
     check_close("moe_unpermute_forward", y, y_ref, dt);
+    Tensor yr_ref = Tensor::empty({N, C}, DType::F64), yr = poisoned({N, C}, dt);  // with the residual stream added
+    ops::moe_unpermute_forward(yr_ref, yp64, w64, m.r2s_ref, &x64);
+    const Tensor xd = to_device(x64, dt);
+    ops::moe_unpermute_forward(yr, yp, w, m.r2s, &xd);
+    check_close("moe_unpermute_forward + residual", yr, yr_ref, dt);
     Tensor dyp_ref = Tensor::empty({M, C}, DType::F64), dw_ref = Tensor::empty({N, k}, DType::F64);
     ops::moe_unpermute_backward(dyp_ref, dw_ref, dy64, yp64, w64, m.r2s_ref);
     Tensor dyp = poisoned({M, C}, dt), dw = poisoned({N, k}, DType::F32);
@@ -211,6 +216,7 @@ TEST_CASE("cuda moe routing map, permute, unpermute and aux loss at training-lik
     for (int64_t j = 0; j < k; ++j) idx.data<int32_t>()[n * k + j] = (n * k + j) % 97 == 5 ? -1 : order[j];
   }
   const RoutingMaps m = check_routing_map(idx, E);
+  check_routing_map(randint32({2000, 4}, 9, -1, 1499), 1500);  // the scatter's shared memory over 48 KiB
   Tensor cnt2 = Tensor::empty({E}, DType::I32, Device::CUDA);
   ops::moe_expert_counts(cnt2, m.di, E);
   CHECK(same_ints(cnt2, m.cnt_ref));

@@ -219,6 +219,12 @@ TEST_CASE("cuda linear_backward_wide: fp32 gradients through 16-bit operands as 
     ops::linear_backward_wide(nullptr, &dw1, g, x, w, ops::GradMode::Overwrite);
     ops::linear_backward(nullptr, &dw1_ref, nullptr, g64, x64, w64, ops::GradMode::Overwrite, ops::GradMode::Overwrite);
     check_close("linear_backward_wide dweight (fp32 =)", dw1, dw1_ref, DType::F32);
+    // dinp += (the router's input gradient added to the layer's): the sum rounded once
+    const Tensor dx0 = rounded(randn64({d.N, d.IC}, ++seed), dt);
+    Tensor dx2 = to_device(dx0, dt), dx2_ref = dx0.clone();
+    ops::linear_backward_wide(&dx2, nullptr, g, x, w, ops::GradMode::Accumulate, ops::GradMode::Accumulate);
+    ops::linear_backward(&dx2_ref, nullptr, nullptr, g64, x64, w64, ops::GradMode::Accumulate);
+    check_close("linear_backward_wide dinp (+=)", dx2, dx2_ref, dt);
   });
   for (DType dt : kDTypes) {
     // identity inp and weight (N = IC = OC): dweight = dout^T, dinp = dout, each exact up to dinp's one rounding

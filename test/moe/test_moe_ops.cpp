@@ -220,6 +220,11 @@ TEST_CASE("moe permute / unpermute: routing map order, adjointness, gradients", 
   ops::moe_unpermute_backward(dyp, dw, dy, yp, w, r2s);
   check_grad("dyp", dyp, yp, L);
   check_grad("dweights", dw, w, L);
+  // with the residual stream: the same sums plus x (fp64: one rounding either way)
+  Tensor y = Tensor::empty({N, C}, D), yr = Tensor::empty({N, C}, D);
+  ops::moe_unpermute_forward(y, yp, w, r2s);
+  ops::moe_unpermute_forward(yr, yp, w, r2s, &x);
+  for (int64_t i = 0; i < N * C; ++i) CHECK(yr.data<double>()[i] == y.data<double>()[i] + x.data<double>()[i]);
   CHECK(dw.data<double>()[5] == 0.0);  // the dropped slot
 }
 

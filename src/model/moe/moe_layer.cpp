@@ -42,7 +42,8 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
   Tensor y;
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
   if (!dispatcher_.exchanges()) {
-    y = local_forward(s, x, s.router.indices, s.router.weights, nullptr);  // EP 1: the router's choices
+    y = local_forward(s, x, s.router.indices, s.router.weights, nullptr, residual);  // EP 1: the router's choices
+    residual = nullptr;                                                               // (added in the combine)
   } else {
     // the send order (token, rank) and the counts: slots per global expert, tokens per rank (one copy to the host)
     const int64_t P = dispatcher_.ep_size(), El = dispatcher_.local_experts();
@@ -77,7 +78,7 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
     if (shared_beside) shared_forward_fc1(s, x);
     s.tokens = dispatcher_.finish(rows);
     // this rank's experts on what arrived; their partial sums back to the tokens' ranks, added up there
-    const Tensor out = local_forward(s, s.tokens, local_choices, s.local_weights, &s.plan.local_counts);
+    const Tensor out = local_forward(s, s.tokens, local_choices, s.local_weights, &s.plan.local_counts, nullptr);
     const Tensor back = dispatcher_.exchange(s.plan, out, Dir::Back);
     y = c.empty({N, C});
     ops::moe_permute_backward(y, back, s.row_of_send, P);
@@ -91,7 +92,7 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
 }
 
 Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
-                               const std::vector<int64_t>* known_counts) const {
+                               const std::vector<int64_t>* known_counts, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   const int64_t T = tokens.size(0), C = tokens.size(1), El = dispatcher_.local_experts(), k = opt_.topk;
   s.slot_of_row = ops::moe_rows_empty({T * k}, DType::I32, tokens.device());
@@ -119,7 +120,7 @@ Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& cho
   s.yp = experts_.forward(s.experts, xp, s.padded ? regions : counts);  // xp: permuted again in backward (memory)
   xp = Tensor();
   Tensor out = ops::moe_rows_empty({T, C}, c.dtype, tokens.device());
-  ops::moe_unpermute_forward(out, s.yp, weights, s.row_of_slot);
+  ops::moe_unpermute_forward(out, s.yp, weights, s.row_of_slot, residual);
   return out;
 }
 
@@ -198,7 +199,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     dx = ctx_->empty(x.shape());
     ops::moe_permute_backward(dx, dx_back, s.row_of_send, P);
   }
-  ops::add_(dx, router_.backward(s.router, dweights, x));
+  router_.backward(s.router, dweights, x, dx);
   if (dx_shared.defined()) ops::add_(dx, dx_shared);
   s = Saved{};
   return dx;

@@ -80,7 +80,7 @@ int64_t Router::aux_groups(int64_t N) const {
   return N / opt_.seq_length;
 }
 
-Tensor Router::backward(Saved& s, const Tensor& dweights, const Tensor& x) const {
+void Router::backward(Saved& s, const Tensor& dweights, const Tensor& x, Tensor& dx) const {
   const int64_t N = x.size(0), E = opt_.num_experts;
   Tensor dlogits = Tensor::empty({N, E}, rdt_, x.device());
   // through the weights of the choice before the drop (a dropped slot's weight gradient is 0, but the weights
@@ -94,16 +94,20 @@ Tensor Router::backward(Saved& s, const Tensor& dweights, const Tensor& x) const
     ops::moe_z_loss_backward(dlogits, s.logits, opt_.z_loss_coeff, loss_grad_scale_ / split_ranks_);
   const ops::GradMode wmode = grad_write_mode(*weight_);
   s = Saved{};
-  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.dtype() == weight_->value.dtype()) {  // as the forward: from the activations as they are
-    ops::linear_backward_wide(&dx, &weight_->grad, dlogits, x, weight_->value, wmode);
-    return dx;
+    ops::linear_backward_wide(&dx, &weight_->grad, dlogits, x, weight_->value, wmode, ops::GradMode::Accumulate);
+    return;
   }
   const Tensor xr = to_router(x), wr = to_router(weight_->value);
-  Tensor dxr = xr.dtype() == x.dtype() ? dx : Tensor::empty(xr.shape(), rdt_, x.device());
+  if (xr.dtype() == x.dtype()) {
+    ops::linear_backward(&dx, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Accumulate, wmode);
+    return;
+  }
+  Tensor dxr = Tensor::empty(xr.shape(), rdt_, x.device());
   ops::linear_backward(&dxr, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, wmode);
-  if (dxr.dtype() != x.dtype()) ops::cast(dx, dxr);
-  return dx;
+  Tensor d = Tensor::empty(x.shape(), x.dtype(), x.device());
+  ops::cast(d, dxr);
+  ops::add_(dx, d);
 }
 
 void Router::update_expert_bias(const std::vector<int64_t>& load) {

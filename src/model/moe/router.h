@@ -35,9 +35,10 @@ class Router {
   };
   // x (N, C) -> s.indices, s.weights.
   void forward(Saved& s, const Tensor& x) const;
-  // dweights (N, k) router dtype (its entries of dropped slots ignored) -> dL/dx (N, C) in the activation dtype;
-  // the router weight's gradient accumulates; the enabled losses' gradients are added. Consumes s.
-  Tensor backward(Saved& s, const Tensor& dweights, const Tensor& x) const;
+  // dweights (N, k) router dtype (its entries of dropped slots ignored): dx (N, C, the activation dtype) += dL/dx
+  // (in the GEMM's epilogue on the GPU); the router weight's gradient accumulates; the enabled losses' gradients
+  // are added. Consumes s.
+  void backward(Saved& s, const Tensor& dweights, const Tensor& x, Tensor& dx) const;
 
   DType router_dtype() const { return rdt_; }
   const ops::RouterSpec& spec() const { return spec_; }

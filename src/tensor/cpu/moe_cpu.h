@@ -44,7 +44,7 @@ template <typename T>
 void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
 template <typename T>
 void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
-                               int64_t k);
+                               int64_t k, const T* residual);
 template <typename T>
 void moe_unpermute_backward_cpu(T* dyp, T* dweights, const T* dy, const T* yp, const T* weights,
                                 const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);

@@ -113,7 +113,7 @@ void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, 
 
 template <typename T>
 void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
-                               int64_t k) {
+                               int64_t k, const T* residual) {
   std::vector<double> acc(static_cast<size_t>(C));
   for (int64_t n = 0; n < N; ++n) {
     std::fill(acc.begin(), acc.end(), 0.0);
@@ -123,6 +123,8 @@ void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_
       const double w = static_cast<double>(weights[n * k + j]);
       for (int64_t c = 0; c < C; ++c) acc[c] += w * static_cast<double>(yp[r * C + c]);
     }
+    if (residual)
+      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(residual[n * C + c]);
     for (int64_t c = 0; c < C; ++c) y[n * C + c] = static_cast<T>(acc[c]);
   }
 }
@@ -153,7 +155,8 @@ void moe_unpermute_backward_cpu(T* dyp, T* dweights, const T* dy, const T* yp, c
   template void moe_permute_forward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
   template void moe_zero_unrouted_rows_cpu<T>(T*, const int32_t*, int64_t, int64_t);                             \
   template void moe_permute_backward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
-  template void moe_unpermute_forward_cpu<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t); \
+  template void moe_unpermute_forward_cpu<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t,     \
+                                             const T*);                                                           \
   template void moe_unpermute_backward_cpu<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t,    \
                                               int64_t, int64_t);
 MT_INSTANTIATE(float)
