@@ -125,7 +125,9 @@ for cmd in "${cmds[@]}"; do
       continue
       ;;
   esac
-  if [[ $body == *data/corpus/* || $body == *data/tokenizers/* || $body == *runs/quickstart\ * ]] && ((!have_text)); then
+  # (data/mycorpus* is what the README's preprocess command makes from data/corpus)
+  if [[ $body == *data/corpus/* || $body == *data/tokenizers/* || $body == *data/mycorpus* ||
+        $body == *runs/quickstart[/\ ]* ]] && ((!have_text)); then
     if [[ ${MEGATRAIN_REQUIRE_TOKENIZER:-0} == 1 ]]; then
       fail "$body: needs data/corpus and data/tokenizers (scripts/fetch_text_data.sh)"
     else
@@ -134,7 +136,7 @@ for cmd in "${cmds[@]}"; do
     fi
     continue
   fi
-  if [[ $body == *runs/quickstart\ * ]]; then
+  if [[ $body == *runs/quickstart[/\ ]* ]]; then
     quickstart_ckpt || { fail "could not make runs/quickstart for: $body"; continue; }
   fi
   echo "RUN: $body"
