@@ -4,8 +4,10 @@
 // (decoupled weight decay on the old p), as tensor/cpu/adamw.cpp. Arithmetic in fp64 like the
 // reference (the kernel is memory-bound: 28 bytes per element); the bias corrections are computed
 // once on the host. Grid-stride over 4-float vectors when all four buffers are 16-byte aligned (and the copy 8).
+// Optionally the weight decay by element range (a table of runs): one launch for parameters with and without decay.
 // With a copy (bf16 / fp16), the updated weights are also written rounded, as cast_cuda would: 2 more bytes per
 // element here instead of a separate cast pass of 6 (reading the fp32 weights again).
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_ops.h"
@@ -23,21 +25,52 @@ struct AdamWParams {
   double lr, beta1, beta2, eps, wd, grad_scale, inv_bc1, inv_sqrt_bc2;
 };
 
-__device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float grad, const AdamWParams& a) {
+// Weight decay by element range over one launch (decaying matrices and non-decaying norms in one pass): run r holds
+// elements [start[r], start[r + 1]) of the launch (the last one to its end) and decays iff decay[r].
+constexpr int kMaxRuns = 192;
+struct DecayTable {
+  int count;
+  int64_t start[kMaxRuns];
+  uint8_t decay[kMaxRuns];
+};
+
+// The run holding element i (start[0] = 0 <= i): binary search over the table in the kernel's parameter space.
+__device__ __forceinline__ int run_of(const DecayTable& t, int64_t i) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.start[mid] <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// wd of element i + k, r the run of element i (advanced past the runs that end at or before i + k)
+__device__ __forceinline__ double run_wd(const DecayTable& t, int& r, int64_t i, double wd) {
+  while (r + 1 < t.count && i >= t.start[r + 1]) ++r;
+  return t.decay[r] ? wd : 0.0;
+}
+
+__device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float grad, const AdamWParams& a,
+                                             double wd) {
   const double g = static_cast<double>(grad) * a.grad_scale;
   const double mi = a.beta1 * static_cast<double>(m) + (1.0 - a.beta1) * g;
   const double vi = a.beta2 * static_cast<double>(v) + (1.0 - a.beta2) * g * g;
   const double pd = static_cast<double>(p);
   m = static_cast<float>(mi);
   v = static_cast<float>(vi);
-  p = static_cast<float>(pd - a.lr * ((mi * a.inv_bc1) / (sqrt(vi) * a.inv_sqrt_bc2 + a.eps) + a.wd * pd));
+  p = static_cast<float>(pd - a.lr * ((mi * a.inv_bc1) / (sqrt(vi) * a.inv_sqrt_bc2 + a.eps) + wd * pd));
 }
 
-// CT: the copy's element type, or float for none
-template <int VEC, typename CT>
+// CT: the copy's element type, or float for none. kRuns: weight decay from the table, else a.wd everywhere.
+template <int VEC, typename CT, bool kRuns>
 __global__ void adamw_step_kernel(float* param, float* m, float* v, const float* grad, int64_t n, AdamWParams a,
-                                  CT* copy) {
+                                  CT* copy, const __grid_constant__ DecayTable runs) {
   constexpr bool kCopy = !std::is_same_v<CT, float>;
+  auto wd_at = [&](int& r, int64_t i) {
+    if constexpr (kRuns) return run_wd(runs, r, i, a.wd);
+    else return a.wd;
+  };
   const int64_t chunks = n / VEC, stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t c = tid; c < chunks; c += stride) {
@@ -47,8 +80,9 @@ __global__ void adamw_step_kernel(float* param, float* m, float* v, const float*
     load_vec<VEC>(mm, m + i);
     load_vec<VEC>(vv, v + i);
     load_vec<VEC>(g, grad + i);
+    int r = kRuns ? run_of(runs, i) : 0;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) adamw_update(p[k], mm[k], vv[k], g[k], a);
+    for (int k = 0; k < VEC; ++k) adamw_update(p[k], mm[k], vv[k], g[k], a, wd_at(r, i + k));
     store_vec<VEC>(param + i, p);
     store_vec<VEC>(m + i, mm);
     store_vec<VEC>(v + i, vv);
@@ -60,36 +94,56 @@ __global__ void adamw_step_kernel(float* param, float* m, float* v, const float*
     }
   }
   for (int64_t i = chunks * VEC + tid; i < n; i += stride) {
-    adamw_update(param[i], m[i], v[i], grad[i], a);
+    int r = kRuns ? run_of(runs, i) : 0;
+    adamw_update(param[i], m[i], v[i], grad[i], a, wd_at(r, i));
     if constexpr (kCopy) copy[i] = from_float<CT>(param[i]);
   }
 }
 
-template <typename CT>
-void launch_adamw(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy) {
+template <bool kRuns, typename CT>
+void launch_adamw(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy,
+                  const DecayTable& runs) {
   constexpr int kThreads = 256;
   cudaStream_t s = current_stream();
   if (aligned(param, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grad, 16) && aligned(copy, 8))
-    adamw_step_kernel<4><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy);
+    adamw_step_kernel<4, CT, kRuns><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a,
+                                                                                          copy, runs);
   else
-    adamw_step_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy);
+    adamw_step_kernel<1, CT, kRuns><<<grid_for(n, kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy, runs);
+}
+
+// One launch per kMaxRuns runs (a launch per span without a table).
+template <typename CT>
+void launch_adamw_runs(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy,
+                       const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
+  DecayTable t{};
+  if (runs == 0) return launch_adamw<false>(param, m, v, grad, n, a, copy, t);
+  for (int64_t r0 = 0; r0 < runs; r0 += kMaxRuns) {
+    const int64_t r1 = std::min(runs, r0 + kMaxRuns), b = run_starts[r0], e = r1 < runs ? run_starts[r1] : n;
+    t.count = int(r1 - r0);
+    for (int64_t r = r0; r < r1; ++r) {
+      t.start[r - r0] = run_starts[r] - b;
+      t.decay[r - r0] = run_decay[r];
+    }
+    launch_adamw<true>(param + b, m + b, v + b, grad + b, e - b, a, copy ? copy + b : copy, t);
+  }
 }
 
 }  // namespace
 
 void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
                      double beta2, double eps, double weight_decay, int64_t step, double grad_scale, void* copy,
-                     bool copy_f16) {
+                     bool copy_f16, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
   if (n <= 0) return;
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const AdamWParams a{lr, beta1, beta2, eps, weight_decay, grad_scale, 1.0 / bc1, 1.0 / std::sqrt(bc2)};
   if (!copy)
-    launch_adamw<float>(param, m, v, grad, n, a, nullptr);
+    launch_adamw_runs<float>(param, m, v, grad, n, a, nullptr, run_starts, run_decay, runs);
   else if (!copy_f16)
-    launch_adamw(param, m, v, grad, n, a, static_cast<__nv_bfloat16*>(copy));
+    launch_adamw_runs(param, m, v, grad, n, a, static_cast<__nv_bfloat16*>(copy), run_starts, run_decay, runs);
   else
-    launch_adamw(param, m, v, grad, n, a, static_cast<__half*>(copy));
+    launch_adamw_runs(param, m, v, grad, n, a, static_cast<__half*>(copy), run_starts, run_decay, runs);
   MT_CUDA_CHECK_LAUNCH("adamw_step_cuda");
 }
 

@@ -204,8 +204,11 @@ class OpTimer {
 // ---------------------------------------------------------------- adamw.cu (fp32 master weights)
 // copy (null, or n bf16 elements, fp16 with copy_f16): = the updated param rounded to nearest even, as cast_cuda,
 // written in the same pass (the compute copy of the master weights, without re-reading them).
+// runs > 0: element i decays (weight_decay, else 0) iff run_decay[r] for the run r holding it, run r = [run_starts[r],
+// run_starts[r + 1]) (the last to n), run_starts[0] = 0, ascending (host arrays).
 void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
                      double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
-                     void* copy = nullptr, bool copy_f16 = false);
+                     void* copy = nullptr, bool copy_f16 = false, const int64_t* run_starts = nullptr,
+                     const uint8_t* run_decay = nullptr, int64_t runs = 0);
 
 }  // namespace mt::ops::cuda

@@ -119,34 +119,39 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   // (as sync_values_from_master would: bit for bit); `written` collects those runs of the flat buffer.
   const bool fused_copy = store_->has_separate_master() && master.device() == Device::CUDA;
   std::vector<std::pair<int64_t, int64_t>> written;
-  // One update per run of adjacent segments (in the flat buffers and in the state) with the same
-  // weight decay: few launches on a GPU.
+  // One update per run of adjacent segments (in the flat buffers and in the state), the weight decay by element
+  // range inside it (matrices decay, norms and biases do not): one launch on a GPU for a whole shard range.
+  ops::AdamWArgs a;
+  a.lr = lr;
+  a.beta1 = cfg_.adam_beta1;
+  a.beta2 = cfg_.adam_beta2;
+  a.eps = cfg_.adam_eps;
+  a.weight_decay = cfg_.weight_decay;
+  a.step = step_;
+  a.grad_scale = grad_scale;
   for (size_t i = 0; i < segments_.size();) {
-    const bool decay = segments_[i].param->weight_decay;
     const int64_t begin = segments_[i].flat_begin, state_begin = segments_[i].shard_begin;
-    int64_t end = begin + segments_[i].length;
-    size_t j = i + 1;
-    for (; j < segments_.size() && segments_[j].param->weight_decay == decay && segments_[j].flat_begin == end &&
-           segments_[j].shard_begin == state_begin + (end - begin);
-         ++j)
+    int64_t end = begin;
+    ops::DecayRuns runs;
+    size_t j = i;
+    for (; j < segments_.size() && segments_[j].flat_begin == end && segments_[j].shard_begin == state_begin + (end - begin);
+         ++j) {
+      const uint8_t decay = segments_[j].param->weight_decay ? 1 : 0;
+      if (runs.decay.empty() || runs.decay.back() != decay) {
+        runs.starts.push_back(end - begin);
+        runs.decay.push_back(decay);
+      }
       end += segments_[j].length;
-    ops::AdamWArgs a;
-    a.lr = lr;
-    a.beta1 = cfg_.adam_beta1;
-    a.beta2 = cfg_.adam_beta2;
-    a.eps = cfg_.adam_eps;
-    a.weight_decay = decay ? cfg_.weight_decay : 0.0;
-    a.step = step_;
-    a.grad_scale = grad_scale;
+    }
     Tensor p = master.slice(begin, end - begin);
     Tensor m = m_.slice(state_begin, end - begin);
     Tensor v = v_.slice(state_begin, end - begin);
     if (fused_copy) {
       Tensor copy = store_->flat_values().slice(begin, end - begin);
-      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a, &copy);
+      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a, &copy, &runs);
       written.emplace_back(begin, end);
     } else {
-      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a);
+      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a, nullptr, &runs);
     }
     i = j;
   }

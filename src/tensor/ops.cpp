@@ -1057,37 +1057,59 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed,
 
 // ---------------------------------------------------------------- optimizer
 
-void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& a, Tensor* param_copy) {
+void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& a, Tensor* param_copy,
+                const DecayRuns* decay) {
   const char* op = "adamw_step";
   need(op, param, "param");
   like_numel(op, param, m, "m", param.numel());
   like_numel(op, param, v, "v", param.numel());
   like_numel(op, param, grad, "grad", param.numel());
   OP_ASSERT(a.step >= 1, "step ", a.step, " should be >= 1");
-  if (param_copy) {
+  const int64_t runs = decay ? static_cast<int64_t>(decay->starts.size()) : 0;
+  if (decay) {
+    OP_ASSERT(runs >= 1 && decay->decay.size() == decay->starts.size() && decay->starts[0] == 0,
+              "decay runs: ", runs, " starts and ", decay->decay.size(), " flags, the first at ",
+              runs ? decay->starts[0] : -1, " (should be 0)");
+    for (int64_t r = 1; r < runs; ++r)
+      OP_ASSERT(decay->starts[r] > decay->starts[r - 1] && decay->starts[r] < param.numel(), "decay run ", r,
+                " starts at ", decay->starts[r], " (after ", decay->starts[r - 1], ", before ", param.numel(), ")");
+  }
+  if (param_copy)
     OP_ASSERT(param_copy->numel() == param.numel() && param_copy->device() == param.device() &&
                   (param_copy->dtype() == DType::BF16 || param_copy->dtype() == DType::F16),
               "param_copy should be a bf16 / fp16 tensor of ", param.numel(), " elements on param's device");
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (param.device() == Device::CUDA && param.dtype() == DType::F32) {
-      const cuda::OpTimer timer("adamw_step (+ weight copy)", param.numel());  // MT_OP_PROFILE
-      cuda::adamw_step_cuda(param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(),
-                            a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale, param_copy->raw(),
-                            param_copy->dtype() == DType::F16);
-      return;
-    }
+  if (param.device() == Device::CUDA && param.dtype() == DType::F32) {
+    const cuda::OpTimer timer(param_copy ? "adamw_step (+ weight copy)" : op, param.numel());  // MT_OP_PROFILE
+    cuda::adamw_step_cuda(param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(),
+                          a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale,
+                          param_copy ? param_copy->raw() : nullptr,
+                          param_copy && param_copy->dtype() == DType::F16, decay ? decay->starts.data() : nullptr,
+                          decay ? decay->decay.data() : nullptr, runs);
+    return;
+  }
 #endif
-    adamw_step(param, m, v, grad, a);
+  if (runs > 1) {  // one update per run (the reference)
+    for (int64_t r = 0; r < runs; ++r) {
+      const int64_t b = decay->starts[r], e = r + 1 < runs ? decay->starts[r + 1] : param.numel();
+      AdamWArgs ar = a;
+      ar.weight_decay = decay->decay[r] ? a.weight_decay : 0.0;
+      Tensor pr = param.slice(b, e - b), mr = m.slice(b, e - b), vr = v.slice(b, e - b);
+      Tensor cr = param_copy ? param_copy->slice(b, e - b) : Tensor();
+      adamw_step(pr, mr, vr, grad.slice(b, e - b), ar, param_copy ? &cr : nullptr);
+    }
+    return;
+  }
+  AdamWArgs ar = a;
+  if (runs == 1 && !decay->decay[0]) ar.weight_decay = 0.0;
+  if (param_copy) {
+    adamw_step(param, m, v, grad, ar);
     cast(*param_copy, param);
     return;
   }
-  MT_DISPATCH(op, param,
-              (if constexpr (std::is_same_v<T, float>) cuda::adamw_step_cuda(
-                   param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(), a.lr,
-                   a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale);
-               else unsupported(op, param)),
+  MT_DISPATCH(op, param, (unsupported(op, param)),  // CUDA: fp32 above
               cpu::adamw_step_cpu<T>(param.data<T>(), m.data<T>(), v.data<T>(), grad.data<T>(), param.numel(),
-                                     a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale));
+                                     ar.lr, ar.beta1, ar.beta2, ar.eps, ar.weight_decay, ar.step, ar.grad_scale));
 }
 
 }  // namespace mt::ops

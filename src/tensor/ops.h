@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/rope_params.h"
 #include "core/op_policy.h"
@@ -194,7 +195,14 @@ struct AdamWArgs {
 // p -= lr * ((m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps) + wd * p). param, m, v, grad same dtype.
 // param_copy (optional: bf16 / fp16, param's numel and device) = the updated param as ops::cast gives it (on the GPU
 // written by the update's own pass, fp32 param only).
+// decay (optional): the weight decay by element range, for one update over parameters with and without it: run r
+// = elements [starts[r], starts[r + 1]) (the last to the end; starts[0] = 0, ascending) gets args.weight_decay iff
+// decay[r], else 0. The same bits as one update per run (one launch on the GPU for up to 192 runs).
+struct DecayRuns {
+  std::vector<int64_t> starts;
+  std::vector<uint8_t> decay;
+};
 void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& args,
-                Tensor* param_copy = nullptr);
+                Tensor* param_copy = nullptr, const DecayRuns* decay = nullptr);
 
 }  // namespace mt::ops

@@ -655,6 +655,47 @@ TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
       check_close("adamw_step v", v, vr, DType::F32);
     }
 }
+// Weight decay by element range in one update: the same bits as one update per run (runs of 1 to 1031 elements,
+// boundaries inside 4-float vectors, more runs than one launch's table holds), with and without the bf16 copy.
+TEST_CASE("cuda adamw with decay runs equals one update per run", "[cuda][adamw]") {
+  init();
+  ops::DecayRuns runs;
+  int64_t n = 0;
+  for (int64_t r = 0; r < 450; ++r) {
+    runs.starts.push_back(n);
+    runs.decay.push_back(r % 3 != 1);
+    n += 1 + (r * 37) % 1031;
+  }
+  for (bool with_copy : {false, true}) {
+    INFO("copy " << with_copy);
+    const Tensor p0 = to_device(rounded(randn64({n}, 17, 0.02), DType::F32), DType::F32);
+    const Tensor zero = Tensor::zeros({n}, DType::F32, Device::CUDA);
+    Tensor p = p0.clone(), m = zero.clone(), v = zero.clone(), pr = p0.clone(), mr = zero.clone(), vr = zero.clone();
+    Tensor copy = Tensor::empty({n}, DType::BF16, Device::CUDA), copy_r = Tensor::empty({n}, DType::BF16, Device::CUDA);
+    ops::AdamWArgs a;
+    a.lr = 1e-3;
+    a.weight_decay = 0.1;
+    for (int64_t step = 1; step <= 2; ++step) {
+      a.step = step;
+      const Tensor g = to_device(rounded(randn64({n}, 3000 * step), DType::F32), DType::F32);
+      ops::adamw_step(p, m, v, g, a, with_copy ? &copy : nullptr, &runs);
+      for (size_t r = 0; r < runs.starts.size(); ++r) {
+        const int64_t b = runs.starts[r], e = r + 1 < runs.starts.size() ? runs.starts[r + 1] : n;
+        ops::AdamWArgs ar = a;
+        ar.weight_decay = runs.decay[r] ? a.weight_decay : 0.0;
+        Tensor pr_r = pr.slice(b, e - b), mr_r = mr.slice(b, e - b), vr_r = vr.slice(b, e - b);
+        Tensor cr = copy_r.slice(b, e - b);
+        ops::adamw_step(pr_r, mr_r, vr_r, g.slice(b, e - b), ar, with_copy ? &cr : nullptr);
+      }
+    }
+    CHECK(bitwise_equal(p, pr));
+    CHECK(bitwise_equal(m, mr));
+    CHECK(bitwise_equal(v, vr));
+    if (with_copy) CHECK(bitwise_equal(copy, copy_r));
+    CHECK(!bitwise_equal(p, p0));
+  }
+}
+
 // The optimizer's fused compute copy: the same update, and the copy equal to ops::cast of the updated weights bit for
 // bit (bf16 and fp16; vector and scalar paths, the copy shifted by one element).
 TEST_CASE("cuda adamw with the weights' bf16 / fp16 copy written in the same pass", "[cuda][adamw]") {
