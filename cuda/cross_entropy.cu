@@ -5,8 +5,6 @@
 //             slice else 0 (over the valid columns; no valid column: -inf and 0).
 //   combine:  rescale sumexp to the global max, then lse = M + log(S) and loss = lse - target (fp64), per row.
 //   backward: dlogits = (exp(z - lse[n]) - [v == t]) dloss[n], padding columns 0; may alias logits.
-//   fused:    one slice holding the whole vocabulary (no tensor parallelism): stats, finish and backward of a
-//             row in one block, dlogits written in place of the logits (training: dloss is known in the forward).
 // One block per row; probabilities are never stored (the backward writes dlogits in place of them).
 // Stats read the row once: each thread keeps an online (max, sum) pair, rescaling once per vector of
 // VEC elements, and the pairs are merged across the block in a fixed order. 16-byte accesses when Vl
@@ -32,11 +30,13 @@ __device__ __forceinline__ void merge_ms(float& m, float& s, float m2, float s2)
   m = mn;
 }
 
-// The row's (max, sum of exp(z - max)) over its first n_valid columns, merged across the block in a fixed order;
-// every thread gets the result. Each thread keeps an online pair, rescaled once per vector of VEC elements.
 template <int VEC, typename D>
-__device__ void row_max_sumexp(const D* z, int64_t n_valid, float& m_out, float& s_out) {
+__global__ void cross_entropy_stats_kernel(float* max_out, float* sumexp_out, float* target_out, const D* logits,
+                                           const int32_t* targets, int64_t Vl, int64_t vocab_start,
+                                           int64_t n_valid) {
   __shared__ float sm[32], ss[32];
+  const int64_t n = blockIdx.x;
+  const D* z = logits + n * Vl;
   float m = -INFINITY, s = 0.f;
   const int64_t nv = n_valid / VEC * VEC;
   for (int64_t c = threadIdx.x * VEC; c < nv; c += blockDim.x * VEC) {
@@ -78,19 +78,22 @@ __device__ void row_max_sumexp(const D* z, int64_t n_valid, float& m_out, float&
       merge_ms(m, s, m2, s2);
     }
     if (lane == 0) {
-      sm[0] = m;
-      ss[0] = s;
+      max_out[n] = m;
+      sumexp_out[n] = s;
+      const int64_t t = static_cast<int64_t>(targets[n]) - vocab_start;
+      target_out[n] = (t >= 0 && t < n_valid) ? to_float(z[t]) : 0.f;
     }
   }
-  __syncthreads();
-  m_out = sm[0];
-  s_out = ss[0];
 }
 
-// dz = (exp(z - l) - [col == t]) g over the valid columns, 0 over the padding; dz may be z (each element is read,
-// then written, by one thread).
 template <int VEC, typename D>
-__device__ void row_grad(D* dz, const D* z, float l, float g, int64_t t, int64_t Vl, int64_t n_valid) {
+__global__ void cross_entropy_backward_kernel(D* dlogits, const D* logits, const int32_t* targets, const float* lse,
+                                              const float* dloss, int64_t Vl, int64_t vocab_start, int64_t n_valid) {
+  const int64_t n = blockIdx.x;
+  const D* z = logits + n * Vl;
+  D* dz = dlogits + n * Vl;  // may be z: every element is read, then written, by one thread
+  const float l = lse[n], g = dloss[n];
+  const int64_t t = static_cast<int64_t>(targets[n]) - vocab_start;
   for (int64_t c = threadIdx.x * VEC; c < Vl; c += blockDim.x * VEC) {
     D v[VEC];
     load_vec<VEC>(v, z + c);
@@ -102,49 +105,6 @@ __device__ void row_grad(D* dz, const D* z, float l, float g, int64_t t, int64_t
     }
     store_vec<VEC>(dz + c, v);
   }
-}
-
-template <int VEC, typename D>
-__global__ void cross_entropy_stats_kernel(float* max_out, float* sumexp_out, float* target_out, const D* logits,
-                                           const int32_t* targets, int64_t Vl, int64_t vocab_start,
-                                           int64_t n_valid) {
-  const int64_t n = blockIdx.x;
-  const D* z = logits + n * Vl;
-  float m, s;
-  row_max_sumexp<VEC>(z, n_valid, m, s);
-  if (threadIdx.x == 0) {
-    max_out[n] = m;
-    sumexp_out[n] = s;
-    const int64_t t = static_cast<int64_t>(targets[n]) - vocab_start;
-    target_out[n] = (t >= 0 && t < n_valid) ? to_float(z[t]) : 0.f;
-  }
-}
-
-template <int VEC, typename D>
-__global__ void cross_entropy_backward_kernel(D* dlogits, const D* logits, const int32_t* targets, const float* lse,
-                                              const float* dloss, int64_t Vl, int64_t vocab_start, int64_t n_valid) {
-  const int64_t n = blockIdx.x;
-  row_grad<VEC>(dlogits + n * Vl, logits + n * Vl, lse[n], dloss[n], static_cast<int64_t>(targets[n]) - vocab_start,
-                Vl, n_valid);
-}
-
-// One slice holding the whole vocabulary: stats, finish and backward of a row in one block. The row is read twice
-// (the second time mostly from L2) and written once, in place. The same fp32 operations as the three kernels.
-template <int VEC, typename D>
-__global__ void cross_entropy_fused_kernel(float* lse, double* loss, D* logits, const int32_t* targets, int64_t Vl,
-                                           int64_t n_valid, float g) {
-  const int64_t n = blockIdx.x, t = targets[n];
-  D* z = logits + n * Vl;
-  float zt = 0.f;  // read before row_max_sumexp's last barrier: no thread has written the row yet
-  if (threadIdx.x == 0 && t >= 0 && t < n_valid) zt = to_float(z[t]);
-  float m, s;
-  row_max_sumexp<VEC>(z, n_valid, m, s);
-  const float l = m + logf(s);
-  if (threadIdx.x == 0) {
-    lse[n] = l;
-    loss[n] = static_cast<double>(l) - static_cast<double>(zt);
-  }
-  row_grad<VEC>(z, z, l, g, t, Vl, n_valid);
 }
 
 // The combine of the slices' statistics (one thread per row; cross_entropy.cpp has the math).
@@ -235,27 +195,11 @@ void cross_entropy_backward_cuda(T* dlogits, const T* logits, const int32_t* tar
   MT_CUDA_CHECK_LAUNCH("cross_entropy_backward_cuda");
 }
 
-template <typename T>
-void cross_entropy_fused_cuda(float* lse, double* loss, T* logits, const int32_t* targets, int64_t N, int64_t Vl,
-                              int64_t n_valid, float dloss) {
-  using D = dev_t<T>;
-  if (N == 0) return;
-  constexpr int kVec = 16 / sizeof(D);
-  cudaStream_t s = current_stream();
-  const unsigned grid = static_cast<unsigned>(N);
-  if (Vl % kVec == 0 && aligned(logits, 16))
-    cross_entropy_fused_kernel<kVec><<<grid, kThreads, 0, s>>>(lse, loss, dev(logits), targets, Vl, n_valid, dloss);
-  else
-    cross_entropy_fused_kernel<1><<<grid, kThreads, 0, s>>>(lse, loss, dev(logits), targets, Vl, n_valid, dloss);
-  MT_CUDA_CHECK_LAUNCH("cross_entropy_fused_cuda");
-}
-
 #define MT_INSTANTIATE(T)                                                                                      \
   template void cross_entropy_stats_cuda<T>(float*, float*, float*, const T*, const int32_t*, int64_t, int64_t, \
                                             int64_t, int64_t);                                                 \
   template void cross_entropy_backward_cuda<T>(T*, const T*, const int32_t*, const float*, const float*, int64_t, \
-                                               int64_t, int64_t, int64_t);                                      \
-  template void cross_entropy_fused_cuda<T>(float*, double*, T*, const int32_t*, int64_t, int64_t, int64_t, float);
+                                               int64_t, int64_t, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

@@ -166,9 +166,6 @@ void sum_accumulate_cuda(double* acc, const double* x, int64_t n);  // acc[0] +=
 template <typename T>
 void cross_entropy_backward_cuda(T* dlogits, const T* logits, const int32_t* targets, const float* lse,
                                  const float* dloss, int64_t N, int64_t Vl, int64_t vocab_start, int64_t n_valid);
-template <typename T>  // stats + finish + backward of one slice holding the whole vocabulary, in place
-void cross_entropy_fused_cuda(float* lse, double* loss, T* logits, const int32_t* targets, int64_t N, int64_t Vl,
-                              int64_t n_valid, float dloss);
 
 // ---------------------------------------------------------------- dropout.cu
 template <typename T>

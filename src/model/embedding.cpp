@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/check.h"
 #include "parallel/mappings.h"
 #include "core/counter_rng.h"
 #include "core/rope_params.h"
@@ -117,37 +116,27 @@ OutputLayer::OutputLayer(const ModelContext& ctx, Param* weight)
   n_valid_ = std::clamp<int64_t>(ctx.model->vocab_size - vocab_start_, 0, vl);
 }
 
-void OutputLayer::forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor& loss_acc,
-                          double dloss_per_token) const {
+void OutputLayer::forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor& loss_acc, Tensor* losses) const {
   const ModelContext& c = *ctx_;
   s.logits = linear_.forward(h);  // (N, Vl): rows gathered under SP
   const int64_t N = s.logits.size(0);
   // Statistics in fp32 (fp64 for fp64 logits) on the model's device, combined over TP ranks there.
   const DType st = stat_dtype(c.dtype);
+  Tensor se = Tensor::empty({N}, st, c.device), tl = Tensor::empty({N}, st, c.device);
   s.lse = Tensor::empty({N}, st, c.device);
+  ops::cross_entropy_stats(s.lse, se, tl, s.logits, targets, vocab_start_, n_valid_);
   Tensor loss = Tensor::empty({N}, DType::F64, c.device);
-  if (dloss_per_token != 0.0 && c.ps->tp_size == 1) {  // the whole vocabulary here: loss and gradient in one pass
-    ops::cross_entropy_fused(s.lse, loss, s.logits, targets, n_valid_, dloss_per_token);
-    s.grad_for = dloss_per_token;
-  } else {
-    Tensor se = Tensor::empty({N}, st, c.device), tl = Tensor::empty({N}, st, c.device);
-    ops::cross_entropy_stats(s.lse, se, tl, s.logits, targets, vocab_start_, n_valid_);
-    combine_vocab_parallel_ce(s.lse, se, tl, loss, *c.ps);  // s.lse: the row maxima become the log-sum-exp
-  }
+  combine_vocab_parallel_ce(s.lse, se, tl, loss, *c.ps);  // s.lse: the row maxima become the log-sum-exp
   ops::sum_accumulate(loss_acc, loss);
+  if (losses) *losses = loss;
 }
 
 Tensor OutputLayer::backward(Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const {
   const ModelContext& c = *ctx_;
   const int64_t N = s.logits.size(0);
-  if (s.grad_for == 0.0) {
-    Tensor dloss = Tensor::empty({N}, s.lse.dtype(), c.device);
-    ops::fill_(dloss, dloss_per_token);
-    ops::cross_entropy_backward(s.logits, s.logits, targets, s.lse, dloss, vocab_start_, n_valid_);  // in place
-  } else {
-    MT_INTERNAL_ASSERT(s.grad_for == dloss_per_token, "the output layer's forward wrote the logits' gradient for ",
-                       s.grad_for, " per token, the backward asks for ", dloss_per_token);
-  }
+  Tensor dloss = Tensor::empty({N}, s.lse.dtype(), c.device);
+  ops::fill_(dloss, dloss_per_token);
+  ops::cross_entropy_backward(s.logits, s.logits, targets, s.lse, dloss, vocab_start_, n_valid_);  // in place
   Tensor dh = linear_.backward(s.logits, h);
   s = Saved{};
   return dh;

@@ -41,14 +41,13 @@ class OutputLayer {
   // output_layer.weight (llama). Create it with word_table().
   OutputLayer(const ModelContext& ctx, Param* weight);
   struct Saved {
-    Tensor logits;  // (N, Vl); dL/dlogits when grad_for != 0
+    Tensor logits;  // (N, Vl)
     Tensor lse;     // (N) global log-sum-exp
-    double grad_for = 0.0;  // the dL/dloss per token the forward wrote the logits' gradient for (0: not written)
   };
   // h (rows_local, C), targets int32 (N = B*T). Adds the sum over the N tokens of -log p(target) (the same on every
-  // TP rank) to loss_acc (fp64 (1), on the model's device: nothing waits for the device). dloss_per_token != 0
-  // (training) and one vocab slice: the logits' gradient is written in the same pass (ops::cross_entropy_fused).
-  void forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor& loss_acc, double dloss_per_token = 0.0) const;
+  // TP rank) to loss_acc (fp64 (1), on the model's device: nothing waits for the device); per-token losses (N, fp64,
+  // on the device) into `losses` if given.
+  void forward(Saved& s, const Tensor& h, const Tensor& targets, Tensor& loss_acc, Tensor* losses = nullptr) const;
   // Returns dL/dh (rows_local, C) given dL/dloss_n = dloss_per_token for every token.
   Tensor backward(Saved& s, const Tensor& h, const Tensor& targets, double dloss_per_token) const;
   // Logits (rows_full, Vl) of this rank's vocab slice, without the loss (generation).

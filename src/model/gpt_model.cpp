@@ -121,7 +121,7 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
   params_needed(post_range_);
   st.final_out = ctx_->empty(x.shape());
   final_norm_->forward(st.final_out, st.final_norm, x);
-  output_->forward(st.head, st.final_out, st.labels, *loss_acc, step.training ? step.dloss_per_token : 0.0);
+  output_->forward(st.head, st.final_out, st.labels, *loss_acc);
   return Tensor();
 }
 

@@ -48,9 +48,6 @@ struct StepContext {
   bool training = true;
   uint64_t dropout_seed = 0;  // seed mixed with the iteration; 0 dropout rate = no dropout
   int64_t first_sample = 0;   // global index of the micro-batch's first sample (dropout offsets)
-  // Training: every token's dL/dloss, known before the forward, so that the output layer writes the logits'
-  // gradient in the same pass as the loss where it can (no tensor parallelism); 0: in its backward.
-  double dloss_per_token = 0.0;
 };
 
 }  // namespace mt

@@ -1012,28 +1012,6 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
   });
 }
 
-void cross_entropy_fused(Tensor& lse, Tensor& loss, Tensor& logits, const Tensor& targets, int64_t n_valid,
-                         double dloss_per_token) {
-  const char* op = "cross_entropy_fused";
-  const auto [N, V] = ce_dims(op, logits, targets, 0, n_valid);
-  stat(op, logits, lse, "lse", N);
-  on_device(op, logits, loss, "loss", DType::F64);
-  numel_is(op, loss, "loss", N);
-  MT_DISPATCH(op, logits,
-              (cuda::cross_entropy_fused_cuda<T>(lse.data<float>(), loss.data<double>(), logits.data<T>(),
-                                                 targets.data<int32_t>(), N, V, n_valid,
-                                                 static_cast<float>(dloss_per_token))),
-              {
-                static_assert(std::is_floating_point_v<T>);  // the CPU: the three ops in turn
-                Tensor sumexp = Tensor::empty({N}, lse.dtype()), target = Tensor::empty({N}, lse.dtype());
-                cross_entropy_stats(lse, sumexp, target, logits, targets, 0, n_valid);
-                cross_entropy_finish(lse, loss, lse, sumexp, target);
-                Tensor dloss = Tensor::empty({N}, lse.dtype());
-                fill_(dloss, dloss_per_token);
-                cross_entropy_backward(logits, logits, targets, lse, dloss, 0, n_valid);
-              });
-}
-
 // ---------------------------------------------------------------- dropout
 
 void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t seed, uint64_t offset) {

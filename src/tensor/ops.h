@@ -169,12 +169,6 @@ void sum_accumulate(Tensor& acc, const Tensor& x);
 // lse (N) is the global log-sum-exp; dloss (N) fp32/fp64. dlogits may alias logits.
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             const Tensor& dloss, int64_t vocab_start, int64_t n_valid);
-// One slice holding the whole vocabulary (vocab_start 0, no tensor parallelism), when dL/dloss is known in the
-// forward (training): lse (N, stat dtype) and loss (N, fp64) as cross_entropy_stats + cross_entropy_finish give
-// them, and logits (N, V) overwritten with cross_entropy_backward's dlogits for dloss[n] = dloss_per_token (in
-// the stat dtype), bit for bit. CUDA: one pass (each row read from memory once); CPU: those ops in turn.
-void cross_entropy_fused(Tensor& lse, Tensor& loss, Tensor& logits, const Tensor& targets, int64_t n_valid,
-                         double dloss_per_token);
 
 // ---------------------------------------------------------------- dropout (counter-based, no saved mask)
 // keep[i] = uniform(seed, offset + i) >= p;  out = keep ? inp / (1 - p) : 0. The same (seed, offset)

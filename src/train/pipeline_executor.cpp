@@ -12,12 +12,11 @@ namespace mt {
 namespace {
 using Key = std::pair<int, int>;  // (micro-batch, chunk)
 
-StepContext step_for(const data::MicroBatch& mb, uint64_t seed, bool training, double dloss_per_token = 0.0) {
+StepContext step_for(const data::MicroBatch& mb, uint64_t seed, bool training) {
   StepContext s;
   s.training = training;
   s.dropout_seed = seed;
   s.first_sample = mb.first_sample;
-  s.dloss_per_token = dloss_per_token;
   return s;
 }
 }  // namespace
@@ -65,7 +64,7 @@ Tensor PipelineExecutor::train(const std::vector<data::MicroBatch>& mbs, uint64_
     const pp::Action& a = actions[i];
     const Key key{a.microbatch, a.chunk};
     const data::MicroBatch& mb = mbs[a.microbatch];
-    const StepContext step = step_for(mb, seed, true, dloss);
+    const StepContext step = step_for(mb, seed, true);
     if (a.kind == pp::ActionKind::Forward) {
       Tensor in;
       if (!first_virtual(a.chunk)) in = take(act_in, key);

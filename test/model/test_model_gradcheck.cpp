@@ -90,25 +90,6 @@ TEST_CASE("llama GQA model gradients match finite differences (fp64)", "[model][
   check_model_gradients(m, step);
 }
 
-// Training passes dL/dloss in the step: the output layer writes the logits' gradient in its forward
-// (ops::cross_entropy_fused). Finite differences, and the same bits as the gradient written in the backward.
-TEST_CASE("model gradients with the loss gradient known in the forward (fp64)", "[model][gradcheck]") {
-  for (const char* arch : {"gpt2", "llama"}) {
-    TinyModel m(tiny_config(arch));
-    StepContext step;
-    step.dloss_per_token = 1.0;  // what backward_of passes
-    check_model_gradients(m, step);
-    const Batch b = make_batch(m, 11);
-    m.store->zero_grads();
-    backward_of(m, b, step);
-    const Tensor fused = m.store->flat_grads().clone();
-    m.store->zero_grads();
-    backward_of(m, b, StepContext{});
-    INFO(arch);
-    CHECK(std::memcmp(fused.raw(), m.store->flat_grads().raw(), fused.nbytes()) == 0);
-  }
-}
-
 TEST_CASE("model gradients with dropout match finite differences (fp64)", "[model][gradcheck]") {
   for (const char* arch : {"gpt2", "llama"}) {
     Config c = tiny_config(arch);

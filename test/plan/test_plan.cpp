@@ -26,7 +26,7 @@ static_assert(sizeof(Norm::Saved) == 2 * sizeof(Tensor));
 // (FP8 layers' kept input copies, Fp8Saved: plan.cpp fp8_layer_extra_bytes.)
 static_assert(sizeof(SelfAttention::Saved) == 7 * sizeof(Tensor) + 2 * sizeof(Norm::Saved) + 2 * sizeof(Fp8Saved));
 static_assert(sizeof(DenseMLP::Saved) == 2 * sizeof(Tensor) + sizeof(MLPState) + 2 * sizeof(Fp8Saved));
-static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor) + sizeof(double));  // + grad_for
+static_assert(sizeof(OutputLayer::Saved) == 2 * sizeof(Tensor));
 static_assert(sizeof(TransformerLayer::Saved) == 4 * sizeof(Tensor) + 2 * sizeof(Norm::Saved) +
                                                     sizeof(SelfAttention::Saved) + sizeof(std::shared_ptr<MLPState>) +
                                                     alignof(Tensor));  // + bool complete
