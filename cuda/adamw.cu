@@ -51,15 +51,19 @@ __device__ __forceinline__ double run_wd(const DecayTable& t, int& r, int64_t i,
   return t.decay[r] ? wd : 0.0;
 }
 
+// Every fp64 operation rounded explicitly (no fma contraction, which the compiler may choose differently in each
+// instantiation of the kernel: the table's variant gave other bits in m than the plain one before this).
 __device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float grad, const AdamWParams& a,
                                              double wd) {
-  const double g = static_cast<double>(grad) * a.grad_scale;
-  const double mi = a.beta1 * static_cast<double>(m) + (1.0 - a.beta1) * g;
-  const double vi = a.beta2 * static_cast<double>(v) + (1.0 - a.beta2) * g * g;
+  const double g = __dmul_rn(static_cast<double>(grad), a.grad_scale);
+  const double mi = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(m)), __dmul_rn(1.0 - a.beta1, g));
+  const double vi = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(v)), __dmul_rn(__dmul_rn(1.0 - a.beta2, g), g));
   const double pd = static_cast<double>(p);
   m = static_cast<float>(mi);
   v = static_cast<float>(vi);
-  p = static_cast<float>(pd - a.lr * ((mi * a.inv_bc1) / (sqrt(vi) * a.inv_sqrt_bc2 + a.eps) + wd * pd));
+  const double den = __dadd_rn(__dmul_rn(__dsqrt_rn(vi), a.inv_sqrt_bc2), a.eps);
+  const double step = __dadd_rn(__ddiv_rn(__dmul_rn(mi, a.inv_bc1), den), __dmul_rn(wd, pd));
+  p = static_cast<float>(__dsub_rn(pd, __dmul_rn(a.lr, step)));
 }
 
 // CT: the copy's element type, or float for none. kRuns: weight decay from the table, else a.wd everywhere.

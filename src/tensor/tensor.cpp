@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 namespace mt {
 
@@ -62,10 +63,42 @@ void default_copy(void* dst, Device dst_dev, const void* src, Device src_dev, si
 }
 DeviceCopyFn g_copy = default_copy;
 DeviceZeroFn g_zero = nullptr;
+DeviceReadStartFn g_read_start = nullptr;
+DeviceReadFinishFn g_read_finish = nullptr;
 }  // namespace
 
 void set_device_copy(DeviceCopyFn fn) { g_copy = fn; }
 void set_device_zero(DeviceZeroFn fn) { g_zero = fn; }
+void set_device_read(DeviceReadStartFn start, DeviceReadFinishFn finish) {
+  g_read_start = start;
+  g_read_finish = finish;
+}
+
+PendingRead::PendingRead(const Tensor& src) : host_(Tensor::empty(src.shape(), src.dtype())) {
+  if (src.device() == Device::CPU || !g_read_start || src.numel() == 0) {
+    host_.copy_from(src);
+    return;
+  }
+  src_ = src;
+  handle_ = g_read_start(src.raw(), src.nbytes());
+}
+
+const Tensor& PendingRead::wait() {
+  if (handle_) {
+    void* h = std::exchange(handle_, nullptr);
+    g_read_finish(h, host_.raw(), host_.nbytes());
+    src_ = Tensor();
+  }
+  return host_;
+}
+
+PendingRead::~PendingRead() {
+  if (!handle_) return;
+  try {
+    g_read_finish(handle_, host_.raw(), host_.nbytes());  // the copy must land before its buffer is reused
+  } catch (...) {  // a device error: reported by whatever touches the device next
+  }
+}
 
 Storage::~Storage() {
   if (owner && data) owner->deallocate(data, bytes);

@@ -78,5 +78,28 @@ void set_device_copy(DeviceCopyFn fn);
 // Zeroes device memory (the CUDA backend installs a memset on its stream).
 using DeviceZeroFn = void (*)(void* dst, size_t bytes);
 void set_device_zero(DeviceZeroFn fn);
+// Device -> host reads the host waits for later (the CUDA backend installs them: a copy on the compute stream into
+// page-locked memory with an event behind it): start returns a handle; finish blocks until the copy has landed,
+// copies it to dst and releases the handle.
+using DeviceReadStartFn = void* (*)(const void* src, size_t bytes);
+using DeviceReadFinishFn = void (*)(void* handle, void* dst, size_t bytes);
+void set_device_read(DeviceReadStartFn start, DeviceReadFinishFn finish);
+
+// A host copy of a small tensor whose wait comes later: the device work queued between the constructor and wait()
+// runs while the host waits (the MoE layer reads its expert counts this way, behind the router's losses). Host
+// tensors, or no backend hook: copied at once.
+class PendingRead {
+ public:
+  explicit PendingRead(const Tensor& src);
+  PendingRead(const PendingRead&) = delete;
+  PendingRead& operator=(const PendingRead&) = delete;
+  ~PendingRead();
+  // The host copy (blocks until it has landed).
+  const Tensor& wait();
+
+ private:
+  Tensor src_, host_;  // src_ held until the copy has landed
+  void* handle_ = nullptr;
+};
 
 }  // namespace mt

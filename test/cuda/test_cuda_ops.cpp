@@ -134,6 +134,26 @@ TEST_CASE("cuda sum_squares_into and read_scalars: one read of many device value
   for (int i = 0; i < n; ++i) CHECK(v[size_t(i) + 1] == 0.25 * i - 7.0);
 }
 
+// PendingRead: the copy is taken where the constructor stands in the stream (later writes to the source do not show),
+// the host gets it after wait(); slots are reused (several reads in flight at once, of growing sizes); a read
+// never waited for is finished by the destructor.
+TEST_CASE("cuda PendingRead: a device read the host waits for later", "[cuda][ops]") {
+  init();
+  for (int64_t n : {int64_t(5), int64_t(3000), int64_t(70000)}) {
+    Tensor h = Tensor::empty({n}, DType::I32);
+    for (int64_t i = 0; i < n; ++i) h.data<int32_t>()[i] = int32_t(i * 7 - 3);
+    Tensor d = Tensor::empty({n}, DType::I32, Device::CUDA);
+    d.copy_from(h);
+    PendingRead first(d);
+    d.zero_();  // queued after the copy
+    PendingRead second(d), unread(d);
+    const Tensor& a = first.wait();
+    const Tensor& b = second.wait();
+    CHECK(std::memcmp(a.raw(), h.raw(), h.nbytes()) == 0);
+    for (int64_t i = 0; i < n; ++i) CHECK(b.data<int32_t>()[i] == 0);
+  }
+}
+
 TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "[cuda][linear]") {
   init();
   struct Dims { int64_t N, IC, OC; };

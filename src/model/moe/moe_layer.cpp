@@ -38,13 +38,15 @@ MoELayer::MoELayer(const std::string& prefix, const MoEOptions& opt, const Model
 Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   const int64_t N = x.size(0), C = x.size(1), E = opt_.num_experts, k = opt_.topk;
-  router_.forward(s.router, x);
   Tensor y;
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
-  if (!dispatcher_.exchanges()) {
-    y = local_forward(s, x, s.router.indices, s.router.weights, nullptr, residual);  // EP 1: the router's choices
-    residual = nullptr;                                                               // (added in the combine)
+  if (!dispatcher_.exchanges()) {  // EP 1: the router's choices; its losses queued while the counts come to the host
+    router_.choose(s.router, x);
+    y = local_forward(s, x, s.router.indices, s.router.weights, nullptr, residual,
+                      [&] { router_.add_losses(s.router); });
+    residual = nullptr;  // (added in the combine)
   } else {
+    router_.forward(s.router, x);
     // the send order (token, rank) and the counts: slots per global expert, tokens per rank (one copy to the host)
     const int64_t P = dispatcher_.ep_size(), El = dispatcher_.local_experts();
     Tensor dest = Tensor::empty({N, P}, DType::I32, x.device());
@@ -78,7 +80,7 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
     if (shared_beside) shared_forward_fc1(s, x);
     s.tokens = dispatcher_.finish(rows);
     // this rank's experts on what arrived; their partial sums back to the tokens' ranks, added up there
-    const Tensor out = local_forward(s, s.tokens, local_choices, s.local_weights, &s.plan.local_counts, nullptr);
+    const Tensor out = local_forward(s, s.tokens, local_choices, s.local_weights, &s.plan.local_counts, nullptr, {});
     const Tensor back = dispatcher_.exchange(s.plan, out, Dir::Back);
     y = c.empty({N, C});
     ops::moe_permute_backward(y, back, s.row_of_send, P);
@@ -92,7 +94,8 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
 }
 
 Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
-                               const std::vector<int64_t>* known_counts, const Tensor* residual) const {
+                               const std::vector<int64_t>* known_counts, const Tensor* residual,
+                               const std::function<void()>& while_counts_read) const {
   const ModelContext& c = *ctx_;
   const int64_t T = tokens.size(0), C = tokens.size(1), El = dispatcher_.local_experts(), k = opt_.topk;
   s.slot_of_row = ops::moe_rows_empty({T * k}, DType::I32, tokens.device());
@@ -100,8 +103,9 @@ Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& cho
   Tensor counts_dev = Tensor::empty({El}, DType::I32, tokens.device());
   ops::moe_routing_map(s.slot_of_row, s.row_of_slot, counts_dev, choices, El);
   if (!known_counts) {  // EP 1: the counts come to the host (the grouped GEMMs' sizes) and are the layer's
-    Tensor h = Tensor::empty({El}, DType::I32);
-    h.copy_from(counts_dev);
+    PendingRead read(counts_dev);
+    if (while_counts_read) while_counts_read();  // device work that covers the host's wait and its work after it
+    const Tensor& h = read.wait();
     s.counts.assign(h.data<int32_t>(), h.data<int32_t>() + El);
   }
   const std::vector<int64_t>& counts = known_counts ? *known_counts : s.counts;

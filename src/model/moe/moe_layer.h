@@ -26,6 +26,7 @@
 // <prefix>.shared_experts.linear_fc{1,2}.{weight,bias}.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,10 +76,11 @@ class MoELayer {
   // The local routing's forward: tokens (T, C) with their local choices (T, k) int32 over this rank's experts (-1:
   // none) and weights (T, k) -> (T, C) the weighted sums of their local experts' outputs. known_counts (El, host):
   // the slots of each local expert (expert parallelism: from the count exchange), or null: read from the routing
-  // map into s.counts (EP 1). residual (T, C) or null: added to the sums in the combine. Fills s.slot_of_row,
-  // s.row_of_slot, s.padded, s.experts, s.yp.
+  // map into s.counts (EP 1; while_counts_read, if set, queues device work while they are in flight). residual
+  // (T, C) or null: added to the sums in the combine. Fills s.slot_of_row, s.row_of_slot, s.padded, s.experts, s.yp.
   Tensor local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
-                       const std::vector<int64_t>* known_counts, const Tensor* residual) const;
+                       const std::vector<int64_t>* known_counts, const Tensor* residual,
+                       const std::function<void()>& while_counts_read) const;
   // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice).
   Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
                         Tensor& dweights) const;

@@ -36,6 +36,11 @@ Tensor Router::to_router(const Tensor& t) const {
 }
 
 void Router::forward(Saved& s, const Tensor& x) const {
+  choose(s, x);
+  add_losses(s);
+}
+
+void Router::choose(Saved& s, const Tensor& x) const {
   const int64_t N = x.size(0), E = opt_.num_experts, k = opt_.topk;
   const Device dev = x.device();
   // logits in the router dtype from the activations as they are (16-bit: exact products, fp32 sums in the GEMM)
@@ -49,6 +54,15 @@ void Router::forward(Saved& s, const Tensor& x) const {
   s.weights = Tensor::empty({N, k}, rdt_, dev);
   ops::moe_router_forward(s.choice, s.weights, s.scores, s.logits, bias_.defined() ? &bias_ : nullptr, spec_);
   s.indices = s.choice;
+  if (opt_.capacity_factor > 0.0) {
+    s.indices = s.choice.clone();
+    ops::moe_apply_capacity(s.indices, s.weights, E, ops::moe_capacity(N, k, E, opt_.capacity_factor));
+  }
+}
+
+void Router::add_losses(Saved& s) const {
+  const int64_t N = s.choice.size(0), E = opt_.num_experts;
+  const Device dev = s.choice.device();
   // the losses count the choice before any capacity drop (as Megatron)
   if (opt_.load_balancing != "none" && opt_.aux_loss_coeff != 0.0) {
     s.aux_loss = Tensor::empty({1}, rdt_, dev);
@@ -66,10 +80,6 @@ void Router::forward(Saved& s, const Tensor& x) const {
   if (opt_.z_loss_coeff != 0.0) {
     s.z_loss = Tensor::empty({1}, rdt_, dev);
     ops::moe_z_loss_forward(s.z_loss, s.logits, opt_.z_loss_coeff);
-  }
-  if (opt_.capacity_factor > 0.0) {
-    s.indices = s.choice.clone();
-    ops::moe_apply_capacity(s.indices, s.weights, E, ops::moe_capacity(N, k, E, opt_.capacity_factor));
   }
 }
 

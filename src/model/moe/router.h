@@ -33,8 +33,11 @@ class Router {
     Tensor aux_loss, z_loss; // (1) router dtype, undefined when off
     ops::AuxLossGroup aux_group;  // sequence parallelism: the micro-batch's tokens per expert over all its rows
   };
-  // x (N, C) -> s.indices, s.weights.
+  // x (N, C) -> s.indices, s.weights, and the enabled losses: choose, then add_losses (which only the backward
+  // needs: the MoE layer queues them while the host waits for its expert counts).
   void forward(Saved& s, const Tensor& x) const;
+  void choose(Saved& s, const Tensor& x) const;
+  void add_losses(Saved& s) const;
   // dweights (N, k) router dtype (its entries of dropped slots ignored): dx (N, C, the activation dtype) += dL/dx
   // (in the GEMM's epilogue on the GPU); the router weight's gradient accumulates; the enabled losses' gradients
   // are added. Consumes s.

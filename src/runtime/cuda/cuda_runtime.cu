@@ -15,7 +15,9 @@
 #include <cudnn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -137,6 +139,46 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
 
 void zero(void* dst, size_t bytes) { MT_CUDA_CHECK(cudaMemset(dst, 0, bytes)); }
 
+// PendingRead's slots: a page-locked buffer and an event each, reused (cudaMallocHost costs milliseconds).
+struct ReadSlot {
+  void* host = nullptr;
+  size_t capacity = 0;
+  cudaEvent_t done = nullptr;
+};
+std::mutex g_read_mu;
+std::vector<ReadSlot*> g_read_free;  // never freed: a few per process
+
+void* read_start(const void* src, size_t bytes) {
+  ReadSlot* s = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_read_mu);
+    if (!g_read_free.empty()) {
+      s = g_read_free.back();
+      g_read_free.pop_back();
+    }
+  }
+  if (!s) {
+    s = new ReadSlot;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+  }
+  if (s->capacity < bytes) {
+    if (s->host) MT_CUDA_CHECK(cudaFreeHost(s->host));
+    s->capacity = std::max<size_t>(bytes, 4096);
+    MT_CUDA_CHECK(cudaMallocHost(&s->host, s->capacity));
+  }
+  MT_CUDA_CHECK(cudaMemcpyAsync(s->host, src, bytes, cudaMemcpyDeviceToHost, current_stream()));
+  MT_CUDA_CHECK(cudaEventRecord(s->done, current_stream()));
+  return s;
+}
+
+void read_finish(void* handle, void* dst, size_t bytes) {
+  auto* s = static_cast<ReadSlot*>(handle);
+  MT_CUDA_CHECK(cudaEventSynchronize(s->done));
+  std::memcpy(dst, s->host, bytes);
+  std::lock_guard<std::mutex> lock(g_read_mu);
+  g_read_free.push_back(s);
+}
+
 }  // namespace
 
 int device_count(std::string* why) {
@@ -179,6 +221,7 @@ void initialize(int device) {
   set_allocator(Device::CUDA, g_allocator);
   set_device_copy(copy);
   set_device_zero(zero);
+  set_device_read(read_start, read_finish);
 }
 
 AllocatorStats allocator_stats() { return g_allocator ? g_allocator->stats() : AllocatorStats{}; }
