@@ -83,7 +83,7 @@ Tensor to_device_ids(const int32_t* ids, int64_t n, Device dev) {
   std::copy(ids, ids + n, host.data<int32_t>());
   if (dev == Device::CPU) return host;
   Tensor d = Tensor::empty({n}, DType::I32, dev);
-  d.copy_from(host);
+  upload(d, host);  // the host does not wait for the device
   return d;
 }
 }  // namespace
@@ -92,8 +92,8 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
                          const Tensor& hidden_in, const StepContext& step, Tensor* loss_acc) const {
   st.B = B;
   st.T = T;
-  // Host-to-device copies wait for the device (pageable memory, legacy stream): do them while it is
-  // idle, before the layers are queued, not between the last layer and the loss.
+  // The ids go to the device first, through page-locked staging (tensor upload()): the host does not wait for the
+  // device (the previous step's update) and goes on queueing the layers.
   if (spec_.post_process) st.labels = to_device_ids(labels, B * T, ctx_->device);
   Tensor x;
   if (spec_.pre_process) {

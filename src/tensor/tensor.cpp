@@ -65,7 +65,16 @@ DeviceCopyFn g_copy = default_copy;
 DeviceZeroFn g_zero = nullptr;
 DeviceReadStartFn g_read_start = nullptr;
 DeviceReadFinishFn g_read_finish = nullptr;
+DeviceUploadFn g_upload = nullptr;
 }  // namespace
+
+void set_device_upload(DeviceUploadFn fn) { g_upload = fn; }
+void upload(Tensor& dst, const Tensor& src) {
+  MT_INTERNAL_ASSERT(src.device() == Device::CPU && src.numel() == dst.numel() && src.dtype() == dst.dtype(),
+                     "upload ", src.str(), " into ", dst.str());
+  if (dst.device() == Device::CPU || !g_upload || dst.numel() == 0) return dst.copy_from(src);
+  g_upload(dst.raw(), src.raw(), dst.nbytes());
+}
 
 void set_device_copy(DeviceCopyFn fn) { g_copy = fn; }
 void set_device_zero(DeviceZeroFn fn) { g_zero = fn; }

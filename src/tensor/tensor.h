@@ -84,6 +84,12 @@ void set_device_zero(DeviceZeroFn fn);
 using DeviceReadStartFn = void* (*)(const void* src, size_t bytes);
 using DeviceReadFinishFn = void (*)(void* handle, void* dst, size_t bytes);
 void set_device_read(DeviceReadStartFn start, DeviceReadFinishFn finish);
+// Host -> device copies that do not wait for the device (the CUDA backend installs one: through page-locked
+// staging memory, on the compute stream), so the host goes on queueing work: upload() copies src (host) into dst
+// (any device); without a hook, or between host tensors, it is copy_from.
+using DeviceUploadFn = void (*)(void* dst, const void* src, size_t bytes);
+void set_device_upload(DeviceUploadFn fn);
+void upload(Tensor& dst, const Tensor& src);
 
 // A host copy of a small tensor whose wait comes later: the device work queued between the constructor and wait()
 // runs while the host waits (the MoE layer reads its expert counts this way, behind the router's losses). Host

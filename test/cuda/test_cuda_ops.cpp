@@ -154,6 +154,28 @@ TEST_CASE("cuda PendingRead: a device read the host waits for later", "[cuda][op
   }
 }
 
+// upload: the host's values at the call (the host buffer may change right after), in order with the stream's work;
+// more uploads than staging slots (8), of growing sizes.
+TEST_CASE("cuda upload: host-to-device copies that do not wait for the device", "[cuda][ops]") {
+  init();
+  std::vector<Tensor> dev;
+  Tensor h;
+  for (int i = 0; i < 20; ++i) {
+    const int64_t n = 100 + 5000 * i;
+    h = Tensor::empty({n}, DType::I32);
+    for (int64_t j = 0; j < n; ++j) h.data<int32_t>()[j] = int32_t(i * 1000003 + j);
+    dev.push_back(Tensor::empty({n}, DType::I32, Device::CUDA));
+    upload(dev.back(), h);
+    std::fill_n(h.data<int32_t>(), n, -1);  // after the call: not what the device gets
+  }
+  for (int i = 0; i < 20; ++i) {
+    const Tensor back = to_host(dev[size_t(i)]);
+    bool ok = true;
+    for (int64_t j = 0; j < back.numel(); ++j) ok = ok && back.data<int32_t>()[j] == int32_t(i * 1000003 + j);
+    CHECK(ok);
+  }
+}
+
 TEST_CASE("cuda linear forward/backward match the CPU; fp32 grads accumulate", "[cuda][linear]") {
   init();
   struct Dims { int64_t N, IC, OC; };

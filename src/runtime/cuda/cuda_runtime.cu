@@ -146,7 +146,21 @@ struct ReadSlot {
   cudaEvent_t done = nullptr;
 };
 std::mutex g_read_mu;
-std::vector<ReadSlot*> g_read_free;  // never freed: a few per process
+std::vector<ReadSlot*> g_read_free;     // never freed: a few per process
+std::vector<ReadSlot*> g_upload_slots;  // upload's, reused in turn once their copy is done
+
+ReadSlot* slot_of(ReadSlot* s, size_t bytes) {
+  if (!s) {
+    s = new ReadSlot;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+  }
+  if (s->capacity < bytes) {
+    if (s->host) MT_CUDA_CHECK(cudaFreeHost(s->host));
+    s->capacity = std::max<size_t>(bytes, 4096);
+    MT_CUDA_CHECK(cudaMallocHost(&s->host, s->capacity));
+  }
+  return s;
+}
 
 void* read_start(const void* src, size_t bytes) {
   ReadSlot* s = nullptr;
@@ -157,15 +171,7 @@ void* read_start(const void* src, size_t bytes) {
       g_read_free.pop_back();
     }
   }
-  if (!s) {
-    s = new ReadSlot;
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
-  }
-  if (s->capacity < bytes) {
-    if (s->host) MT_CUDA_CHECK(cudaFreeHost(s->host));
-    s->capacity = std::max<size_t>(bytes, 4096);
-    MT_CUDA_CHECK(cudaMallocHost(&s->host, s->capacity));
-  }
+  s = slot_of(s, bytes);
   MT_CUDA_CHECK(cudaMemcpyAsync(s->host, src, bytes, cudaMemcpyDeviceToHost, current_stream()));
   MT_CUDA_CHECK(cudaEventRecord(s->done, current_stream()));
   return s;
@@ -177,6 +183,21 @@ void read_finish(void* handle, void* dst, size_t bytes) {
   std::memcpy(dst, s->host, bytes);
   std::lock_guard<std::mutex> lock(g_read_mu);
   g_read_free.push_back(s);
+}
+
+// Through one of kUploadSlots staging buffers in turn; a slot is refilled only after its last copy is done (long
+// done by then: a step's uploads are a few).
+void upload(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kUploadSlots = 8;
+  static size_t next = 0;
+  std::lock_guard<std::mutex> lock(g_read_mu);
+  if (g_upload_slots.empty()) g_upload_slots.assign(kUploadSlots, nullptr);
+  ReadSlot*& s = g_upload_slots[next++ % kUploadSlots];
+  if (s) MT_CUDA_CHECK(cudaEventSynchronize(s->done));
+  s = slot_of(s, bytes);
+  std::memcpy(s->host, src, bytes);
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, s->host, bytes, cudaMemcpyHostToDevice, current_stream()));
+  MT_CUDA_CHECK(cudaEventRecord(s->done, current_stream()));
 }
 
 }  // namespace
@@ -222,6 +243,7 @@ void initialize(int device) {
   set_device_copy(copy);
   set_device_zero(zero);
   set_device_read(read_start, read_finish);
+  set_device_upload(upload);
 }
 
 AllocatorStats allocator_stats() { return g_allocator ? g_allocator->stats() : AllocatorStats{}; }
