@@ -116,14 +116,21 @@ void launch_adamw(float* param, float* m, float* v, const float* grad, int64_t n
     adamw_step_kernel<1, CT, kRuns><<<grid_for(n, kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy, runs);
 }
 
-// One launch per kMaxRuns runs (a launch per span without a table).
+// One launch per kMaxRuns runs at most (a launch per span without a table); a launch ends, where it can, before a
+// run starting at a multiple of 4 elements, so that the next one keeps the 16-byte vectors.
 template <typename CT>
 void launch_adamw_runs(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy,
                        const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
   DecayTable t{};
   if (runs == 0) return launch_adamw<false>(param, m, v, grad, n, a, copy, t);
-  for (int64_t r0 = 0; r0 < runs; r0 += kMaxRuns) {
-    const int64_t r1 = std::min(runs, r0 + kMaxRuns), b = run_starts[r0], e = r1 < runs ? run_starts[r1] : n;
+  for (int64_t r0 = 0, r1 = 0; r0 < runs; r0 = r1) {
+    r1 = std::min(runs, r0 + kMaxRuns);
+    for (int64_t c = r1; r1 < runs && c > r0 + 1; --c)
+      if (run_starts[c] % 4 == 0) {
+        r1 = c;
+        break;
+      }
+    const int64_t b = run_starts[r0], e = r1 < runs ? run_starts[r1] : n;
     t.count = int(r1 - r0);
     for (int64_t r = r0; r < r1; ++r) {
       t.start[r - r0] = run_starts[r] - b;
