@@ -45,6 +45,9 @@ void check(const char* op, const Tensor& t, const char* name, const Tensor& ref,
   MOE_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
 }
 [[maybe_unused]] bool on_cuda(const Tensor& t) { return t.device() == Device::CUDA; }
+// The activation dtypes with CUDA kernels (any_float's lambdas also see double, which runs on the CPU only).
+template <typename T>
+[[maybe_unused]] constexpr bool kCudaDtype = !std::is_same_v<T, double>;
 // A CUDA op of router tensors: fp32 only.
 [[maybe_unused]] void cuda_f32(const char* op, const Tensor& t) {
   if (t.dtype() != DType::F32) unsupported(op, t);
@@ -311,7 +314,9 @@ void moe_permute_forward(Tensor& out, const Tensor& x, const Tensor& slot_of_row
   any_float(op, x, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (on_cuda(x)) return cuda::moe_permute_forward_cuda<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
+    if constexpr (kCudaDtype<T>)  // (no fp64 kernels: not even referenced)
+      if (on_cuda(x))
+        return cuda::moe_permute_forward_cuda<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_permute_forward_cpu<T>(out.data<T>(), x.data<T>(), slot_of_row.data<int32_t>(), M, C, k);
@@ -420,7 +425,8 @@ void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
   any_float(op, x, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (on_cuda(x)) return cuda::moe_zero_unrouted_rows_cuda<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
+    if constexpr (kCudaDtype<T>)  // (no fp64 kernels: not even referenced)
+      if (on_cuda(x)) return cuda::moe_zero_unrouted_rows_cuda<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_zero_unrouted_rows_cpu<T>(x.data<T>(), slot_of_row.data<int32_t>(), M, C);
@@ -437,7 +443,9 @@ void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_s
   any_float(op, dx, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (on_cuda(dx)) return cuda::moe_permute_backward_cuda<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+    if constexpr (kCudaDtype<T>)  // (no fp64 kernels: not even referenced)
+      if (on_cuda(dx))
+        return cuda::moe_permute_backward_cuda<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_permute_backward_cpu<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
@@ -458,10 +466,11 @@ void moe_unpermute_forward(Tensor& y, const Tensor& yp, const Tensor& weights, c
   any_float(op, y, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (on_cuda(y))
-      return cuda::moe_unpermute_forward_cuda<T>(y.data<T>(), yp.data<T>(), weights.data<float>(),
-                                                 row_of_slot.data<int32_t>(), N, C, k,
-                                                 residual ? residual->data<T>() : nullptr);
+    if constexpr (kCudaDtype<T>)  // (no fp64 kernels: not even referenced)
+      if (on_cuda(y))
+        return cuda::moe_unpermute_forward_cuda<T>(y.data<T>(), yp.data<T>(), weights.data<float>(),
+                                                   row_of_slot.data<int32_t>(), N, C, k,
+                                                   residual ? residual->data<T>() : nullptr);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_unpermute_forward_cpu<T>(y.data<T>(), yp.data<T>(), weights.data<T>(), row_of_slot.data<int32_t>(), N,
@@ -484,9 +493,10 @@ void moe_unpermute_backward(Tensor& dyp, Tensor& dweights, const Tensor& dy, con
   any_float(op, dy, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (on_cuda(dy))
-      return cuda::moe_unpermute_backward_cuda<T>(dyp.data<T>(), dweights.data<float>(), dy.data<T>(), yp.data<T>(),
-                                                  weights.data<float>(), row_of_slot.data<int32_t>(), N, C, k);
+    if constexpr (kCudaDtype<T>)  // (no fp64 kernels: not even referenced)
+      if (on_cuda(dy))
+        return cuda::moe_unpermute_backward_cuda<T>(dyp.data<T>(), dweights.data<float>(), dy.data<T>(), yp.data<T>(),
+                                                    weights.data<float>(), row_of_slot.data<int32_t>(), N, C, k);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
       cpu::moe_unpermute_backward_cpu<T>(dyp.data<T>(), dweights.data<T>(), dy.data<T>(), yp.data<T>(),
