@@ -18,6 +18,10 @@ Config load_config_from_string(const std::string& yaml, const std::string& origi
 // Derived values for a world size; throws mt::Error naming the numbers to change when the layout
 // or the batch arithmetic does not fit.
 DerivedConfig derive_config(const Config& cfg, int world_size);
+// The world size `megatrain config` checks when none is given: 1 when the config fits one rank, else the smallest
+// multiple of parallel.tensor x pipeline x context (up to 1024 of them) that derive_config accepts, else 1 (whose
+// error names the world sizes that fit). Plan-only layouts (configs/plan/) fit only many ranks.
+int smallest_world_size(const Config& cfg);
 
 // The fully resolved config (every key, defaults filled in) as YAML text, loadable again.
 std::string config_to_yaml(const Config& cfg);

@@ -169,6 +169,22 @@ void validate_config(const Config& cfg) {
   MT_CHECK(!cfg.checkpoint.load.empty(), pre, "checkpoint.load is empty: use auto, none or a checkpoint path");
 }
 
+int smallest_world_size(const Config& cfg) {
+  const auto fits = [&](int64_t w) {
+    try {
+      derive_config(cfg, static_cast<int>(w));
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (fits(1)) return 1;
+  const int64_t base = int64_t{cfg.parallel.tensor} * cfg.parallel.pipeline * cfg.parallel.context;
+  for (int64_t k = 1; base > 0 && k <= 1024 && base * k <= std::numeric_limits<int>::max(); ++k)
+    if (fits(base * k)) return static_cast<int>(base * k);
+  return 1;
+}
+
 DerivedConfig derive_config(const Config& cfg, int world_size) {
   const std::string pre = config_error_prefix(cfg.source_file);
   MT_CHECK(world_size >= 1, pre, "world size ", world_size, " must be >= 1");

@@ -63,7 +63,9 @@ int run_cli(int argc, char** argv) {
   int world_size = 1;
   config->add_option("--config,-c", config_path, "YAML config file")->check(CLI::ExistingFile);
   config->add_option("--set", overrides, "Override a config key (repeatable)");
-  config->add_option("--world-size", world_size, "Check the layout for this many ranks")->check(CLI::PositiveNumber);
+  config->add_option("--world-size", world_size,
+                     "Check the layout for this many ranks (default: 1, or the smallest world size the layout fits)")
+      ->check(CLI::PositiveNumber);
   config->add_flag("--reference", reference, "Print every config key with its type, default and meaning (markdown)");
 
   CLI::App* plan = app.add_subcommand("plan", "Check a parallel layout and estimate per-rank memory, FLOPs and the "
@@ -169,6 +171,12 @@ int run_cli(int argc, char** argv) {
     }
     MT_CHECK(!config_path.empty(), "megatrain config: give --config FILE (or --reference)");
     Config cfg = load_config(config_path, overrides);
+    if (config->count("--world-size") == 0) {  // a multi-rank layout (configs/plan/) is checked where it fits
+      world_size = smallest_world_size(cfg);
+      if (world_size > 1)
+        std::cerr << "megatrain config: note: the layout does not fit one rank; checked for " << world_size
+                  << " ranks, the smallest world size it fits (--world-size N checks another)\n";
+    }
     DerivedConfig d = derive_config(cfg, world_size);
     std::cout << config_to_yaml(cfg);
     std::cout << "# derived for " << world_size << " rank(s): data_parallel_size " << d.data_parallel_size

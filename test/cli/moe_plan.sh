@@ -21,4 +21,10 @@ check configs/moe-64x-top8.yaml 1 "1.31 B" "248.8 M"   # torch_moe.py: 1306 M, 2
 check configs/plan/mixtral-8x7b.yaml 64 "46.70 B" "12.88 B"
 check configs/plan/qwen3-30b-a3b.yaml 16 "30.53 B" "3.35 B"
 check configs/plan/deepseek-v3-like.yaml 512 "674.84 B" "41.36 B"
+# `megatrain config` without --world-size checks a plan-only layout at the smallest world size it fits, and says so
+for c in "configs/plan/mixtral-8x7b.yaml 64" "configs/plan/qwen3-30b-a3b.yaml 16" "configs/plan/deepseek-v3-like.yaml 512"; do
+  set -- $c
+  err=$("$bin" config --config "$1" 2>&1 >/dev/null) || fail "megatrain config $1: $err"
+  grep -q "checked for $2 ranks, the smallest world size it fits" <<<"$err" || fail "megatrain config $1: $err"
+done
 echo "moe_plan: ok"

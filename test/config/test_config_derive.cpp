@@ -109,6 +109,20 @@ TEST_CASE("derive: world size must fit tensor x pipeline x context", "[config]")
   CHECK(contains(error_of([&] { mt::derive_config(c, 0); }), "world size 0 must be >= 1"));
 }
 
+// `megatrain config` without --world-size: one rank when the config fits it, else the smallest world size that
+// derive_config accepts, else one rank again (whose error lists the world sizes that fit). (Layouts that need more
+// than the first multiple of tensor x pipeline x context, for the experts: test/cli/moe_plan.sh.)
+TEST_CASE("derive: the smallest world size a config fits", "[config]") {
+  mt::Config c = base();
+  CHECK(mt::smallest_world_size(c) == 1);
+  c.parallel.tensor = 2;
+  c.parallel.pipeline = 2;
+  CHECK(mt::smallest_world_size(c) == 4);
+  c.parallel.pipeline = 3;  // 8 layers over 3 stages: no world size fits
+  CHECK(mt::smallest_world_size(c) == 1);
+  CHECK(contains(derive_error(c, 1), "world size 1 is not divisible by"));
+}
+
 TEST_CASE("derive: attention heads, query groups, hidden and MLP sizes", "[config]") {
   mt::Config c = base();
   c.model.num_attention_heads = 30;
