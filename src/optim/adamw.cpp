@@ -82,7 +82,6 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState&
     : store_(&store), cfg_(cfg), ps_(&ps), distributed_(distributed && ps.dp_size > 1) {
   shard_ = optimizer_shard(store, ps, distributed_);
   for (const ShardRange& r : shard_) shard_numel_ += r.size();
-  segments_ = optimizer_segments(store, shard_);
   const Tensor& flat = store.flat_master();
   m_ = Tensor::zeros({shard_numel_}, flat.dtype(), flat.device());
   v_ = Tensor::zeros({shard_numel_}, flat.dtype(), flat.device());
@@ -93,6 +92,18 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState&
       case ParamKind::Norm: p->weight_decay = cfg.weight_decay_norms_and_biases; break;
       case ParamKind::Embedding: p->weight_decay = cfg.weight_decay_embeddings; break;
     }
+  }
+  for (const OptimizerSegment& s : optimizer_segments(store, shard_)) {
+    const uint8_t decay = s.param->weight_decay ? 1 : 0;
+    UpdateSpan* span = spans_.empty() ? nullptr : &spans_.back();
+    if (!span || s.flat_begin != span->flat_begin + span->length ||
+        s.shard_begin != span->state_begin + span->length)
+      span = &spans_.emplace_back(UpdateSpan{s.flat_begin, s.shard_begin, 0, {}});
+    if (span->decay.decay.empty() || span->decay.decay.back() != decay) {
+      span->decay.starts.push_back(span->length);
+      span->decay.decay.push_back(decay);
+    }
+    span->length += s.length;
   }
 }
 
@@ -119,8 +130,7 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   // (as sync_values_from_master would: bit for bit); `written` collects those runs of the flat buffer.
   const bool fused_copy = store_->has_separate_master() && master.device() == Device::CUDA;
   std::vector<std::pair<int64_t, int64_t>> written;
-  // One update per run of adjacent segments (in the flat buffers and in the state), the weight decay by element
-  // range inside it (matrices decay, norms and biases do not): one launch on a GPU for a whole shard range.
+  // One update per span (spans_): one launch on a GPU for a whole shard range.
   ops::AdamWArgs a;
   a.lr = lr;
   a.beta1 = cfg_.adam_beta1;
@@ -129,31 +139,18 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   a.weight_decay = cfg_.weight_decay;
   a.step = step_;
   a.grad_scale = grad_scale;
-  for (size_t i = 0; i < segments_.size();) {
-    const int64_t begin = segments_[i].flat_begin, state_begin = segments_[i].shard_begin;
-    int64_t end = begin;
-    ops::DecayRuns runs;
-    size_t j = i;
-    for (; j < segments_.size() && segments_[j].flat_begin == end && segments_[j].shard_begin == state_begin + (end - begin);
-         ++j) {
-      const uint8_t decay = segments_[j].param->weight_decay ? 1 : 0;
-      if (runs.decay.empty() || runs.decay.back() != decay) {
-        runs.starts.push_back(end - begin);
-        runs.decay.push_back(decay);
-      }
-      end += segments_[j].length;
-    }
-    Tensor p = master.slice(begin, end - begin);
-    Tensor m = m_.slice(state_begin, end - begin);
-    Tensor v = v_.slice(state_begin, end - begin);
+  for (const UpdateSpan& span : spans_) {
+    Tensor p = master.slice(span.flat_begin, span.length);
+    Tensor m = m_.slice(span.state_begin, span.length);
+    Tensor v = v_.slice(span.state_begin, span.length);
+    const Tensor g = grads.slice(span.flat_begin, span.length);
     if (fused_copy) {
-      Tensor copy = store_->flat_values().slice(begin, end - begin);
-      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a, &copy, &runs);
-      written.emplace_back(begin, end);
+      Tensor copy = store_->flat_values().slice(span.flat_begin, span.length);
+      ops::adamw_step(p, m, v, g, a, &copy, &span.decay);
+      written.emplace_back(span.flat_begin, span.flat_begin + span.length);
     } else {
-      ops::adamw_step(p, m, v, grads.slice(begin, end - begin), a, nullptr, &runs);
+      ops::adamw_step(p, m, v, g, a, nullptr, &span.decay);
     }
-    i = j;
   }
   // The compute copy of the rest of the shard (with the fused copy: only the padding between regions).
   std::sort(written.begin(), written.end());

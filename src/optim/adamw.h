@@ -16,6 +16,7 @@
 #include "params/param_store.h"
 #include "parallel/grad_sync.h"
 #include "runtime/parallel_state.h"
+#include "tensor/ops.h"
 
 namespace mt {
 
@@ -76,7 +77,13 @@ class AdamW {
   bool distributed_;
   std::vector<ShardRange> shard_;
   int64_t shard_numel_ = 0;
-  std::vector<OptimizerSegment> segments_;
+  // The update's spans: runs of adjacent segments contiguous in the flat buffers and in the state (one update
+  // each), the weight decay by element range inside (matrices decay; norms and biases as configured). Built once.
+  struct UpdateSpan {
+    int64_t flat_begin = 0, state_begin = 0, length = 0;
+    ops::DecayRuns decay;
+  };
+  std::vector<UpdateSpan> spans_;
   Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
   int64_t step_ = 0;
   double v_bound_ = 0;  // >= every element of v on every rank; < 0 = unknown (recompute)

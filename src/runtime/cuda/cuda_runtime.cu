@@ -139,19 +139,20 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
 
 void zero(void* dst, size_t bytes) { MT_CUDA_CHECK(cudaMemset(dst, 0, bytes)); }
 
-// PendingRead's slots: a page-locked buffer and an event each, reused (cudaMallocHost costs milliseconds).
-struct ReadSlot {
+// Staging for PendingRead and upload: a page-locked buffer and an event each, reused (cudaMallocHost costs
+// milliseconds).
+struct StagingSlot {
   void* host = nullptr;
   size_t capacity = 0;
   cudaEvent_t done = nullptr;
 };
 std::mutex g_read_mu;
-std::vector<ReadSlot*> g_read_free;     // never freed: a few per process
-std::vector<ReadSlot*> g_upload_slots;  // upload's, reused in turn once their copy is done
+std::vector<StagingSlot*> g_read_free;     // never freed: a few per process
+std::vector<StagingSlot*> g_upload_slots;  // upload's, reused in turn once their copy is done
 
-ReadSlot* slot_of(ReadSlot* s, size_t bytes) {
+StagingSlot* slot_of(StagingSlot* s, size_t bytes) {
   if (!s) {
-    s = new ReadSlot;
+    s = new StagingSlot;
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
   }
   if (s->capacity < bytes) {
@@ -163,7 +164,7 @@ ReadSlot* slot_of(ReadSlot* s, size_t bytes) {
 }
 
 void* read_start(const void* src, size_t bytes) {
-  ReadSlot* s = nullptr;
+  StagingSlot* s = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_read_mu);
     if (!g_read_free.empty()) {
@@ -178,7 +179,7 @@ void* read_start(const void* src, size_t bytes) {
 }
 
 void read_finish(void* handle, void* dst, size_t bytes) {
-  auto* s = static_cast<ReadSlot*>(handle);
+  auto* s = static_cast<StagingSlot*>(handle);
   MT_CUDA_CHECK(cudaEventSynchronize(s->done));
   std::memcpy(dst, s->host, bytes);
   std::lock_guard<std::mutex> lock(g_read_mu);
@@ -192,7 +193,7 @@ void upload(void* dst, const void* src, size_t bytes) {
   static size_t next = 0;
   std::lock_guard<std::mutex> lock(g_read_mu);
   if (g_upload_slots.empty()) g_upload_slots.assign(kUploadSlots, nullptr);
-  ReadSlot*& s = g_upload_slots[next++ % kUploadSlots];
+  StagingSlot*& s = g_upload_slots[next++ % kUploadSlots];
   if (s) MT_CUDA_CHECK(cudaEventSynchronize(s->done));
   s = slot_of(s, bytes);
   std::memcpy(s->host, src, bytes);
