@@ -284,6 +284,8 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
 // and dx for any row counts (an expert's last tile of fewer than 128 rows written row by row, the rows of the next
 // expert untouched), the fp32 weight gradient's first write when every count is a multiple of 64 (else, and when
 // accumulating, cuBLAS). Counted launches prove the path; more tiles than multiprocessors make each CTA run several.
+// CTAs work in pairs of row blocks sharing B (clusters of 2): an odd number of row blocks (an expert's rows, or the
+// weight gradient's OC / 128) leaves a placeholder tile that must write nothing.
 TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "[cuda][moe]") {
   init();
   if (!ops::cuda::sm90::grouped_gemm_supported()) {
@@ -299,6 +301,7 @@ TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "
       {{37, 0, 130, 1, 300}, 256, 512, 2},           // any counts: forward and dx (partial tiles), dW on cuBLAS
       {{128, 448, 0, 192}, 512, 256, 3},             // fc2-like: OC < IC
       {{1024, 2048, 640, 0, 1536}, 512, 1024, 3},    // 164 forward tiles: several per CTA, the ring wrapping around
+      {{256, 0, 128, 64, 192}, 256, 384, 2},         // OC 384: dx, and dW's 3 row blocks per expert (cuBLAS forward)
   };
   for (const Case& c : cases) {
     const int64_t before = ops::cuda::sm90::grouped_gemm_launches();

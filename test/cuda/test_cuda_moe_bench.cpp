@@ -211,7 +211,56 @@ void sweep_padded_gemms() {
   std::printf("SWEEP summary: first calls cost %.1f ms over their medians in all (worst %.2f ms, %d over 1 ms)\n",
               first_excess, worst_first, slow_firsts);
 }
+// The expert GEMMs of one layer at the configs' shapes (every expert 16384 x k / E rows, the padded layout's
+// balanced case), each product 400 times back to back and then the six in a layer's order 100 times: long enough
+// for the GPU to reach its power limit, where the step runs (the medians of 10 above run at a higher clock).
+// Lines "SUSTAINED config product ms"; sample the SM clock and power beside it (nvidia-smi) to see the limit.
+void sustained_expert_gemms(const char* config, int64_t E, int64_t k, int64_t F) {
+  const int64_t C = 1024, M = 8 * 2048 * k;
+  const DType bf = DType::BF16, f32 = DType::F32;
+  const std::vector<int64_t> cnt(size_t(E), M / E);
+  const Tensor xp = dev_rand({M, C}, bf, 1), w1 = dev_rand({E, 2 * F, C}, bf, 3, 0.02);
+  const Tensor w2 = dev_rand({E, C, F}, bf, 4, 0.02), a = dev_rand({M, F}, bf, 5), dyp = dev_rand({M, C}, bf, 6);
+  const Tensor dh = dev_rand({M, 2 * F}, bf, 7);
+  Tensor h = Tensor::empty({M, 2 * F}, bf, Device::CUDA), yp = Tensor::empty({M, C}, bf, Device::CUDA);
+  Tensor da = Tensor::empty({M, F}, bf, Device::CUDA), dxp = Tensor::empty({M, C}, bf, Device::CUDA);
+  Tensor dw1 = Tensor::zeros({E, 2 * F, C}, f32, Device::CUDA), dw2 = Tensor::zeros({E, C, F}, f32, Device::CUDA);
+  using ops::GradMode;
+  const std::pair<const char*, std::function<void()>> products[] = {
+      {"fc1_forward", [&] { ops::moe_grouped_linear_forward(h, xp, w1, cnt); }},
+      {"fc2_forward", [&] { ops::moe_grouped_linear_forward(yp, a, w2, cnt); }},
+      {"fc2_dx", [&] { ops::moe_grouped_linear_backward(&da, nullptr, dyp, a, w2, cnt, GradMode::Accumulate); }},
+      {"fc2_dweight", [&] { ops::moe_grouped_linear_backward(nullptr, &dw2, dyp, a, w2, cnt, GradMode::Overwrite); }},
+      {"fc1_dx", [&] { ops::moe_grouped_linear_backward(&dxp, nullptr, dh, xp, w1, cnt, GradMode::Accumulate); }},
+      {"fc1_dweight", [&] { ops::moe_grouped_linear_backward(nullptr, &dw1, dh, xp, w1, cnt, GradMode::Overwrite); }},
+  };
+  const auto timed_ms = [](const std::function<void()>& fn, int reps) {
+    cudaEvent_t e0, e1;
+    REQUIRE(cudaEventCreate(&e0) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&e1) == cudaSuccess);
+    REQUIRE(cudaEventRecord(e0, mt::cuda::current_stream()) == cudaSuccess);
+    for (int r = 0; r < reps; ++r) fn();
+    REQUIRE(cudaEventRecord(e1, mt::cuda::current_stream()) == cudaSuccess);
+    REQUIRE(cudaEventSynchronize(e1) == cudaSuccess);
+    float ms = 0;
+    REQUIRE(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return double(ms) / reps;
+  };
+  for (const auto& [name, fn] : products) {
+    for (int w = 0; w < 20; ++w) fn();
+    std::printf("SUSTAINED %-14s %-12s %8.4f ms\n", config, name, timed_ms(fn, 400));
+  }
+  const double layer = timed_ms([&] { for (const auto& p : products) p.second(); }, 100);
+  std::printf("SUSTAINED %-14s %-12s %8.4f ms (the six in order)\n", config, "layer", layer);
+}
 }  // namespace
+
+TEST_CASE("cuda moe expert GEMMs at the power limit", "[.bench][cuda][moe-sustained]") {
+  init();
+  sustained_expert_gemms("moe-8x-top2", 8, 2, 3584);
+  sustained_expert_gemms("moe-64x-top8", 64, 8, 512);
+}
 
 TEST_CASE("cuda moe padded gemm shape sweep", "[.bench][cuda][moe-sweep]") {
   init();
