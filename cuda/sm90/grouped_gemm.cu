@@ -5,14 +5,7 @@
 //   dweight    dout^T: (rows, OC) MN-major x (rows, IC), MN-major        K (rows)        fp32 (El*OC, IC)
 // A CTA (3 warpgroups, persistent over 128 x 256 output tiles): warpgroup 0's first thread issues TMA loads of
 // 64-deep K slices of A (128 x 64) and B (64 x 256) into a ring of kStages stages; warpgroups 1 and 2 each run
-// wgmma m64n256k16 over their 64 rows of the tile, releasing a stage once the MMAs that read it are done.
-// CTAs run in clusters of 2 on a pair of tiles that share B (the same expert and columns, row blocks 2p and
-// 2p + 1): each CTA loads half of the B slice and multicasts it into both CTAs' rings, so B crosses from L2 once
-// per pair. A stage is free again when the consumers of both CTAs have released it (4 arrivals). Why: a spike that
-// skipped half of B's loads ran an 8x layer's six products 15% faster at 1700 instead of 1455 MHz (H200); this
-// multicast, which halves B's reads from L2 but not the shared-memory fills, measured no gain (3.45-3.47 vs
-// 3.45-3.46 ms per 8x layer at the same clock). When an expert has an odd number of row blocks, the pair's second
-// tile is a placeholder: its CTA loads its half of B for the partner and skips the MMAs. bf16
+// wgmma m64n256k16 over their 64 rows of the tile, releasing a stage once the MMAs that read it are done. bf16
 // tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
 // loop; a last tile of an expert with fewer rows is written row by row (the rows past it are another expert's).
 // Every output element is one fp32 dot product over K in k order: results do not depend on the tiling or grid.
@@ -25,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_context.h"
@@ -48,7 +42,7 @@ struct Groups {
   int32_t n_tiles;     // output tiles along N
   int32_t k_grouped;   // experts split K (the weight gradient) rather than M
   int32_t M, N, K;     // k_grouped: M (OC) per expert; else K per expert (and B's rows per expert)
-  int32_t pair_prefix[kMaxExperts + 1];  // pairs of row blocks of 128 before expert e
+  int32_t tile_prefix[kMaxExperts + 1];  // row blocks of 128 before expert e
   int32_t row0[kMaxExperts];             // expert e's first row of x / dout
   int32_t count[kMaxExperts];
 };
@@ -59,22 +53,19 @@ struct Tile {
   int out_m, n;    // the output tile's first row and column
   int mvalid;      // rows of the tile to write
   int kblocks;     // K slices of 64
-  bool dummy;      // the placeholder of a pair (the expert's row blocks are odd): no loads of A, no MMAs
 };
 
-// Pair tile t of the launch, as cluster rank `rank` (0 or 1) computes it.
 template <int TB>
-__device__ __forceinline__ Tile tile_of(const Groups& g, int t, int rank) {
-  const int bp = t / g.n_tiles, nt = t % g.n_tiles;
-  int lo = 0, hi = g.E;  // the expert: pair_prefix[e] <= bp < pair_prefix[e + 1]
+__device__ __forceinline__ Tile tile_of(const Groups& g, int t) {
+  const int bm = t / g.n_tiles, nt = t % g.n_tiles;
+  int lo = 0, hi = g.E;  // the expert: tile_prefix[e] <= bm < tile_prefix[e + 1]
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (g.pair_prefix[mid] <= bp) lo = mid; else hi = mid;
+    if (g.tile_prefix[mid] <= bm) lo = mid; else hi = mid;
   }
-  const int e = lo, mt = 2 * (bp - g.pair_prefix[e]) + rank;
+  const int e = lo, mt = bm - g.tile_prefix[e];
   Tile tl;
   tl.n = nt * kBN;
-  tl.dummy = mt >= (g.k_grouped ? g.M / kBM : (g.count[e] + kBM - 1) / kBM);
   if (!g.k_grouped) {
     tl.a_m = g.row0[e] + mt * kBM, tl.a_k = 0;
     tl.out_m = tl.a_m;
@@ -85,7 +76,7 @@ __device__ __forceinline__ Tile tile_of(const Groups& g, int t, int rank) {
   } else {
     tl.a_m = mt * kBM, tl.a_k = g.row0[e];
     tl.out_m = e * g.M + tl.a_m;
-    tl.mvalid = tl.dummy ? 0 : kBM;
+    tl.mvalid = kBM;
     tl.kblocks = g.count[e] / kBK;
     tl.b_row = g.row0[e];
   }
@@ -94,7 +85,7 @@ __device__ __forceinline__ Tile tile_of(const Groups& g, int t, int rank) {
 
 // TA / TB: A / B are MN-major. OutF32: fp32 output, else bf16.
 template <int TA, int TB, bool OutF32>
-__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_out, void* out, const __grid_constant__ Groups g,
                         int tiles) {
@@ -107,37 +98,32 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(sC + 2 * kStageC);
   uint64_t* empty = full + kStages;
   const int wg = threadIdx.x / 128;
-  const int rank = int(cluster_ctarank()), cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 4);
+    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2);
     mbar_init_fence();
   }
-  cluster_sync();  // both CTAs' barriers exist before either multicasts into the other or arrives on it
+  __syncthreads();
   if (wg == 0) {  // producer
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
-      for (int t = cluster; t < tiles; t += clusters) {
-        const Tile tl = tile_of<TB>(g, t, rank);
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const Tile tl = tile_of<TB>(g, t);
         for (int kb = 0; kb < tl.kblocks; ++kb) {
-          mbar_wait(&empty[s], phase ^ 1);  // free in both CTAs: the partner's half of B lands here too
-          mbar_expect_tx(&full[s], (tl.dummy ? 0 : kStageA) + kStageB);
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_expect_tx(&full[s], kStageA + kStageB);
           const int k = kb * kBK;
-          if (!tl.dummy) {
-            if constexpr (TA)  // two 64 (M) x 64 (K) boxes, rows along K
-              for (int c = 0; c < 2; ++c)
-                tma_load_2d(sA + s * kStageA + c * kBox, &map_a, &full[s], tl.a_m + 64 * c, tl.a_k + k);
-            else  // one 128 (M) x 64 (K) box
-              tma_load_2d(sA + s * kStageA, &map_a, &full[s], tl.a_k + k, tl.a_m);
-          }
-          // this CTA's half of B (128 of the 256 columns), into both CTAs
-          if constexpr (TB)  // two of the four 64 (N) x 64 (K) boxes
-            for (int c = 2 * rank; c < 2 * rank + 2; ++c)
-              tma_load_2d_multicast(sB + s * kStageB + c * kBox, &map_b, &full[s], tl.n + 64 * c, tl.b_row + k, 3);
-          else  // one 128 (N) x 64 (K) box
-            tma_load_2d_multicast(sB + s * kStageB + rank * (kStageB / 2), &map_b, &full[s], k,
-                                  tl.b_row + 128 * rank, 3);
+          if constexpr (TA)  // two 64 (M) x 64 (K) boxes, rows along K
+            for (int c = 0; c < 2; ++c)
+              tma_load_2d(sA + s * kStageA + c * kBox, &map_a, &full[s], tl.a_m + 64 * c, tl.a_k + k);
+          else  // one 128 (M) x 64 (K) box
+            tma_load_2d(sA + s * kStageA, &map_a, &full[s], tl.a_k + k, tl.a_m);
+          if constexpr (TB)  // four 64 (N) x 64 (K) boxes
+            for (int c = 0; c < 4; ++c)
+              tma_load_2d(sB + s * kStageB + c * kBox, &map_b, &full[s], tl.n + 64 * c, tl.b_row + k);
+          else  // one 256 (N) x 64 (K) box
+            tma_load_2d(sB + s * kStageB, &map_b, &full[s], k, tl.b_row);
           if (++s == kStages) s = 0, phase ^= 1;
         }
       }
@@ -148,20 +134,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
     int s = 0;
     uint32_t phase = 0;
     float d[128];
-    // a consumed stage goes back to both CTAs' producers
-    const auto release = [&](int st) {
-      if (tid == 0) mbar_arrive(&empty[st]), mbar_arrive_cluster(&empty[st], uint32_t(rank ^ 1));
-    };
-    for (int t = cluster; t < tiles; t += clusters) {
-      const Tile tl = tile_of<TB>(g, t, rank);
-      if (tl.dummy) {  // the partner's tile needs this CTA's half of B; nothing to compute or write here
-        for (int kb = 0; kb < tl.kblocks; ++kb) {
-          mbar_wait(&full[s], phase);
-          release(s);
-          if (++s == kStages) s = 0, phase ^= 1;
-        }
-        continue;
-      }
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const Tile tl = tile_of<TB>(g, t);
       int prev = -1;
       for (int kb = 0; kb < tl.kblocks; ++kb) {
         mbar_wait(&full[s], phase);
@@ -176,13 +150,13 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
           wgmma_m64n256k16_bf16<TA, TB>(d, da, db, (kb > 0 || kk > 0) ? 1 : 0);
         }
         wgmma_commit();
-        wgmma_wait<1>();  // the previous slice's MMAs are done: its stage goes back to the producers
-        if (prev >= 0) release(prev);
+        wgmma_wait<1>();  // the previous slice's MMAs are done: its stage goes back to the producer
+        if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
         prev = s;
         if (++s == kStages) s = 0, phase ^= 1;
       }
       wgmma_wait<0>();
-      if (prev >= 0) release(prev);
+      if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
       const int r_lo = warp * 16 + lane / 4;  // this thread's first row within its 64, then + 8
       if constexpr (OutF32) {
         float* o = static_cast<float*>(out);
@@ -239,7 +213,6 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
     }
     if (tid == 0) bulk_wait_all();
   }
-  cluster_sync();  // the partner's last arrivals on this CTA's barriers are in before its shared memory goes
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -283,37 +256,31 @@ int sm_count() {
 
 template <int TA, int TB, bool OutF32>
 void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, void* out, const Groups& g) {
-  const int tiles = g.pair_prefix[g.E] * g.n_tiles;  // pair tiles: one per cluster of 2 CTAs
+  const int tiles = g.tile_prefix[g.E] * g.n_tiles;
   if (tiles == 0) return;
-  // the clusters that fit on the device at once (pairs of SMs in one GPC: not always half the SMs)
-  static const int clusters = [] {
+  static std::once_flag attr;
+  std::call_once(attr, [] {
     MT_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<TA, TB, OutF32>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(sm_count() / 2 * 2)), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = kSmem;
-    int n = 0;
-    MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, grouped_gemm_kernel<TA, TB, OutF32>, &cfg));
-    MT_CHECK(n > 0, "no cluster of 2 CTAs of the sm90 grouped GEMM fits on this device");
-    return n;
-  }();
-  const int grid = 2 * std::min(clusters, tiles);
+  });
+  const int grid = std::min(sm_count(), tiles);
   grouped_gemm_kernel<TA, TB, OutF32><<<grid, kThreads, kSmem, ::mt::cuda::current_stream()>>>(a, b, o, out, g, tiles);
   MT_CUDA_CHECK_LAUNCH("sm90 grouped_gemm_kernel");
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
-// The expert layout: rows prefix sums, and pairs of row blocks of 128 per expert (M-grouped: ceil(count / 128)
-// blocks; K-grouped: M / 128 for every expert with rows; an odd count's last pair has a placeholder). Returns the
-// total rows. Every tile has at least one K slice: experts without rows get no tiles, and K (M-grouped) or a
-// count (K-grouped) is a positive multiple of 64.
+// The expert layout: rows prefix sums, and row blocks of 128 per expert (M-grouped: ceil(count / 128); K-grouped:
+// M / 128 for every expert with rows). Returns the total rows.
+// Every tile has at least one K slice: experts without rows get no tiles, and K (M-grouped) or a count (K-grouped)
+// is a positive multiple of 64.
 int64_t fill_groups(Groups& g, const int64_t* counts, int64_t El, bool k_grouped, int64_t M) {
   g.E = int32_t(El);
   int64_t r = 0;
-  g.pair_prefix[0] = 0;
+  g.tile_prefix[0] = 0;
   for (int64_t e = 0; e < El; ++e) {
     g.row0[e] = int32_t(r), g.count[e] = int32_t(counts[e]);
     const int64_t blocks = counts[e] == 0 ? 0 : k_grouped ? M / kBM : (counts[e] + kBM - 1) / kBM;
-    g.pair_prefix[e + 1] = int32_t(g.pair_prefix[e] + (blocks + 1) / 2);
+    g.tile_prefix[e + 1] = int32_t(g.tile_prefix[e] + blocks);
     r += counts[e];
   }
   return r;
@@ -357,9 +324,8 @@ bool grouped_forward(mt::bf16* out, const mt::bf16* x, const mt::bf16* weight, c
   const int64_t rows = fill_groups(g, counts, El, false, 0);
   if (rows == 0) return true;
   g.n_tiles = int32_t(OC / kBN), g.k_grouped = 0, g.N = int32_t(OC), g.K = int32_t(IC);
-  // B in boxes of half a tile's columns: each CTA of a pair loads one
-  launch<0, 0, false>(tensor_map(x, rows, IC, kBM), tensor_map(weight, El * OC, IC, kBN / 2),
-                      tensor_map(out, rows, OC, 64), out, g);
+  launch<0, 0, false>(tensor_map(x, rows, IC, kBM), tensor_map(weight, El * OC, IC, kBN), tensor_map(out, rows, OC, 64),
+                      out, g);
   return true;
 }
 

@@ -1,6 +1,5 @@
 // Thin wrappers over the Hopper instructions the sm90 kernels use (PTX ISA 8.x; sm_90a for wgmma and setmaxnreg):
-// mbarriers, clusters, TMA (cp.async.bulk.tensor) loads (multicast too) and stores, wgmma descriptors and the
-// m64n256k16 bf16 MMA.
+// mbarriers, TMA (cp.async.bulk.tensor) loads and stores, wgmma descriptors and the m64n256k16 bf16 MMA.
 // Included by cuda/sm90/*.cu only.
 #pragma once
 
@@ -39,31 +38,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
       : "memory");
 }
 
-// ---------------------------------------------------------------- clusters
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster meets here; shared-memory writes and mbarrier inits before it are seen
-// by the cluster after it. Not .aligned: a warp may arrive diverged (a producer warp's idle lanes).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-// An arrival on the mbarrier at b's offset in the shared memory of the cluster's CTA `cta`. The default .release
-// at CTA scope, as CUTLASS's cluster barriers: with an explicit .release.cluster on the consumers' per-slice
-// arrivals the expert GEMMs ran 45% slower (4.9 against 3.4 ms per 8x layer, H200).
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* b, uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 ra;\n"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
-      "}\n" ::"r"(smem_u32(b)),
-      "r"(cta)
-      : "memory");
-}
-
 // ---------------------------------------------------------------- TMA
 // 2-D box at (c0 innermost, c1) of the tensor map into shared memory, completing on bar's transaction count
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
@@ -71,16 +45,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
           smem_u32(dst)),
       "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-// tma_load_2d whose box lands at dst's offset in the shared memory of every CTA of the cluster in cta_mask, each
-// completing the bytes on the mbarrier at bar's offset in its own shared memory
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
       : "memory");
 }
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {

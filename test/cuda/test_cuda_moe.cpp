@@ -284,8 +284,7 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
 // and dx for any row counts (an expert's last tile of fewer than 128 rows written row by row, the rows of the next
 // expert untouched), the fp32 weight gradient's first write when every count is a multiple of 64 (else, and when
 // accumulating, cuBLAS). Counted launches prove the path; more tiles than multiprocessors make each CTA run several.
-// CTAs work in pairs of row blocks sharing B (clusters of 2): an odd number of row blocks (an expert's rows, or the
-// weight gradient's OC / 128) leaves a placeholder tile that must write nothing.
+// The weight gradient also with an odd number of 128-row blocks per expert (OC 384).
 TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "[cuda][moe]") {
   init();
   if (!ops::cuda::sm90::grouped_gemm_supported()) {
