@@ -3,7 +3,8 @@
 // activations, fp32 router, fp32 expert weight gradients written first, as in a step of one micro-batch): every op
 // MoELayer / Router / Experts run in forward and backward, in their order, medians of 10 runs. The routing comes
 // from random logits (about balanced), as at initialization. GEMMs also in TFLOP/s; the line "BENCH moe layer" is
-// the sum.
+// the sum. Also "[moe-sweep]" (the padded layout's GEMM shapes) and "[moe-sustained]" (the expert GEMMs at the
+// power limit).
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -211,6 +212,7 @@ void sweep_padded_gemms() {
   std::printf("SWEEP summary: first calls cost %.1f ms over their medians in all (worst %.2f ms, %d over 1 ms)\n",
               first_excess, worst_first, slow_firsts);
 }
+
 // The expert GEMMs of one layer at the configs' shapes (every expert 16384 x k / E rows, the padded layout's
 // balanced case), each product 400 times back to back and then the six in a layer's order 100 times: long enough
 // for the GPU to reach its power limit, where the step runs (the medians of 10 above run at a higher clock).
