@@ -164,11 +164,12 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(model, moe_router_topk_scaling_factor).above(0).doc("the routing weights are multiplied by this"),
       MT_CONFIG_KEY(model, moe_router_load_balancing_type).one_of({"aux_loss", "seq_aux_loss", "none"})
           .doc("load-balancing loss: over the micro-batch (aux_loss), per sequence (seq_aux_loss), or none"),
-      MT_CONFIG_KEY(model, moe_aux_loss_coeff).min(0).doc("weight of the load-balancing loss"),
+      MT_CONFIG_KEY(model, moe_aux_loss_coeff).min(0).doc("weight of the load-balancing loss (aux_loss, seq_aux_loss)"),
       MT_CONFIG_KEY(model, moe_z_loss_coeff).min(0).doc("weight of the router z-loss (mean logsumexp^2); 0 = none"),
       MT_CONFIG_KEY(model, moe_router_enable_expert_bias)
           .doc("DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias in the choice, updated after each step"),
-      MT_CONFIG_KEY(model, moe_router_bias_update_rate).min(0).doc("step of the expert-bias update"),
+      MT_CONFIG_KEY(model, moe_router_bias_update_rate).min(0)
+          .doc("step of the expert-bias update (with moe_router_enable_expert_bias)"),
       MT_CONFIG_KEY(model, moe_expert_capacity_factor).min(0)
           .doc("tokens per expert at most ceil(tokens * topk / experts * factor), the lowest-weight dropped; 0 = dropless"),
       // ------------------------------------------------------------------ parallel

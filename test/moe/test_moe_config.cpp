@@ -60,6 +60,13 @@ TEST_CASE("moe config: cross-field checks, layer pattern", "[moe][config]") {
   CHECK_THAT(with({"model.moe_router_score_function=sigmoid", "model.moe_router_pre_softmax=true"}),
              Catch::Contains("softmax only"));
   CHECK_THAT(with({"model.moe_router_load_balancing_type=seq_aux_loss"}), Catch::Contains("moe_aux_loss_coeff > 0"));
+  // keys that act only with another one are refused alone, not ignored
+  CHECK_THAT(with({"model.moe_router_load_balancing_type=none", "model.moe_aux_loss_coeff=0.01"}),
+             Catch::Contains("model.moe_aux_loss_coeff is set but model.moe_router_load_balancing_type is none"));
+  CHECK(with({"model.moe_router_load_balancing_type=none"}).empty());
+  CHECK_THAT(with({"model.moe_router_bias_update_rate=0.01"}),
+             Catch::Contains("model.moe_router_bias_update_rate is set but model.moe_router_enable_expert_bias is false"));
+  CHECK(with({"model.moe_router_enable_expert_bias=true", "model.moe_router_bias_update_rate=0.01"}).empty());
   CHECK(with({}).empty());
   CHECK_THAT(with({"parallel.expert=3"}), Catch::Contains("model.num_experts (8) must be divisible by parallel.expert (3)"));
   CHECK_THAT(with({"parallel.tensor=2"}), Catch::Contains("need parallel.sequence_parallel: true"));
