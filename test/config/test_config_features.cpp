@@ -105,6 +105,15 @@ TEST_CASE("features: invalid values and combinations are refused naming the key"
   CHECK(contains(m, "model.ffn_hidden_size is required for model.activation swiglu"));
   m = load_error({"model.rope_scaling=true", "model.rope_scaling_low_freq_factor=4", "model.rope_scaling_high_freq_factor=2"});
   CHECK(contains(m, "model.rope_scaling_high_freq_factor (2.0) must be greater than model.rope_scaling_low_freq_factor"));
+  // keys that act only with another one are refused alone, not ignored: the scaling's without rope_scaling, the
+  // base without RoPE
+  m = load_error({"model.rope_scaling_factor=4"});
+  CHECK(contains(m, "model.rope_scaling_factor is set but model.rope_scaling is false"));
+  m = load_error({"model.rope_scaling_original_max_position_embeddings=64"});
+  CHECK(contains(m, "model.rope_scaling_original_max_position_embeddings is set but model.rope_scaling is false"));
+  CHECK(mt::derive_config(load({"model.rope_scaling=true", "model.rope_scaling_factor=4"}), 1).world_size == 1);
+  m = load_error({"model.position_embedding_type=learned_absolute", "model.rope_theta=500000"});
+  CHECK(contains(m, "model.rope_theta is set but the positions are learned_absolute (no RoPE)"));
   m = error_of([] { load({"model.normalization=batchnorm"}); });
   CHECK(contains(m, "model.normalization"));
   CHECK(contains(m, "layernorm, rmsnorm"));

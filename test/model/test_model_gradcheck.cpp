@@ -309,8 +309,10 @@ TEST_CASE("rope_scaling (llama3): gradients match finite differences and the sca
     Config c = tiny_config("llama");
     c.model.kv_channels = 8;
     c.model.rope_scaling = on;
-    c.model.rope_scaling_factor = 4.0;
-    c.model.rope_scaling_original_max_position_embeddings = 64;
+    if (on) {  // the scaling's keys without rope_scaling are refused (they would be ignored)
+      c.model.rope_scaling_factor = 4.0;
+      c.model.rope_scaling_original_max_position_embeddings = 64;
+    }
     return c;
   };
   TinyModel m(scaled(true)), plain(scaled(false));
