@@ -35,7 +35,7 @@ mkdir -p "$OUT/runs"
 for s in $SEEDS; do
   # Everything but the recipe: llama-1b's shape on the GPT-2 BPE vocabulary, MBS sequences of 1024 per step.
   common=(--config configs/llama-1b.yaml --set training.device=cuda --set training.precision=bf16
-    --set training.fp8_format="$FORMAT" --set training.seed="$s"
+    --set training.seed="$s"
     --set model.vocab_size=50257 --set model.seq_length=1024 --set data.tokenizer_type=gpt2-bpe
     --set data.vocab_file=$D/encoder.json --set data.merge_file=$D/vocab.bpe
     --set data.paths=[$D/bible_text_document] --set data.split=[98,2,0] --set data.cache_dir=$OUT/cache
@@ -44,7 +44,7 @@ for s in $SEEDS; do
     --set optimizer.lr="$LR" --set optimizer.min_lr=1e-5 --set logging.log_interval=50)
   for r in $RECIPES; do
     extra=()
-    [ "$r" != none ] && extra=("${fp8_set[@]}")
+    [ "$r" != none ] && extra=(--set training.fp8_format="$FORMAT" "${fp8_set[@]}")  # FP8's keys only with FP8
     [ "$r" = delayed ] && extra+=(--set training.fp8_amax_history_len=16 --set training.fp8_amax_compute_algo=max)
     ck="$OUT/ck-$r-$s"
     save=(--set checkpoint.dir=)

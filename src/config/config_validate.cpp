@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "config/config_dependent_keys.h"
 #include "config/config_loader.h"
 #include "config/config_schema.h"
 #include "config/model_features.h"
@@ -140,6 +141,7 @@ void validate_config(const Config& cfg) {
   }
 
   validate_moe_config(cfg, pre);
+  check_dependent_keys(cfg, pre);
   MT_CHECK(p.virtual_pipeline == 1 || p.pipeline > 1, pre, "parallel.virtual_pipeline (", p.virtual_pipeline,
            ") > 1 needs parallel.pipeline > 1 (it interleaves chunks of the pipeline stages); set virtual_pipeline: 1 "
            "or pipeline > 1");

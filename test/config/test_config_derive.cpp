@@ -361,22 +361,22 @@ TEST_CASE("derive: option strings are resolved once into enums", "[config]") {
   CHECK(d.tokenizer_type == mt::TokenizerType::None);
   c.training.device = "cpu";
   c.training.recompute = "selective";
-  c.training.recompute_method = "block";
   c.training.nan_policy = "skip";
   c.optimizer.decay_style = "constant";
   c.data.tokenizer_type = "hf-json";
   d = mt::derive_config(c, 1);
   CHECK(d.device == mt::DeviceMode::CPU);
   CHECK(d.recompute == mt::RecomputeGranularity::Selective);
-  CHECK(d.recompute_method == mt::RecomputeMethod::Block);
   CHECK(d.nan_policy == mt::NanPolicy::Skip);
   CHECK(d.decay_style == mt::DecayStyle::Constant);
   CHECK(d.tokenizer_type == mt::TokenizerType::HfJson);
   c.training.recompute = "full";
+  c.training.recompute_method = "block";  // acts with full recompute only (refused beside selective)
   c.optimizer.decay_style = "linear";
   c.data.tokenizer_type = "gpt2-bpe";
   d = mt::derive_config(c, 1);
   CHECK(d.recompute == mt::RecomputeGranularity::Full);
+  CHECK(d.recompute_method == mt::RecomputeMethod::Block);
   CHECK(d.decay_style == mt::DecayStyle::Linear);
   CHECK(d.tokenizer_type == mt::TokenizerType::Gpt2Bpe);
   c.training.device = "auto";
