@@ -1,61 +1,92 @@
 #include "config/config_dependent_keys.h"
 
+#include <variant>
+
+#include "config/config_schema.h"
+#include "config/model_features.h"
 #include "core/check.h"
 
 namespace mt {
 
 namespace {
-// `key` is set but acts only when `master` is `wanted` (it is `now`).
-struct Dependent {
-  bool set;
+// `key` acts only when `active`: when `master` is `wanted`.
+struct Rule {
   const char* key;
-  bool active;
   const char* master;
-  std::string now;
   const char* wanted;
+  bool (*active)(const Config&, const ModelFeatures&);
 };
+
+bool full_recompute(const Config& c, const ModelFeatures&) { return c.training.recompute == "full"; }
+bool fp16(const Config& c, const ModelFeatures&) { return c.training.precision == "fp16"; }
+bool any_fp8(const Config& c, const ModelFeatures&) { return c.training.fp8 != "none"; }
+bool delayed_fp8(const Config& c, const ModelFeatures&) { return c.training.fp8 == "delayed"; }
+bool first_last_bf16(const Config& c, const ModelFeatures&) { return c.training.fp8_first_last_layers_bf16; }
+bool rope_scaling(const Config& c, const ModelFeatures&) { return c.model.rope_scaling; }
+constexpr const char* kFp16 = "fp16 (bf16 and fp32 need no loss scale)";
+constexpr const char* kAnyFp8 = "tensorwise, delayed or blockwise";
+
+const Rule kRules[] = {
+    {"model.rope_theta", "model.position_embedding_type", "rope",
+     [](const Config&, const ModelFeatures& f) { return f.position_embedding == PositionEmbedding::RoPE; }},
+    {"model.rope_scaling_factor", "model.rope_scaling", "true (Llama 3.x frequency scaling)", rope_scaling},
+    {"model.rope_scaling_low_freq_factor", "model.rope_scaling", "true (Llama 3.x frequency scaling)", rope_scaling},
+    {"model.rope_scaling_high_freq_factor", "model.rope_scaling", "true (Llama 3.x frequency scaling)", rope_scaling},
+    {"model.rope_scaling_original_max_position_embeddings", "model.rope_scaling", "true (Llama 3.x frequency scaling)",
+     rope_scaling},
+    {"model.moe_aux_loss_coeff", "model.moe_router_load_balancing_type", "aux_loss or seq_aux_loss",
+     [](const Config& c, const ModelFeatures&) { return c.model.moe_router_load_balancing_type != "none"; }},
+    {"model.moe_router_bias_update_rate", "model.moe_router_enable_expert_bias", "true",
+     [](const Config& c, const ModelFeatures&) { return c.model.moe_router_enable_expert_bias; }},
+    {"training.recompute_method", "training.recompute", "full", full_recompute},
+    {"training.recompute_num_layers", "training.recompute", "full", full_recompute},
+    {"training.attention_bwd_workspace_mib", "training.deterministic", "true",
+     [](const Config& c, const ModelFeatures&) { return c.training.deterministic; }},
+    {"training.nan_max_skips", "training.nan_policy", "skip",
+     [](const Config& c, const ModelFeatures&) { return c.training.nan_policy == "skip"; }},
+    {"training.fp8_format", "training.fp8", kAnyFp8, any_fp8},
+    {"training.fp8_margin", "training.fp8", "tensorwise or delayed (blockwise scales have no margin)",
+     [](const Config& c, const ModelFeatures&) { return c.training.fp8 == "tensorwise" || c.training.fp8 == "delayed"; }},
+    {"training.fp8_amax_history_len", "training.fp8", "delayed", delayed_fp8},
+    {"training.fp8_amax_compute_algo", "training.fp8", "delayed", delayed_fp8},
+    {"training.fp8_first_last_layers_bf16", "training.fp8", kAnyFp8, any_fp8},
+    {"training.num_layers_at_start_in_bf16", "training.fp8_first_last_layers_bf16", "true", first_last_bf16},
+    {"training.num_layers_at_end_in_bf16", "training.fp8_first_last_layers_bf16", "true", first_last_bf16},
+    {"optimizer.initial_loss_scale", "training.precision", kFp16, fp16},
+    {"optimizer.min_loss_scale", "training.precision", kFp16, fp16},
+    {"optimizer.loss_scale_window", "training.precision", kFp16, fp16},
+    {"optimizer.hysteresis", "training.precision", kFp16, fp16},
+};
+
+const ConfigField& field(const char* path) {
+  const ConfigField* f = find_config_field(path);
+  MT_INTERNAL_ASSERT(f && !f->optional, "config_dependent_keys: no plain schema key ", path);
+  return *f;
+}
+
+// The master's value as the user sees it (the resolved one for a key an arch preset fills).
+std::string master_value(const Rule& r, const Config& cfg, const ModelFeatures& f) {
+  if (std::string(r.master) == "model.position_embedding_type") return position_embedding_name(f.position_embedding);
+  return format_field(field(r.master), cfg);
+}
 }  // namespace
 
-void check_dependent_keys(const Config& cfg, const std::string& pre) {
-  const Config d;  // the defaults
-  const TrainingConfig &t = cfg.training, &td = d.training;
-  const OptimizerConfig &o = cfg.optimizer, &od = d.optimizer;
-  const bool fp8 = t.fp8 != "none";
-  const Dependent keys[] = {
-      {t.recompute_method != td.recompute_method, "training.recompute_method", t.recompute == "full",
-       "training.recompute", t.recompute, "full"},
-      {t.recompute_num_layers != td.recompute_num_layers, "training.recompute_num_layers", t.recompute == "full",
-       "training.recompute", t.recompute, "full"},
-      {t.attention_bwd_workspace_mib != td.attention_bwd_workspace_mib, "training.attention_bwd_workspace_mib",
-       t.deterministic, "training.deterministic", "false", "true"},
-      {t.nan_max_skips != td.nan_max_skips, "training.nan_max_skips", t.nan_policy == "skip", "training.nan_policy",
-       t.nan_policy, "skip"},
-      {t.fp8_format != td.fp8_format, "training.fp8_format", fp8, "training.fp8", t.fp8,
-       "tensorwise, delayed or blockwise"},
-      {t.fp8_margin != td.fp8_margin, "training.fp8_margin", t.fp8 == "tensorwise" || t.fp8 == "delayed",
-       "training.fp8", t.fp8, "tensorwise or delayed (blockwise scales have no margin)"},
-      {t.fp8_amax_history_len != td.fp8_amax_history_len, "training.fp8_amax_history_len", t.fp8 == "delayed",
-       "training.fp8", t.fp8, "delayed"},
-      {t.fp8_amax_compute_algo != td.fp8_amax_compute_algo, "training.fp8_amax_compute_algo", t.fp8 == "delayed",
-       "training.fp8", t.fp8, "delayed"},
-      {t.fp8_first_last_layers_bf16 != td.fp8_first_last_layers_bf16, "training.fp8_first_last_layers_bf16", fp8,
-       "training.fp8", t.fp8, "tensorwise, delayed or blockwise"},
-      {t.num_layers_at_start_in_bf16 != td.num_layers_at_start_in_bf16, "training.num_layers_at_start_in_bf16",
-       t.fp8_first_last_layers_bf16, "training.fp8_first_last_layers_bf16", "false", "true"},
-      {t.num_layers_at_end_in_bf16 != td.num_layers_at_end_in_bf16, "training.num_layers_at_end_in_bf16",
-       t.fp8_first_last_layers_bf16, "training.fp8_first_last_layers_bf16", "false", "true"},
-      {o.initial_loss_scale != od.initial_loss_scale, "optimizer.initial_loss_scale", t.precision == "fp16",
-       "training.precision", t.precision, "fp16 (bf16 and fp32 need no loss scale)"},
-      {o.min_loss_scale != od.min_loss_scale, "optimizer.min_loss_scale", t.precision == "fp16", "training.precision",
-       t.precision, "fp16 (bf16 and fp32 need no loss scale)"},
-      {o.loss_scale_window != od.loss_scale_window, "optimizer.loss_scale_window", t.precision == "fp16",
-       "training.precision", t.precision, "fp16 (bf16 and fp32 need no loss scale)"},
-      {o.hysteresis != od.hysteresis, "optimizer.hysteresis", t.precision == "fp16", "training.precision",
-       t.precision, "fp16 (bf16 and fp32 need no loss scale)"},
-  };
-  for (const Dependent& k : keys)
-    MT_CHECK(!k.set || k.active, pre, k.key, " is set but ", k.master, " is ", k.now, ": it acts only with ", k.master,
-             " ", k.wanted, "; remove ", k.key, " or change ", k.master);
+void check_dependent_keys(const Config& cfg, const ModelFeatures& f, const std::string& pre) {
+  const Config defaults;
+  for (const Rule& r : kRules)
+    MT_CHECK(field_equal(field(r.key), cfg, defaults) || r.active(cfg, f), pre, r.key, " is set but ", r.master,
+             " is ", master_value(r, cfg, f), ": it acts only with ", r.master, " ", r.wanted, "; remove ", r.key,
+             " or change ", r.master);
+}
+
+void reset_inactive_dependent_keys(Config& cfg) {
+  const Config defaults;
+  const ModelFeatures f = resolve_model_features(cfg);
+  for (const Rule& r : kRules) {
+    const ConfigField& k = field(r.key);
+    if (field_equal(k, cfg, defaults) || r.active(cfg, f)) continue;
+    std::visit([&](auto* dst) { *dst = *std::get<decltype(dst)>(k.at(defaults)); }, k.at(cfg));
+  }
 }
 
 }  // namespace mt

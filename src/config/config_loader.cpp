@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config_dependent_keys.h"
 #include "config/config_schema.h"
 #include "core/check.h"
 
@@ -401,8 +402,9 @@ void apply_override(const std::string& text, LoadState& st) {
 
 }  // namespace
 
-Config load_config_from_string(const std::string& yaml, const std::string& origin,
-                               const std::vector<std::string>& overrides) {
+namespace {
+Config load_text(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides,
+                 bool stored) {
   LoadState st;
   st.cfg.source_file = origin;
   apply_document(parse_yaml(yaml, origin, "YAML syntax error"), st, origin);
@@ -410,6 +412,7 @@ Config load_config_from_string(const std::string& yaml, const std::string& origi
   for (const ConfigField& f : config_fields())
     MT_CHECK(!f.required || st.given.count(f.path), config_error_prefix(origin), f.path,
              " is required (no default): add '", f.key, ":' under '", f.section, ":' or pass --set ", f.path, "=<value>");
+  if (stored) reset_inactive_dependent_keys(st.cfg);
   validate_config(st.cfg);
   const Config& c = st.cfg;
   MT_CHECK(c.data.mock || !c.data.paths.empty(), config_error_prefix(origin),
@@ -417,6 +420,14 @@ Config load_config_from_string(const std::string& yaml, const std::string& origi
            "megatrain-data preprocess) or set data.mock: true");
   return st.cfg;
 }
+}  // namespace
+
+Config load_config_from_string(const std::string& yaml, const std::string& origin,
+                               const std::vector<std::string>& overrides) {
+  return load_text(yaml, origin, overrides, false);
+}
+
+Config load_stored_config(const std::string& yaml, const std::string& origin) { return load_text(yaml, origin, {}, true); }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   namespace fs = std::filesystem;

@@ -14,6 +14,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Same from YAML text (tests); `origin` names it in errors.
 Config load_config_from_string(const std::string& yaml, const std::string& origin,
                                const std::vector<std::string>& overrides = {});
+// A checkpoint's stored config (its manifest's config_yaml): as load_config_from_string, except that keys acting
+// only with a setting the run did not have (accepted by older versions: they acted on nothing) are reset to their
+// defaults instead of refused (config/config_dependent_keys.h), so every checkpoint still converts and generates.
+Config load_stored_config(const std::string& yaml, const std::string& origin);
 
 // Derived values for a world size; throws mt::Error naming the numbers to change when the layout
 // or the batch arithmetic does not fit.

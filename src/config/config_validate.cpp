@@ -141,7 +141,7 @@ void validate_config(const Config& cfg) {
   }
 
   validate_moe_config(cfg, pre);
-  check_dependent_keys(cfg, pre);
+  check_dependent_keys(cfg, features, pre);
   MT_CHECK(p.virtual_pipeline == 1 || p.pipeline > 1, pre, "parallel.virtual_pipeline (", p.virtual_pipeline,
            ") > 1 needs parallel.pipeline > 1 (it interleaves chunks of the pipeline stages); set virtual_pipeline: 1 "
            "or pipeline > 1");

@@ -66,14 +66,6 @@ void validate_moe_config(const Config& cfg, const std::string& pre) {
   MT_CHECK(m.moe_router_load_balancing_type == "none" || m.moe_aux_loss_coeff > 0 || m.moe_router_load_balancing_type == "aux_loss",
            pre, "model.moe_router_load_balancing_type ", m.moe_router_load_balancing_type,
            " needs model.moe_aux_loss_coeff > 0");
-  // nothing the user wrote is ignored: two keys that act only with another one
-  const ModelConfig d;
-  MT_CHECK(m.moe_router_load_balancing_type != "none" || m.moe_aux_loss_coeff == d.moe_aux_loss_coeff, pre,
-           "model.moe_aux_loss_coeff is set but model.moe_router_load_balancing_type is none (no balancing loss); set "
-           "moe_router_load_balancing_type to aux_loss or seq_aux_loss, or remove model.moe_aux_loss_coeff");
-  MT_CHECK(m.moe_router_enable_expert_bias || m.moe_router_bias_update_rate == d.moe_router_bias_update_rate, pre,
-           "model.moe_router_bias_update_rate is set but model.moe_router_enable_expert_bias is false (the rate moves "
-           "the expert bias only); set moe_router_enable_expert_bias: true or remove model.moe_router_bias_update_rate");
   MT_CHECK(m.moe_router_load_balancing_type != "seq_aux_loss" || p.tensor == 1, pre,
            "model.moe_router_load_balancing_type seq_aux_loss with parallel.tensor > 1 is not supported (the sequences "
            "are split over the tensor-parallel ranks); use aux_loss or parallel.tensor: 1");

@@ -90,21 +90,6 @@ ModelFeatures resolve_model_features(const Config& cfg) {
   MT_CHECK(!m.rope_scaling || f.position_embedding == PositionEmbedding::RoPE, pre,
            "model.rope_scaling: true needs model.position_embedding_type rope (it is ",
            position_embedding_name(f.position_embedding), "); set rope_scaling: false");
-  {  // nothing the user wrote is ignored: RoPE's base acts only with RoPE, the scaling's keys only with rope_scaling
-    const ModelConfig d;
-    MT_CHECK(f.position_embedding == PositionEmbedding::RoPE || m.rope_theta == d.rope_theta, pre,
-             "model.rope_theta is set but the positions are ", position_embedding_name(f.position_embedding),
-             " (no RoPE); remove model.rope_theta or set model.position_embedding_type: rope");
-    const std::pair<bool, const char*> scaling_keys[] = {
-        {m.rope_scaling_factor == d.rope_scaling_factor, "rope_scaling_factor"},
-        {m.rope_scaling_low_freq_factor == d.rope_scaling_low_freq_factor, "rope_scaling_low_freq_factor"},
-        {m.rope_scaling_high_freq_factor == d.rope_scaling_high_freq_factor, "rope_scaling_high_freq_factor"},
-        {m.rope_scaling_original_max_position_embeddings == d.rope_scaling_original_max_position_embeddings,
-         "rope_scaling_original_max_position_embeddings"}};
-    for (const auto& [unchanged, key] : scaling_keys)
-      MT_CHECK(m.rope_scaling || unchanged, pre, "model.", key, " is set but model.rope_scaling is false; set "
-               "rope_scaling: true (Llama 3.x frequency scaling) or remove model.", key);
-  }
   if (m.rope_scaling)
     MT_CHECK(m.rope_scaling_high_freq_factor > m.rope_scaling_low_freq_factor, pre,
              "model.rope_scaling_high_freq_factor (", format_double(m.rope_scaling_high_freq_factor),

@@ -309,7 +309,7 @@ void convert_export(const ExportOptions& opt) {
   const std::string path = ckpt::resolve_load_path(opt.checkpoint, opt.checkpoint);
   MT_CHECK(!path.empty(), "--checkpoint ", opt.checkpoint, ": no checkpoint there (no 'latest' and no manifest.json)");
   ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(path);
-  Config cfg = load_config_from_string(ck.config_yaml, path + "/manifest.json");
+  Config cfg = load_stored_config(ck.config_yaml, path + "/manifest.json");
   const DerivedConfig saved = derive_config(cfg, ck.world_size);
   auto host = build_host_model(cfg, saved.padded_vocab_size);
   load_model_weights(ck, *host->store);
@@ -397,7 +397,7 @@ void checkpoint_inspect(const std::string& checkpoint, std::ostream& os) {
   const std::string path = ckpt::resolve_load_path(checkpoint, checkpoint);
   MT_CHECK(!path.empty(), checkpoint, ": no checkpoint there (no 'latest' and no manifest.json)");
   ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(path);
-  Config cfg = load_config_from_string(ck.config_yaml, path + "/manifest.json");
+  Config cfg = load_stored_config(ck.config_yaml, path + "/manifest.json");
   const ParallelConfig& p = cfg.parallel;
   const int dp = ck.world_size / std::max(1, p.tensor * p.pipeline * p.context);
   os << "checkpoint " << path << "\n";

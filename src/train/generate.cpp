@@ -41,7 +41,7 @@ void run_generate(const GenerateOptions& opt) {
   ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(path);
 
   // The stored config, rebuilt on one rank; the padded vocabulary stays that of the saved layout.
-  Config cfg = load_config_from_string(ck.config_yaml, path + "/manifest.json");
+  Config cfg = load_stored_config(ck.config_yaml, path + "/manifest.json");
   const DerivedConfig saved = derive_config(cfg, ck.world_size);
   cfg.parallel = ParallelConfig{};
   cfg.training.global_batch_size = cfg.training.micro_batch_size;

@@ -78,3 +78,41 @@ TEST_CASE("dependent keys: refused alone, naming the key that turns them on; acc
   // a key written at its default value changes nothing and is accepted anywhere
   CHECK(load_error({"training.recompute_num_layers=1", "optimizer.hysteresis=2"}) == "<no mt::Error thrown>");
 }
+
+TEST_CASE("dependent keys: a checkpoint's stored config has them reset, not refused", "[config]") {
+  // as a version that accepted them saved it: each acted on nothing in that run
+  const char* stored = R"(model:
+  num_layers: 2
+  hidden_size: 64
+  num_attention_heads: 4
+  ffn_hidden_size: 128
+  vocab_size: 128
+  seq_length: 32
+  rope_scaling_factor: 4.0
+training:
+  train_iters: 10
+  device: cpu
+  recompute_num_layers: 2
+  fp8_margin: 1
+  nan_max_skips: 3
+optimizer:
+  hysteresis: 4
+data:
+  mock: true
+)";
+  CHECK(contains(error_of([&] { mt::load_config_from_string(stored, "m.json"); }),
+                 "model.rope_scaling_factor is set but model.rope_scaling is false"));
+  const mt::Config c = mt::load_stored_config(stored, "m.json");
+  const mt::Config d;
+  CHECK(c.model.rope_scaling_factor == d.model.rope_scaling_factor);
+  CHECK(c.training.recompute_num_layers == d.training.recompute_num_layers);
+  CHECK(c.training.fp8_margin == d.training.fp8_margin);
+  CHECK(c.training.nan_max_skips == d.training.nan_max_skips);
+  CHECK(c.optimizer.hysteresis == d.optimizer.hysteresis);
+  CHECK(c.model.hidden_size == 64);  // the rest as stored
+  // keys that acted are kept
+  std::string with_scaling = stored;
+  with_scaling.insert(with_scaling.find("  rope_scaling_factor"), "  rope_scaling: true\n");
+  const mt::Config kept = mt::load_stored_config(with_scaling, "m.json");
+  CHECK(kept.model.rope_scaling_factor == 4.0);
+}

@@ -113,7 +113,7 @@ TEST_CASE("features: invalid values and combinations are refused naming the key"
   CHECK(contains(m, "model.rope_scaling_original_max_position_embeddings is set but model.rope_scaling is false"));
   CHECK(mt::derive_config(load({"model.rope_scaling=true", "model.rope_scaling_factor=4"}), 1).world_size == 1);
   m = load_error({"model.position_embedding_type=learned_absolute", "model.rope_theta=500000"});
-  CHECK(contains(m, "model.rope_theta is set but the positions are learned_absolute (no RoPE)"));
+  CHECK(contains(m, "model.rope_theta is set but model.position_embedding_type is learned_absolute"));
   m = error_of([] { load({"model.normalization=batchnorm"}); });
   CHECK(contains(m, "model.normalization"));
   CHECK(contains(m, "layernorm, rmsnorm"));
