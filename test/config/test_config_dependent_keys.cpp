@@ -81,25 +81,13 @@ TEST_CASE("dependent keys: refused alone, naming the key that turns them on; acc
 
 TEST_CASE("dependent keys: a checkpoint's stored config has them reset, not refused", "[config]") {
   // as a version that accepted them saved it: each acted on nothing in that run
-  const char* stored = R"(model:
-  num_layers: 2
-  hidden_size: 64
-  num_attention_heads: 4
-  ffn_hidden_size: 128
-  vocab_size: 128
-  seq_length: 32
-  rope_scaling_factor: 4.0
-training:
-  train_iters: 10
-  device: cpu
-  recompute_num_layers: 2
-  fp8_margin: 1
-  nan_max_skips: 3
-optimizer:
-  hysteresis: 4
-data:
-  mock: true
-)";
+  std::string stored = kBaseYaml;
+  const auto add = [&](const std::string& after, const std::string& lines) {
+    stored.insert(stored.find(after) + after.size(), lines);
+  };
+  add("model:\n", "  rope_scaling_factor: 4.0\n");
+  add("training:\n", "  recompute_num_layers: 2\n  fp8_margin: 1\n  nan_max_skips: 3\n");
+  add("data:\n  mock: true\n", "optimizer:\n  hysteresis: 4\n");
   CHECK(contains(error_of([&] { mt::load_config_from_string(stored, "m.json"); }),
                  "model.rope_scaling_factor is set but model.rope_scaling is false"));
   const mt::Config c = mt::load_stored_config(stored, "m.json");
@@ -111,8 +99,7 @@ data:
   CHECK(c.optimizer.hysteresis == d.optimizer.hysteresis);
   CHECK(c.model.hidden_size == 64);  // the rest as stored
   // keys that acted are kept
-  std::string with_scaling = stored;
-  with_scaling.insert(with_scaling.find("  rope_scaling_factor"), "  rope_scaling: true\n");
-  const mt::Config kept = mt::load_stored_config(with_scaling, "m.json");
+  add("model:\n", "  rope_scaling: true\n");
+  const mt::Config kept = mt::load_stored_config(stored, "m.json");
   CHECK(kept.model.rope_scaling_factor == 4.0);
 }

@@ -149,14 +149,17 @@ logging:
 // The keys that act only with a setting kAllKeysYaml cannot have at once (check_dependent_keys refuses them
 // otherwise): the deterministic attention backward's workspace and fp16's loss scaling, then the delayed FP8
 // recipe's amax keys (FP8 needs bf16).
-const char* kDependentKeysYaml[] = {R"(model:
+const std::string kSmallModel = R"(model:
   num_layers: 2
   hidden_size: 64
   num_attention_heads: 4
   ffn_hidden_size: 128
   vocab_size: 100
   seq_length: 16
-training:
+data:
+  mock: true
+)";
+const std::string kDependentKeysYaml[] = {kSmallModel + R"(training:
   train_iters: 1
   precision: fp16
   device: cuda
@@ -166,24 +169,13 @@ optimizer:
   min_loss_scale: 2
   loss_scale_window: 500
   hysteresis: 4
-data:
-  mock: true
-)", R"(model:
-  num_layers: 2
-  hidden_size: 64
-  num_attention_heads: 4
-  ffn_hidden_size: 128
-  vocab_size: 100
-  seq_length: 16
-training:
+)", kSmallModel + R"(training:
   train_iters: 1
   precision: bf16
   device: cuda
   fp8: delayed
   fp8_amax_history_len: 16
   fp8_amax_compute_algo: max
-data:
-  mock: true
 )"};
 const char* const kDependentKeys[] = {"training.attention_bwd_workspace_mib", "optimizer.initial_loss_scale",
                                       "optimizer.min_loss_scale", "optimizer.loss_scale_window",
@@ -248,7 +240,7 @@ TEST_CASE("config: a file setting every key loads each one and round-trips throu
   }
   // the dependent keys, each loaded beside the setting it acts with
   std::set<std::string> loaded;
-  for (const char* yaml : kDependentKeysYaml) {
+  for (const std::string& yaml : kDependentKeysYaml) {
     const mt::Config dc = load(yaml);
     for (const mt::ConfigField& f : mt::config_fields())
       if (!mt::field_equal(f, dc, defaults)) loaded.insert(f.path);
