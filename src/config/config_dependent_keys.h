@@ -1,5 +1,5 @@
 // Keys that act only when another key turns their feature on (model.rope_scaling_factor with model.rope_scaling,
-// training.recompute_method with recompute full, the FP8 recipe's parameters with training.fp8, fp16's loss-scaling
+// parallel.cp_comm_type with context > 1, training.recompute_method with recompute full, the FP8 recipe's parameters with training.fp8, fp16's loss-scaling
 // keys with precision fp16, ...). One set while its feature is off would be silently ignored: validate_config
 // refuses it by name, with the key that turns it on (nothing the user wrote is ignored). "Set" means "differs from
 // the default": a key written at its default value changes nothing either way. A checkpoint's stored config (saved

@@ -25,6 +25,11 @@ TEST_CASE("dependent keys: refused alone, naming the key that turns them on; acc
     std::vector<std::string> with;  // the same key beside the setting it acts with
   };
   const std::vector<Case> cases = {
+      {{"parallel.cp_comm_type=a2a"},
+       "parallel.cp_comm_type is set but parallel.context is 1: it acts only with parallel.context > 1",
+       {"parallel.context=2", "parallel.cp_comm_type=a2a"}},
+      {{"parallel.tp_comm_overlap=true"}, "parallel.tp_comm_overlap is set but parallel.tensor is 1",
+       {"parallel.tensor=2", "parallel.tp_comm_overlap=true"}},
       {{"training.recompute_num_layers=2"},
        "training.recompute_num_layers is set but training.recompute is none: it acts only with training.recompute full",
        {"training.recompute=full", "training.recompute_num_layers=2"}},
