@@ -272,7 +272,7 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(training, fp8_amax_history_len).min(1).doc("fp8 delayed: steps of amax history kept per tensor"),
       MT_CONFIG_KEY(training, fp8_amax_compute_algo).one_of({"max", "most_recent"})
           .doc("fp8 delayed: the amax a scale is made from: the history's max, or the most recent step's"),
-      MT_CONFIG_KEY(training, fp8_margin).min(0).doc("fp8: scales are fp8_max / amax / 2^fp8_margin"),
+      MT_CONFIG_KEY(training, fp8_margin).min(0).doc("fp8 tensorwise / delayed: scales are fp8_max / amax / 2^fp8_margin"),
       MT_CONFIG_KEY(training, fp8_first_last_layers_bf16)
           .doc("fp8: the first num_layers_at_start_in_bf16 and last num_layers_at_end_in_bf16 transformer layers "
                "keep their linears in training.precision")
