@@ -107,6 +107,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // what each subcommand's command line gave to its tokenizer: nothing given is ignored
+    if (p->parsed()) mt::data::check_tokenizer_flags(pre.tokenizer, "--tokenizer");
+    if (t->parsed()) mt::data::check_tokenizer_flags(tok_opt, "--tokenizer");
+    if (i->parsed()) {
+      mt::data::check_tokenizer_flags(ins.tokenizer, "--tokenizer");
+      MT_CHECK(!i->count("--samples") || !ins.tokenizer.type.empty(), "inspect: --samples decodes documents and needs "
+               "--tokenizer (gpt2-bpe or hf-json with its files); add it or remove --samples");
+    }
     if (p->parsed()) {
       pre.chunk_bytes = static_cast<size_t>(chunk_mb * 1e6);
       std::signal(SIGINT, on_signal);

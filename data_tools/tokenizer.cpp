@@ -22,4 +22,24 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& o) {
   return nullptr;
 }
 
+void check_tokenizer_flags(const TokenizerOptions& given, const std::string& type_flag) {
+  struct Flag {
+    bool set;
+    const char* name;
+    const char* reader;  // the tokenizer that reads it
+  };
+  const Flag flags[] = {{!given.vocab_file.empty(), "--vocab-file", "gpt2-bpe"},
+                        {!given.merge_file.empty(), "--merge-file", "gpt2-bpe"},
+                        {!given.tokenizer_file.empty(), "--tokenizer-file", "hf-json"},
+                        {!given.eod_token.empty(), "--eod-token", "hf-json"},
+                        {!given.add_special_tokens, "--no-add-special-tokens", "hf-json"}};
+  for (const Flag& f : flags) {
+    if (!f.set || given.type == f.reader) continue;
+    MT_CHECK(!given.type.empty(), f.name, " is read by the ", f.reader, " tokenizer but no tokenizer was chosen; add ",
+             type_flag, " ", f.reader, " or remove ", f.name);
+    MT_CHECK(false, f.name, " is read by the ", f.reader, " tokenizer, not ", given.type, "; remove ", f.name,
+             " or use ", type_flag, " ", f.reader);
+  }
+}
+
 }  // namespace mt::data

@@ -45,4 +45,10 @@ struct TokenizerOptions {
 // Throws mt::Error naming the missing flag or file.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options);
 
+// Refuses a tokenizer flag that the chosen tokenizer would not read, instead of ignoring it: --vocab-file and
+// --merge-file are gpt2-bpe's; --tokenizer-file, --eod-token and --no-add-special-tokens (add_special_tokens false)
+// hf-json's. `given` holds only what the command line gave, its type the tokenizer chosen ("" for none);
+// `type_flag` names the flag that chooses it (--tokenizer, or generate's --tokenizer-type).
+void check_tokenizer_flags(const TokenizerOptions& given, const std::string& type_flag);
+
 }  // namespace mt::data

@@ -56,6 +56,11 @@ void run_generate(const GenerateOptions& opt) {
   MT_CHECK(tok.type != "none", "the checkpoint's config names no tokenizer (data.tokenizer_type: none): give "
                                "--tokenizer-type gpt2-bpe --vocab-file F --merge-file F, or --tokenizer-type hf-json "
                                "--tokenizer-file F");
+  // a file flag the chosen tokenizer does not read is refused, not ignored
+  data::TokenizerOptions given;
+  given.type = tok.type, given.vocab_file = opt.vocab_file, given.merge_file = opt.merge_file;
+  given.tokenizer_file = opt.tokenizer_file;
+  data::check_tokenizer_flags(given, "--tokenizer-type");
   std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(tok);
   MT_CHECK(tokenizer->vocab_size() <= cfg.model.vocab_size, "tokenizer ", tokenizer->describe(), " has ",
            tokenizer->vocab_size(), " tokens but the model only ", cfg.model.vocab_size);

@@ -230,3 +230,25 @@ TEST_CASE("BPE engine: lowest rank first, leftmost on ties; bounded cache", "[to
   CHECK(token_text_to_bytes("Ġhello", &raw));
   CHECK(raw == " hello");
 }
+
+TEST_CASE("tokenizer flags the chosen tokenizer does not read are refused, naming the flag and the fix", "[tokenizer]") {
+  using mt::data::check_tokenizer_flags;
+  using mt::data::TokenizerOptions;
+  const auto err = [](const TokenizerOptions& o) { return error_of([&] { check_tokenizer_flags(o, "--tokenizer"); }); };
+  // each tokenizer with its own flags: fine
+  check_tokenizer_flags({"gpt2-bpe", "e.json", "v.bpe", "", "", true}, "--tokenizer");
+  check_tokenizer_flags({"hf-json", "", "", "t.json", "<eos>", false}, "--tokenizer");
+  check_tokenizer_flags({"", "", "", "", "", true}, "--tokenizer");
+  CHECK_THAT(err({"hf-json", "e.json", "", "t.json", "", true}),
+             dt_test::has_text("--vocab-file is read by the gpt2-bpe tokenizer, not hf-json; remove --vocab-file or "
+                               "use --tokenizer gpt2-bpe"));
+  CHECK_THAT(err({"hf-json", "", "v.bpe", "t.json", "", true}), dt_test::has_text("--merge-file is read by the gpt2-bpe"));
+  CHECK_THAT(err({"gpt2-bpe", "e.json", "v.bpe", "t.json", "", true}),
+             dt_test::has_text("--tokenizer-file is read by the hf-json tokenizer, not gpt2-bpe"));
+  CHECK_THAT(err({"gpt2-bpe", "e.json", "v.bpe", "", "<eos>", true}), dt_test::has_text("--eod-token is read by the hf-json"));
+  CHECK_THAT(err({"gpt2-bpe", "e.json", "v.bpe", "", "", false}),
+             dt_test::has_text("--no-add-special-tokens is read by the hf-json"));
+  CHECK_THAT(err({"", "e.json", "", "", "", true}),
+             dt_test::has_text("--vocab-file is read by the gpt2-bpe tokenizer but no tokenizer was chosen; add "
+                               "--tokenizer gpt2-bpe or remove --vocab-file"));
+}

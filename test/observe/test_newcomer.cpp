@@ -114,6 +114,13 @@ TEST_CASE("generate names the checkpoint and iteration it loaded", "[newcomer][e
   REQUIRE(g.code == 0);
   CHECK(g.out.rfind("hello", 0) == 0);
   CHECK_THAT(g.err, Catch::Contains("loaded checkpoint " + (dir / "ckpt" / "iter_0000003").string() + " (iteration 3,"));
+  // a tokenizer flag the chosen tokenizer does not read is refused, not ignored
+  RunResult bad = run_megatrain("generate --checkpoint " + (dir / "ckpt").string() + " --prompt hello " +
+                                    "--tokenizer-type hf-json --tokenizer-file " + (dir / "tokenizer.json").string() +
+                                    " --vocab-file encoder.json",
+                                "gen_bad");
+  CHECK(bad.code == 1);
+  CHECK_THAT(bad.err, Catch::Contains("--vocab-file is read by the gpt2-bpe tokenizer, not hf-json"));
 }
 
 TEST_CASE("re-running or resuming a job leaves one metrics record per iteration", "[newcomer][e2e]") {
