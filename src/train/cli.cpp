@@ -143,6 +143,10 @@ int run_cli(int argc, char** argv) {
   }
   if (*gen) {
     log::init(mpi_world_rank(), mpi_world_size(), "warn");
+    // greedy decoding draws nothing: a sampling flag beside --temperature 0 is refused, not ignored
+    for (const char* flag : {"--top-k", "--seed"})
+      MT_CHECK(g.temperature != 0 || gen->count(flag) == 0, "generate: ", flag, " is given but --temperature 0 is "
+               "greedy (always the most likely token, no sampling); remove ", flag, " or give a temperature > 0");
     run_generate(g);
     return 0;
   }

@@ -121,6 +121,13 @@ TEST_CASE("generate names the checkpoint and iteration it loaded", "[newcomer][e
                                 "gen_bad");
   CHECK(bad.code == 1);
   CHECK_THAT(bad.err, Catch::Contains("--vocab-file is read by the gpt2-bpe tokenizer, not hf-json"));
+  // so is a sampling flag beside greedy decoding
+  RunResult greedy = run_megatrain("generate --checkpoint " + (dir / "ckpt").string() + " --prompt hello " +
+                                       "--temperature 0 --top-k 5 --tokenizer-type hf-json --tokenizer-file " +
+                                       (dir / "tokenizer.json").string(),
+                                   "gen_greedy");
+  CHECK(greedy.code == 1);
+  CHECK_THAT(greedy.err, Catch::Contains("generate: --top-k is given but --temperature 0 is greedy"));
 }
 
 TEST_CASE("re-running or resuming a job leaves one metrics record per iteration", "[newcomer][e2e]") {
