@@ -169,7 +169,10 @@ int run_cli(int argc, char** argv) {
     return 0;
   }
   if (*config) {
-    if (reference) {
+    if (reference) {  // the key reference reads no config: a config given beside it is refused, not ignored
+      for (const char* flag : {"--config", "--set", "--world-size"})
+        MT_CHECK(config->count(flag) == 0, "megatrain config: --reference prints the key reference and reads no "
+                 "config; remove ", flag, " (or --reference, to check the config)");
       std::cout << config_reference_markdown();
       return 0;
     }

@@ -142,6 +142,10 @@ TEST_CASE("the README's config reference is what the binary generates", "[e2e][d
   REQUIRE(r.code == 0);
   REQUIRE(r.out.find("| `model.num_layers` |") != std::string::npos);
   CHECK(read_file(source_path("README.md")).find(r.out) != std::string::npos);
+  // it reads no config: one given beside it is refused, not ignored
+  RunResult both = run_megatrain("config --reference --config " + source_path("configs/ci/tiny-gpt2.yaml"), "reference2");
+  CHECK(both.code == 1);
+  CHECK(both.err.find("--reference prints the key reference and reads no config; remove --config") != std::string::npos);
 }
 
 TEST_CASE("--version and --help", "[e2e][cli]") {
