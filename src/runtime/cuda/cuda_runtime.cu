@@ -146,7 +146,7 @@ struct StagingSlot {
   size_t capacity = 0;
   cudaEvent_t done = nullptr;
 };
-std::mutex g_read_mu;
+std::mutex g_staging_mu;  // both users' slots (the read free list, the upload ring)
 std::vector<StagingSlot*> g_read_free;     // never freed: a few per process
 std::vector<StagingSlot*> g_upload_slots;  // upload's, reused in turn once their copy is done
 
@@ -166,7 +166,7 @@ StagingSlot* slot_of(StagingSlot* s, size_t bytes) {
 void* read_start(const void* src, size_t bytes) {
   StagingSlot* s = nullptr;
   {
-    std::lock_guard<std::mutex> lock(g_read_mu);
+    std::lock_guard<std::mutex> lock(g_staging_mu);
     if (!g_read_free.empty()) {
       s = g_read_free.back();
       g_read_free.pop_back();
@@ -182,7 +182,7 @@ void read_finish(void* handle, void* dst, size_t bytes) {
   auto* s = static_cast<StagingSlot*>(handle);
   MT_CUDA_CHECK(cudaEventSynchronize(s->done));
   std::memcpy(dst, s->host, bytes);
-  std::lock_guard<std::mutex> lock(g_read_mu);
+  std::lock_guard<std::mutex> lock(g_staging_mu);
   g_read_free.push_back(s);
 }
 
@@ -191,7 +191,7 @@ void read_finish(void* handle, void* dst, size_t bytes) {
 void upload(void* dst, const void* src, size_t bytes) {
   constexpr size_t kUploadSlots = 8;
   static size_t next = 0;
-  std::lock_guard<std::mutex> lock(g_read_mu);
+  std::lock_guard<std::mutex> lock(g_staging_mu);
   if (g_upload_slots.empty()) g_upload_slots.assign(kUploadSlots, nullptr);
   StagingSlot*& s = g_upload_slots[next++ % kUploadSlots];
   if (s) MT_CUDA_CHECK(cudaEventSynchronize(s->done));
