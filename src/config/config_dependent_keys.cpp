@@ -9,12 +9,14 @@
 namespace mt {
 
 namespace {
-// `key` acts only when `active`: when `master` is `wanted`.
+// `key` acts only when `active`: when `master` is `wanted`. `now`: the master's value as the user sees it, where
+// the schema's text is not (null: format_field).
 struct Rule {
   const char* key;
   const char* master;
   const char* wanted;
   bool (*active)(const Config&, const ModelFeatures&);
+  std::string (*now)(const Config&, const ModelFeatures&) = nullptr;
 };
 
 bool full_recompute(const Config& c, const ModelFeatures&) { return c.training.recompute == "full"; }
@@ -28,7 +30,9 @@ constexpr const char* kAnyFp8 = "tensorwise, delayed or blockwise";
 
 const Rule kRules[] = {
     {"model.rope_theta", "model.position_embedding_type", "rope",
-     [](const Config&, const ModelFeatures& f) { return f.position_embedding == PositionEmbedding::RoPE; }},
+     [](const Config&, const ModelFeatures& f) { return f.position_embedding == PositionEmbedding::RoPE; },
+     // an arch preset may fill it (unset in the file): the resolved one
+     [](const Config&, const ModelFeatures& f) { return std::string(position_embedding_name(f.position_embedding)); }},
     {"model.rope_scaling_factor", "model.rope_scaling", "true (Llama 3.x frequency scaling)", rope_scaling},
     {"model.rope_scaling_low_freq_factor", "model.rope_scaling", "true (Llama 3.x frequency scaling)", rope_scaling},
     {"model.rope_scaling_high_freq_factor", "model.rope_scaling", "true (Llama 3.x frequency scaling)", rope_scaling},
@@ -68,10 +72,8 @@ const ConfigField& field(const char* path) {
   return *f;
 }
 
-// The master's value as the user sees it (the resolved one for a key an arch preset fills).
 std::string master_value(const Rule& r, const Config& cfg, const ModelFeatures& f) {
-  if (std::string(r.master) == "model.position_embedding_type") return position_embedding_name(f.position_embedding);
-  return format_field(field(r.master), cfg);
+  return r.now ? r.now(cfg, f) : format_field(field(r.master), cfg);
 }
 }  // namespace
 
