@@ -3,7 +3,9 @@
 //   forward    x (rows, IC), K-major       W_e^T: W (El*OC, IC) K-major  M (rows)        bf16 (rows, OC)
 //   dx         dout (rows, OC), K-major    W_e: W (El*OC, IC) MN-major   M (rows)        bf16 (rows, IC)
 //   dweight    dout^T: (rows, OC) MN-major x (rows, IC), MN-major        K (rows)        fp32 (El*OC, IC)
-// A CTA (3 warpgroups, persistent over 128 x 256 output tiles): warpgroup 0's first thread issues TMA loads of
+// A CTA (3 warpgroups, persistent over 128 x 256 output tiles, which it takes one at a time from a device counter, so
+// that CTAs that start late, on SMs another kernel held (the MoE exchanges' NCCL kernels run beside the experts), take
+// fewer tiles instead of finishing late): warpgroup 0's first thread takes the next tile and issues TMA loads of
 // 64-deep K slices of A (128 x 64) and B (64 x 256) into a ring of kStages stages; warpgroups 1 and 2 each run
 // wgmma m64n256k16 over their 64 rows of the tile, releasing a stage once the MMAs that read it are done. bf16
 // tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 
 #include "cuda/cuda_check.h"
@@ -34,7 +37,8 @@ constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
 constexpr int kStageA = kBM * kBK * 2, kStageB = kBN * kBK * 2;  // bytes
 constexpr int kBox = 64 * 64 * 2;                                  // a 64 x 64 bf16 TMA box: 8 KiB
 constexpr int kStageC = 2 * kBox;  // a consumer's half tile (64 rows x 128 columns) on its way out
-constexpr int kSmem = kStages * (kStageA + kStageB) + 2 * kStageC + 2 * kStages * 8 + 1024;
+constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers
+constexpr int kSmem = kStages * (kStageA + kStageB) + 2 * kStageC + 2 * kStages * 8 + kIds * (2 * 8 + 4) + 1024;
 
 // The expert layout of one launch, passed by value (kernel parameters: 3 x 257 x 4 + 24 bytes).
 struct Groups {
@@ -84,11 +88,13 @@ __device__ __forceinline__ Tile tile_of(const Groups& g, int t) {
 }
 
 // TA / TB: A / B are MN-major. OutF32: fp32 output, else bf16.
+// Tiles are taken from `counter`: this launch's tile t is the (base + t)-th increment (every launch makes exactly
+// tiles + gridDim.x of them: each tile once, and each CTA one past the last, which ends it; the host adds that up).
 template <int TA, int TB, bool OutF32>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_out, void* out, const __grid_constant__ Groups g,
-                        int tiles) {
+                        int tiles, unsigned long long* counter, unsigned long long base) {
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzled TMA boxes want 1024-byte aligned shared memory
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -97,18 +103,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* sC = sB + kStages * kStageB;
   uint64_t* full = reinterpret_cast<uint64_t*>(sC + 2 * kStageC);
   uint64_t* empty = full + kStages;
+  uint64_t* id_full = empty + kStages;  // the tile-index ring: written by the producer, read by all 256 consumers
+  uint64_t* id_empty = id_full + kIds;
+  int* ids = reinterpret_cast<int*>(id_empty + kIds);
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2);
+    for (int j = 0; j < kIds; ++j) mbar_init(&id_full[j], 1), mbar_init(&id_empty[j], 2 * 128);
     mbar_init_fence();
   }
   __syncthreads();
   if (wg == 0) {  // producer
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      int s = 0;
-      uint32_t phase = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int s = 0, j = 0;
+      uint32_t phase = 0, id_phase = 0;
+      for (;;) {
+        const long long next = static_cast<long long>(atomicAdd(counter, 1ull) - base);
+        const int t = next < tiles ? static_cast<int>(next) : -1;  // -1: no tile left, the consumers stop
+        mbar_wait(&id_empty[j], id_phase ^ 1);
+        ids[j] = t;
+        mbar_arrive(&id_full[j]);
+        if (++j == kIds) j = 0, id_phase ^= 1;
+        if (t < 0) break;
         const Tile tl = tile_of<TB>(g, t);
         for (int kb = 0; kb < tl.kblocks; ++kb) {
           mbar_wait(&empty[s], phase ^ 1);
@@ -131,10 +148,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {  // consumers: warpgroup c = wg - 1 owns rows 64c .. 64c + 63 of each tile
     setmaxnreg_inc<232>();
     const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    int s = 0;
-    uint32_t phase = 0;
+    int s = 0, j = 0;
+    uint32_t phase = 0, id_phase = 0;
     float d[128];
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (;;) {
+      mbar_wait(&id_full[j], id_phase);
+      const int t = ids[j];
+      mbar_arrive(&id_empty[j]);
+      if (++j == kIds) j = 0, id_phase ^= 1;
+      if (t < 0) break;
       const Tile tl = tile_of<TB>(g, t);
       int prev = -1;
       for (int kb = 0; kb < tl.kblocks; ++kb) {
@@ -242,6 +264,24 @@ CUtensorMap tensor_map(const void* base, int64_t rows, int64_t cols, int box_row
 
 std::atomic<int64_t> g_launches{0};
 
+// A stream's tile counter: the launches of one stream run one after another, each taking its tiles from where the
+// one before left the counter (never reset); base counts the increments of the launches issued before.
+struct TileCounter {
+  unsigned long long* dev = nullptr;
+  unsigned long long base = 0;
+};
+TileCounter& tile_counter(cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<cudaStream_t, TileCounter> counters;
+  std::lock_guard<std::mutex> lock(mu);
+  TileCounter& c = counters[stream];
+  if (!c.dev) {
+    MT_CUDA_CHECK(cudaMalloc(&c.dev, sizeof(unsigned long long)));
+    MT_CUDA_CHECK(cudaMemset(c.dev, 0, sizeof(unsigned long long)));
+  }
+  return c;
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int sm_count() {
@@ -264,8 +304,12 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, vo
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   });
   const int grid = std::min(sm_count(), tiles);
-  grouped_gemm_kernel<TA, TB, OutF32><<<grid, kThreads, kSmem, ::mt::cuda::current_stream()>>>(a, b, o, out, g, tiles);
+  const cudaStream_t stream = ::mt::cuda::current_stream();
+  TileCounter& counter = tile_counter(stream);
+  grouped_gemm_kernel<TA, TB, OutF32><<<grid, kThreads, kSmem, stream>>>(a, b, o, out, g, tiles, counter.dev,
+                                                                          counter.base);
   MT_CUDA_CHECK_LAUNCH("sm90 grouped_gemm_kernel");
+  counter.base += static_cast<unsigned long long>(tiles) + static_cast<unsigned long long>(grid);
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
