@@ -17,41 +17,31 @@ TokenDispatcher::TokenDispatcher(int64_t num_experts, const ParallelState& ps)
   first_expert_ = static_cast<int64_t>(ps.ep_rank) * local_experts_;
 }
 
-void TokenDispatcher::exchange_counts(std::span<Plan> plans, const std::vector<int64_t>& expert_counts,
+void TokenDispatcher::exchange_counts(Plan& plan, const std::vector<int64_t>& expert_counts,
                                       const std::vector<int64_t>& send_rows) const {
-  const int64_t E = num_experts_, El = local_experts_, P = ep_size_, nc = static_cast<int64_t>(plans.size());
-  MT_INTERNAL_ASSERT(static_cast<int64_t>(expert_counts.size()) == nc * E &&
-                         static_cast<int64_t>(send_rows.size()) == nc * P,
-                     "exchange_counts: ", expert_counts.size(), " expert counts, ", send_rows.size(),
-                     " row counts for ", nc, " chunks");
-  for (int64_t c = 0; c < nc; ++c) {
-    Plan& plan = plans[static_cast<size_t>(c)];
-    plan.send_rows.assign(send_rows.begin() + c * P, send_rows.begin() + (c + 1) * P);
-    if (P == 1) {
-      plan.recv_rows = plan.send_rows;
-      plan.local_counts.assign(expert_counts.begin() + c * E, expert_counts.begin() + (c + 1) * E);
-    }
+  const int64_t El = local_experts_, P = ep_size_;
+  MT_INTERNAL_ASSERT(static_cast<int64_t>(expert_counts.size()) == num_experts_ &&
+                         static_cast<int64_t>(send_rows.size()) == P,
+                     "exchange_counts: ", expert_counts.size(), " expert counts, ", send_rows.size(), " row counts");
+  plan.send_rows = send_rows;
+  if (P == 1) {
+    plan.recv_rows = send_rows;
+    plan.local_counts = expert_counts;
+    return;
   }
-  if (P == 1) return;
-  // to rank r: for each chunk, rank r's El expert counts, then the chunk's token rows for rank r
-  const int64_t per = nc * (El + 1);
-  Tensor send = Tensor::empty({P * per}, DType::I64), recv = Tensor::empty({P * per}, DType::I64);
-  for (int64_t r = 0; r < P; ++r)
-    for (int64_t c = 0; c < nc; ++c) {
-      int64_t* m = send.data<int64_t>() + r * per + c * (El + 1);
-      std::copy(expert_counts.begin() + c * E + r * El, expert_counts.begin() + c * E + (r + 1) * El, m);
-      m[El] = send_rows[static_cast<size_t>(c * P + r)];
-    }
+  // chunk r (rank r's El expert counts, then the token rows for rank r) goes to rank r
+  Tensor send = Tensor::empty({P * (El + 1)}, DType::I64), recv = Tensor::empty({P * (El + 1)}, DType::I64);
+  for (int64_t r = 0; r < P; ++r) {
+    std::copy(expert_counts.begin() + r * El, expert_counts.begin() + (r + 1) * El, send.data<int64_t>() + r * (El + 1));
+    send.data<int64_t>()[r * (El + 1) + El] = send_rows[static_cast<size_t>(r)];
+  }
   ep_->all_to_all(recv, send);
-  for (int64_t c = 0; c < nc; ++c) {
-    Plan& plan = plans[static_cast<size_t>(c)];
-    plan.recv_rows.assign(static_cast<size_t>(P), 0);
-    plan.local_counts.assign(static_cast<size_t>(El), 0);
-    for (int64_t r = 0; r < P; ++r) {
-      const int64_t* m = recv.data<int64_t>() + r * per + c * (El + 1);
-      for (int64_t e = 0; e < El; ++e) plan.local_counts[static_cast<size_t>(e)] += m[e];
-      plan.recv_rows[static_cast<size_t>(r)] = m[El];
-    }
+  plan.recv_rows.assign(static_cast<size_t>(P), 0);
+  plan.local_counts.assign(static_cast<size_t>(El), 0);
+  for (int64_t r = 0; r < P; ++r) {
+    const int64_t* c = recv.data<int64_t>() + r * (El + 1);
+    for (int64_t e = 0; e < El; ++e) plan.local_counts[static_cast<size_t>(e)] += c[e];
+    plan.recv_rows[static_cast<size_t>(r)] = c[El];
   }
 }
 

@@ -5,10 +5,9 @@
 // Rows travel token-level: a token goes once to each rank holding one of its experts, with its choices on that rank
 // (DeepEP's and Megatron-Core's flex dispatcher do the same), so that a token whose k experts share a rank crosses
 // the link once instead of once per expert. The counts come first (exchange_counts, blocking: the sizes of every
-// buffer are needed on the host; the counts of several chunks of the rank's tokens may come in one exchange, each
-// chunk's rows then exchanged on their own), then any number of row exchanges with those counts: towards the
-// experts (each rank's send rows, grouped by destination rank, arrive grouped by source rank, sources ascending) or
-// back (the inverse). Every rank issues the same collectives in the same order whatever the routing (a rank or expert with no
+// buffer are needed on the host), then any number of row exchanges with those counts: towards the experts (each
+// rank's send rows, grouped by destination rank, arrive grouped by source rank, sources ascending) or back (the
+// inverse). Every rank issues the same collectives in the same order whatever the routing (a rank or expert with no
 // rows included): no data-dependent deadlock. EP 1: no communication, the exchanges are the identity.
 //
 // An exchange also comes in two halves, start and finish, so that work that does not need it (the shared experts)
@@ -18,7 +17,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <vector>
 
 #include "runtime/parallel_state.h"
@@ -40,10 +38,9 @@ class TokenDispatcher {
     std::vector<int64_t> send_rows, recv_rows;  // (EP): token rows to / from each EP rank
     std::vector<int64_t> local_counts;          // (El): routed slots of each local expert, from every rank
   };
-  // The counts of one or more chunks of this rank's tokens, exchanged in one collective (blocking: the sizes of every
-  // buffer are needed on the host). expert_counts (chunks x E): the slots each chunk routes to each global expert;
-  // send_rows (chunks x EP): the token rows each chunk sends to each rank. Fills plans[c] for chunk c.
-  void exchange_counts(std::span<Plan> plans, const std::vector<int64_t>& expert_counts,
+  // expert_counts (E): the slots this rank routes to each global expert; send_rows (EP): the token rows it sends to
+  // each rank. Exchanges them (blocking) and fills plan.
+  void exchange_counts(Plan& plan, const std::vector<int64_t>& expert_counts,
                        const std::vector<int64_t>& send_rows) const;
 
   enum class Direction { ToExperts, Back };

@@ -23,12 +23,10 @@ namespace {
 // moe_kept and count it in the "activation bytes of an MoE layer" test below.
 static_assert(sizeof(Router::Saved) == 7 * sizeof(Tensor) + sizeof(ops::AuxLossGroup));  // aux_group: host-side sums
 static_assert(sizeof(Experts::Saved) == sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor));
-static_assert(sizeof(MoELayer::Local) == 2 * sizeof(Tensor) + sizeof(int64_t) +  // the padded flag (aligned)
-                                             sizeof(Experts::Saved) + sizeof(Tensor));
-static_assert(sizeof(MoELayer::Chunk) == 2 * sizeof(int64_t) + 2 * sizeof(Tensor) + sizeof(TokenDispatcher::Plan) +
-                                             2 * sizeof(Tensor) + sizeof(MoELayer::Local));
-static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + sizeof(std::vector<int64_t>) + sizeof(MoELayer::Local) +
-                                             sizeof(std::vector<MoELayer::Chunk>) + 2 * sizeof(Tensor));
+static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor) +
+                                             sizeof(TokenDispatcher::Plan) + 4 * sizeof(Tensor) +
+                                             sizeof(int64_t) +  // the padded flag (aligned)
+                                             sizeof(Experts::Saved) + 3 * sizeof(Tensor));
 
 Config tiny_moe();
 
@@ -221,13 +219,12 @@ TEST_CASE("plan moe: activation bytes of an MoE layer equal what a real forward 
       for (int64_t i = 0; i < N * C; ++i) x.data<double>()[i] = std::sin(0.37 * static_cast<double>(i));
       MoELayer::Saved s;
       fx.layer->forward(s, x);
-      // one rank: no chunks (the expert-parallel tensors), the local routing on the layer's input
-      REQUIRE(s.chunks.empty());
       const int64_t kept = nb(s.router.logits) + nb(s.router.scores) + nb(s.router.choice) +
                            (s.router.indices.raw() == s.router.choice.raw() ? 0 : nb(s.router.indices)) +
-                           nb(s.router.weights) + nb(s.router.aux_loss) + nb(s.router.z_loss) +
-                           nb(s.local.slot_of_row) + nb(s.local.row_of_slot) + nb(s.local.experts.h) +
-                           nb(s.local.experts.a) + nb(s.local.yp) + nb(s.shared_h) + nb(s.shared_a);
+                           nb(s.router.weights) + nb(s.router.aux_loss) + nb(s.router.z_loss) + nb(s.send_slot) +
+                           nb(s.row_of_send) + nb(s.tokens) + nb(s.local_weights) + nb(s.slot_of_row) +
+                           nb(s.row_of_slot) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) + nb(s.shared_h) +
+                           nb(s.shared_a);
       // the plan's description: one rank, single sequence of N rows (B = 1, T = N)
       LayerDims d;
       d.B = 1;

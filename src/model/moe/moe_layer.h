@@ -6,12 +6,8 @@
 //   EP 1:  the experts' routing is the router's: local routing (below) on x itself
 //   EP > 1 (parallel/token_dispatcher.h): each token goes once to every EP rank holding one of its experts, with
 //          its choices on that rank as local expert indices and their weights (ops::moe_dest_ranks: the send
-//          order; ops::moe_local_choices), after an exchange of the counts. The rank's tokens travel in
-//          kExchangeChunks contiguous chunks, each exchanged, run through the experts and sent back on its own, so
-//          that one chunk's rows are in flight while another's experts compute (forward: chunk c + 1's tokens go
-//          out during chunk c's experts, chunk c's outputs come back during chunk c + 1's; backward likewise with
-//          the output and input gradients). The shared expert's fc1 runs while the first rows are in flight, and
-//          its backward while the first output gradients' rows are.
+//          order; ops::moe_local_choices), after an exchange of the counts. The shared expert's fc1 runs while the
+//          rows are in flight, and its backward while the output gradients' rows are.
 //   local routing, on the rows of this rank's experts (T tokens, k choices each, some -1: elsewhere or dropped):
 //            -> permute: rows grouped by local expert (ops::moe_routing_map, moe_permute_forward)
 //               [padded layout when ops::moe_padded_regions estimates it faster: each expert's rows start a
@@ -46,31 +42,19 @@ namespace mt {
 class MoELayer {
  public:
   MoELayer(const std::string& prefix, const MoEOptions& opt, const ModelContext& ctx, ParamStore& store);
-  // Tokens of a rank under expert parallelism are exchanged in this many chunks (see above). Two hide about half of
-  // the exchanges' time behind the experts (the first chunk's dispatch and the last one's return stay exposed).
-  static constexpr int kExchangeChunks = 2;
-  // The local routing: over the layer's input (EP 1) or one chunk's received tokens (expert parallelism).
-  struct Local {
+  struct Saved {
+    Router::Saved router;
+    std::vector<int64_t> counts;      // (E) slots this rank routes to each global expert
+    // expert parallelism: the send map, (token, rank) <-> send row (ops::moe_dest_ranks), and the exchanges' counts
+    Tensor send_slot, row_of_send;    // (N * EP) int32
+    TokenDispatcher::Plan plan;
+    // the local routing (of the layer's input with EP 1, of the received tokens with expert parallelism)
+    Tensor tokens;                    // EP > 1: the received tokens (T, C) (EP 1: the layer's input, not kept here)
+    Tensor local_weights;             // EP > 1: their weights (T, k), router dtype, 0 off this rank
     Tensor slot_of_row, row_of_slot;  // the routing map over this rank's experts; padded: slot_of_row padded
     bool padded = false;              // the experts' rows in the padded layout (ops::moe_padded_regions)
     Experts::Saved experts;
     Tensor yp;                        // the experts' outputs (M, C) in their rows' order
-  };
-  // Expert parallelism: one chunk of this rank's tokens, rows [begin, begin + rows) of the layer's input.
-  struct Chunk {
-    int64_t begin = 0, rows = 0;
-    // the send map, (token, rank) <-> send row (ops::moe_dest_ranks), and the exchanges' counts
-    Tensor send_slot, row_of_send;    // (rows * EP) int32
-    TokenDispatcher::Plan plan;
-    Tensor tokens;                    // the received tokens (T, C)
-    Tensor local_weights;             // their weights (T, k), router dtype, 0 off this rank
-    Local local;
-  };
-  struct Saved {
-    Router::Saved router;
-    std::vector<int64_t> counts;      // (E) slots this rank routes to each global expert
-    Local local;                      // EP 1 (the layer's input is the tokens, not kept here)
-    std::vector<Chunk> chunks;        // EP > 1
     Tensor shared_h, shared_a;        // shared expert: fc1 output, activation output
   };
   // x (N, C) -> y (N, C) [+ *residual].
@@ -93,18 +77,13 @@ class MoELayer {
   // none) and weights (T, k) -> (T, C) the weighted sums of their local experts' outputs. known_counts (El, host):
   // the slots of each local expert (expert parallelism: from the count exchange), or null: read from the routing
   // map into s.counts (EP 1; while_counts_read, if set, queues device work while they are in flight). residual
-  // (T, C) or null: added to the sums in the combine. Fills l.
-  Tensor local_forward(Saved& s, Local& l, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
+  // (T, C) or null: added to the sums in the combine. Fills s.slot_of_row, s.row_of_slot, s.padded, s.experts, s.yp.
+  Tensor local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
                        const std::vector<int64_t>* known_counts, const Tensor* residual,
                        const std::function<void()>& while_counts_read) const;
-  // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice). Consumes l.
-  Tensor local_backward(Local& l, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
+  // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice).
+  Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
                         Tensor& dweights) const;
-  // Expert parallelism: the forward's dispatch, experts and return, chunk by chunk (s.chunks) -> y (N, C).
-  Tensor exchange_forward(Saved& s, const Tensor& x) const;
-  // Its backward: dy (N, C) -> dL/dx (N, C), dweights (N, k) (=); the shared expert's backward runs beside the first
-  // exchange into *dx_shared when given.
-  Tensor exchange_backward(const Tensor& dy, Saved& s, const Tensor& x, Tensor& dweights, Tensor* dx_shared) const;
   // The shared expert's fc1 and activation (into s.shared_h, s.shared_a), and its whole backward (dL/dx).
   void shared_forward_fc1(Saved& s, const Tensor& x) const;
   Tensor shared_backward(const Tensor& dy, const Saved& s, const Tensor& x) const;

@@ -16,13 +16,8 @@ int64_t MoEMLP::State::nbytes() const {
   const Router::Saved& r = s.router;
   int64_t n = nb(r.logits) + nb(r.scores) + nb(r.choice) + nb(r.weights) + nb(r.aux_loss) + nb(r.z_loss);
   if (r.indices.defined() && r.indices.raw() != r.choice.raw()) n += nb(r.indices);
-  auto local = [](const MoELayer::Local& l) {
-    return nb(l.slot_of_row) + nb(l.row_of_slot) + nb(l.experts.h) + nb(l.experts.a) + nb(l.yp);
-  };
-  n += local(s.local) + nb(s.shared_h) + nb(s.shared_a);
-  for (const MoELayer::Chunk& c : s.chunks)
-    n += nb(c.send_slot) + nb(c.row_of_send) + nb(c.tokens) + nb(c.local_weights) + local(c.local);
-  return n;
+  return n + nb(s.send_slot) + nb(s.row_of_send) + nb(s.tokens) + nb(s.local_weights) + nb(s.slot_of_row) +
+         nb(s.row_of_slot) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) + nb(s.shared_h) + nb(s.shared_a);
 }
 
 Tensor MoEMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual) const {
