@@ -2,7 +2,8 @@
 // world size: 1 plain, 2 and 4 under mpirun, see test/CMakeLists.txt) gives each rank the outputs and input
 // gradients of a single-rank layer holding every expert (EP 1) on the same tokens, and each expert's weight
 // gradient equals the sum over ranks of the EP-1 gradients. Routings: free, and one where the expert bias keeps
-// every token away from expert 0 and from all of rank 1's experts (an empty expert and a rank receiving nothing).
+// every token away from expert 0 and from all of rank 1's experts (an empty expert and a rank receiving nothing),
+// and free routing with a single token on rank 0.
 #include <memory>
 
 #include "catch.h"
@@ -36,10 +37,13 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
   opt.z_loss_coeff = 0.01;
   opt.expert_bias = true;
   opt.seq_length = 1;
-  const int64_t C = 4, N = 12 + 3 * rank;  // a different number of tokens on each rank
+  const int64_t C = 4;
   const ParallelState ps = expert_group(*world);
-  for (bool blocked : {false, true}) {
-    INFO((blocked ? "blocked routing" : "free routing") << " on " << P << " rank(s), rank " << rank);
+  // free routing, blocked routing, and free routing with a single token on rank 0
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool blocked = variant == 1;
+    const int64_t N = variant == 2 && rank == 0 ? 1 : 12 + 3 * rank;  // a different number of tokens on each rank
+    INFO((blocked ? "blocked routing" : "free routing") << ", " << N << " tokens on " << P << " rank(s), rank " << rank);
     MoEFixture ep(opt, C, &ps), one(opt, C);
     const int64_t El = opt.num_experts / P;
     for (MoEFixture* fx : {&ep, &one}) {
