@@ -1,6 +1,7 @@
 // Grouped expert GEMMs of our own for Hopper (compute capability 9.0): one persistent, warp-specialized kernel per
 // product over every local expert (TMA loads into a 4-stage shared-memory ring, wgmma m64n256k16 on two consumer
-// warpgroups, a 128 x 256 tile per CTA, bf16 tiles stored through TMA while the next tile's main loop runs).
+// warpgroups, a 128 x 256 tile per CTA taken from a device counter, bf16 tiles stored through TMA while the next
+// tile's main loop runs). Launches on one stream run one at a time (they share that stream's tile counter).
 // The three products of tensor/moe_ops.h's grouped linear, row-major, bf16 operands, fp32 accumulation; expert e
 // owns rows [row0_e, row0_e + counts[e]) of x / dout (row0 the prefix sum of counts):
 //   forward   out_e (counts[e], OC)  = x_e (counts[e], IC) W_e^T          W (El, OC, IC)
