@@ -4,10 +4,11 @@
 //   dx         dout (rows, OC), K-major    W_e: W (El*OC, IC) MN-major   M (rows)        bf16 (rows, IC)
 //   dweight    dout^T: (rows, OC) MN-major x (rows, IC), MN-major        K (rows)        fp32 (El*OC, IC)
 // A CTA (3 warpgroups, persistent over 128 x 256 output tiles, which it takes one at a time from a device counter, so
-// that CTAs that start late, on SMs another kernel held (the MoE exchanges' NCCL kernels run beside the experts), take
-// fewer tiles instead of finishing late): warpgroup 0's first thread takes the next tile and issues TMA loads of
-// 64-deep K slices of A (128 x 64) and B (64 x 256) into a ring of kStages stages; warpgroups 1 and 2 each run
-// wgmma m64n256k16 over their 64 rows of the tile, releasing a stage once the MMAs that read it are done. bf16
+// that tiles of uneven cost (the weight gradient's K is its expert's rows) spread over the CTAs, and CTAs that start
+// late, on SMs another kernel held (NCCL's, beside the backward), take fewer tiles instead of finishing late):
+// warpgroup 0's first thread takes the next tile and issues TMA loads of 64-deep K slices of A (128 x 64) and B
+// (64 x 256) into a ring of kStages stages; warpgroups 1 and 2 each run wgmma m64n256k16 over their 64 rows of the
+// tile, releasing a stage once the MMAs that read it are done. bf16
 // tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
 // loop; a last tile of an expert with fewer rows is written row by row (the rows past it are another expert's).
 // Every output element is one fp32 dot product over K in k order: results do not depend on the tiling or grid.
