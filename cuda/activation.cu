@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
+#include "cuda/swiglu_math.cuh"
 
 namespace mt::ops::cuda {
 
@@ -24,21 +25,6 @@ namespace {
 
 constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
 constexpr float kGeluA = 0.044715f;
-
-__device__ __forceinline__ float sigmoidf_stable(float g) {
-  if (g >= 0.f) return 1.f / (1.f + expf(-g));
-  const float e = expf(g);
-  return e / (1.f + e);
-}
-
-// sigmoid in fp32 for data type D. bf16 / fp16 use the fast exponential and reciprocal (a few fp32 ulp, far
-// below the rounding of a 16-bit result; ~3x fewer instructions, which the SwiGLU kernels were bound by);
-// fp32 keeps the exact form. Large |g| saturates correctly: exp -> inf gives 0, exp -> 0 gives 1.
-template <typename D>
-__device__ __forceinline__ float sigmoid_t(float g) {
-  if constexpr (std::is_same_v<D, float>) return sigmoidf_stable(g);
-  else return __frcp_rn(1.f + __expf(-g));
-}
 
 template <typename D>
 __device__ __forceinline__ float gelu_s(float x) {
@@ -86,7 +72,7 @@ struct SwigluForward {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float gf = to_float(r.g[k]);
-      o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * to_float(r.u[k]));
+      o[k] = from_float<D>(swiglu_value<D>(gf, to_float(r.u[k])));
       m = max(m, abs_bits(to_float(o[k])));
     }
     store_vec<VEC>(out + n * F + f, o);
@@ -111,11 +97,12 @@ struct SwigluBackward {
     D dg[VEC], du[VEC], o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const float gf = to_float(r.g[k]), uf = to_float(r.u[k]), d = to_float(r.dy[k]), s = sigmoid_t<D>(gf);
-      dg[k] = from_float<D>(d * uf * s * (1.f + gf * (1.f - s)));
-      du[k] = from_float<D>(d * gf * s);
+      float dgf, duf, af;
+      swiglu_grads<D>(to_float(r.dy[k]), to_float(r.g[k]), to_float(r.u[k]), dgf, duf, af);
+      dg[k] = from_float<D>(dgf);
+      du[k] = from_float<D>(duf);
       m = max(m, max(abs_bits(to_float(dg[k])), abs_bits(to_float(du[k]))));
-      if constexpr (kRecompute) o[k] = from_float<D>(gf * sigmoid_t<D>(gf) * uf);
+      if constexpr (kRecompute) o[k] = from_float<D>(af);
     }
     store_vec<VEC>(dinp + n * 2 * F + f, dg);
     store_vec<VEC>(dinp + n * 2 * F + F + f, du);

@@ -12,6 +12,7 @@
 // tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
 // loop; a last tile of an expert with fewer rows is written row by row (the rows past it are another expert's).
 // Every output element is one fp32 dot product over K in k order: results do not depend on the tiling or grid.
+// A fourth kernel (grouped_dx_swiglu) is dx on 128 x 128 tiles with the SwiGLU backward as its epilogue (Epi).
 #include "cuda/sm90/grouped_gemm.h"
 
 #include <cuda.h>
@@ -27,19 +28,38 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_context.h"
 #include "cuda/sm90/hopper_ptx.cuh"
+#include "cuda/swiglu_math.cuh"
 
 namespace mt::ops::cuda::sm90 {
 
 using namespace ::mt::cuda::sm90;
+using ::mt::cuda::swiglu_grads;
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
-constexpr int kStageA = kBM * kBK * 2, kStageB = kBN * kBK * 2;  // bytes
-constexpr int kBox = 64 * 64 * 2;                                  // a 64 x 64 bf16 TMA box: 8 KiB
-constexpr int kStageC = 2 * kBox;  // a consumer's half tile (64 rows x 128 columns) on its way out
-constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers
-constexpr int kSmem = kStages * (kStageA + kStageB) + 2 * kStageC + 2 * kStages * 8 + kIds * (2 * 8 + 4) + 1024;
+constexpr int kBM = 128, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kStageA = kBM * kBK * 2;  // bytes
+constexpr int kBox = 64 * 64 * 2;       // a 64 x 64 bf16 TMA box: 8 KiB
+constexpr int kStageC = 2 * kBox;       // a consumer's 64 rows x 128 columns of bf16 in shared memory
+constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers (and the SwiGLU's mover)
+
+// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA), store it as fp32
+// (straight from registers: the weight gradient), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU
+// backward on it: da (the tile, rounded to bf16 as a stored da would be) with the tile's gate and up columns of h,
+// loaded into shared memory under the main loop, gives dgate and dup, written over g and u (h becomes dh in place),
+// and the recomputed a = swiglu(g, u) (the forward's value, for fc2's weight gradient). The consumers do the math
+// from registers; one thread of warpgroup 0 (the mover) stores the results and then loads the next tile's g and u,
+// so that neither waits on the consumers' critical path.
+enum Epi { kBf16 = 0, kF32 = 1, kSwigluBwd = 2 };
+template <int EPI>
+struct Cfg {
+  // 128 x 256 tiles; 128 x 128 for the SwiGLU, whose g, u and a (96 KiB) must fit beside the ring
+  static constexpr int BN = EPI == kSwigluBwd ? 128 : 256;
+  static constexpr int kStageB = BN * kBK * 2;
+  static constexpr int kEpiBytes = EPI == kSwigluBwd ? 3 * 2 * kStageC : EPI == kBf16 ? 2 * kStageC : 0;
+  static constexpr int kBars = 2 * kStages + 2 * kIds + 2;
+  static constexpr int kSmem = kStages * (kStageA + kStageB) + kEpiBytes + kBars * 8 + kIds * 4 + 1024;
+};
 
 // The expert layout of one launch, passed by value (kernel parameters: 3 x 257 x 4 + 24 bytes).
 struct Groups {
@@ -52,6 +72,13 @@ struct Groups {
   int32_t count[kMaxExperts];
 };
 
+// The SwiGLU epilogue's outputs (unused by the other kernels): dh (rows, 2F), written over h, and a (rows, F).
+struct SwigluOut {
+  __nv_bfloat16* dh;
+  __nv_bfloat16* act;
+  int32_t F;
+};
+
 struct Tile {
   int a_m, a_k;    // A's first M and K
   int b_row;       // B K-major: its row of the tile's first N; MN-major: its row of K = 0
@@ -60,7 +87,7 @@ struct Tile {
   int kblocks;     // K slices of 64
 };
 
-template <int TB>
+template <int TB, int BN>
 __device__ __forceinline__ Tile tile_of(const Groups& g, int t) {
   const int bm = t / g.n_tiles, nt = t % g.n_tiles;
   int lo = 0, hi = g.E;  // the expert: tile_prefix[e] <= bm < tile_prefix[e + 1]
@@ -70,7 +97,7 @@ __device__ __forceinline__ Tile tile_of(const Groups& g, int t) {
   }
   const int e = lo, mt = bm - g.tile_prefix[e];
   Tile tl;
-  tl.n = nt * kBN;
+  tl.n = nt * BN;
   if (!g.k_grouped) {
     tl.a_m = g.row0[e] + mt * kBM, tl.a_k = 0;
     tl.out_m = tl.a_m;
@@ -88,35 +115,44 @@ __device__ __forceinline__ Tile tile_of(const Groups& g, int t) {
   return tl;
 }
 
-// TA / TB: A / B are MN-major. OutF32: fp32 output, else bf16.
+// TA / TB: A / B are MN-major. EPI: what becomes of the fp32 tile (Epi). map_h / map_act / so: the SwiGLU
+// epilogue's h (loads of g and u, stores of dg and du over them) and a; the other kernels ignore them.
 // Tiles are taken from `counter`: this launch's tile t is the (base + t)-th increment (every launch makes exactly
 // tiles + gridDim.x of them: each tile once, and each CTA one past the last, which ends it; the host adds that up).
-template <int TA, int TB, bool OutF32>
+template <int TA, int TB, int EPI>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                        const __grid_constant__ CUtensorMap map_out, void* out, const __grid_constant__ Groups g,
-                        int tiles, unsigned long long* counter, unsigned long long base) {
+                        const __grid_constant__ CUtensorMap map_out, const __grid_constant__ CUtensorMap map_h,
+                        const __grid_constant__ CUtensorMap map_act, void* out, const SwigluOut so,
+                        const __grid_constant__ Groups g, int tiles, unsigned long long* counter,
+                        unsigned long long base) {
+  using C = Cfg<EPI>;
+  constexpr int BN = C::BN;
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzled TMA boxes want 1024-byte aligned shared memory
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sA = smem;
   uint8_t* sB = sA + kStages * kStageA;
-  uint8_t* sC = sB + kStages * kStageB;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sC + 2 * kStageC);
+  uint8_t* sC = sB + kStages * C::kStageB;  // bf16: each consumer's half tile; SwiGLU: a, g, u (2 kStageC each)
+  uint64_t* full = reinterpret_cast<uint64_t*>(sC + C::kEpiBytes);
   uint64_t* empty = full + kStages;
-  uint64_t* id_full = empty + kStages;  // the tile-index ring: written by the producer, read by all 256 consumers
+  uint64_t* id_full = empty + kStages;  // the tile-index ring: written by the producer, read by the consumers
   uint64_t* id_empty = id_full + kIds;
-  int* ids = reinterpret_cast<int*>(id_empty + kIds);
+  uint64_t* gu_full = id_empty + kIds;  // SwiGLU: the tile's g and u have landed
+  uint64_t* out_full = gu_full + 1;     // SwiGLU: the consumers have written dg, du and a (256 arrivals)
+  int* ids = reinterpret_cast<int*>(out_full + 1);
+  constexpr int kIdReaders = 2 * 128 + (EPI == kSwigluBwd ? 1 : 0);  // the consumers (and the mover)
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2);
-    for (int j = 0; j < kIds; ++j) mbar_init(&id_full[j], 1), mbar_init(&id_empty[j], 2 * 128);
+    for (int j = 0; j < kIds; ++j) mbar_init(&id_full[j], 1), mbar_init(&id_empty[j], kIdReaders);
+    mbar_init(gu_full, 1), mbar_init(out_full, 256);
     mbar_init_fence();
   }
   __syncthreads();
-  if (wg == 0) {  // producer
+  if (wg == 0) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {  // producer
       int s = 0, j = 0;
       uint32_t phase = 0, id_phase = 0;
       for (;;) {
@@ -127,38 +163,76 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(&id_full[j]);
         if (++j == kIds) j = 0, id_phase ^= 1;
         if (t < 0) break;
-        const Tile tl = tile_of<TB>(g, t);
+        const Tile tl = tile_of<TB, BN>(g, t);
         for (int kb = 0; kb < tl.kblocks; ++kb) {
           mbar_wait(&empty[s], phase ^ 1);
-          mbar_expect_tx(&full[s], kStageA + kStageB);
+          mbar_expect_tx(&full[s], kStageA + C::kStageB);
           const int k = kb * kBK;
           if constexpr (TA)  // two 64 (M) x 64 (K) boxes, rows along K
             for (int c = 0; c < 2; ++c)
               tma_load_2d(sA + s * kStageA + c * kBox, &map_a, &full[s], tl.a_m + 64 * c, tl.a_k + k);
           else  // one 128 (M) x 64 (K) box
             tma_load_2d(sA + s * kStageA, &map_a, &full[s], tl.a_k + k, tl.a_m);
-          if constexpr (TB)  // four 64 (N) x 64 (K) boxes
-            for (int c = 0; c < 4; ++c)
-              tma_load_2d(sB + s * kStageB + c * kBox, &map_b, &full[s], tl.n + 64 * c, tl.b_row + k);
-          else  // one 256 (N) x 64 (K) box
-            tma_load_2d(sB + s * kStageB, &map_b, &full[s], k, tl.b_row);
+          if constexpr (TB)  // BN / 64 boxes of 64 (N) x 64 (K)
+            for (int c = 0; c < BN / 64; ++c)
+              tma_load_2d(sB + s * C::kStageB + c * kBox, &map_b, &full[s], tl.n + 64 * c, tl.b_row + k);
+          else  // one BN (N) x 64 (K) box
+            tma_load_2d(sB + s * C::kStageB, &map_b, &full[s], k, tl.b_row);
           if (++s == kStages) s = 0, phase ^= 1;
         }
+      }
+    } else if constexpr (EPI == kSwigluBwd) {
+      if (threadIdx.x == 32) {  // the mover: tile i - 1's results out, then tile i's g and u in (one buffer each)
+        uint8_t *sAct = sC, *sG = sC + 2 * kStageC, *sU = sC + 4 * kStageC;
+        int j = 0, done = 0;
+        uint32_t id_phase = 0;
+        Tile prev{};
+        for (;;) {
+          mbar_wait(&id_full[j], id_phase);
+          const int t = ids[j];
+          mbar_arrive(&id_empty[j]);
+          if (++j == kIds) j = 0, id_phase ^= 1;
+          if (done > 0) {
+            mbar_wait(out_full, (done - 1) & 1);
+            if (prev.mvalid == kBM) {  // (a last, shorter tile went to global memory from the consumers' registers)
+              for (int c = 0; c < 2; ++c)
+                for (int b = 0; b < 2; ++b) {
+                  const int o = c * kStageC + b * kBox, col = prev.n + 64 * b, row = prev.out_m + 64 * c;
+                  tma_store_2d(&map_h, sG + o, col, row);
+                  tma_store_2d(&map_h, sU + o, so.F + col, row);
+                  tma_store_2d(&map_act, sAct + o, col, row);
+                }
+              bulk_commit();
+              bulk_wait_read_all();  // the buffers may take the next tile
+            }
+          }
+          if (t < 0) break;
+          prev = tile_of<TB, BN>(g, t);
+          ++done;
+          mbar_expect_tx(gu_full, 4 * kStageC);
+          for (int c = 0; c < 2; ++c)
+            for (int b = 0; b < 2; ++b) {
+              tma_load_2d(sG + c * kStageC + b * kBox, &map_h, gu_full, prev.n + 64 * b, prev.out_m + 64 * c);
+              tma_load_2d(sU + c * kStageC + b * kBox, &map_h, gu_full, so.F + prev.n + 64 * b, prev.out_m + 64 * c);
+            }
+        }
+        bulk_wait_all();
       }
     }
   } else {  // consumers: warpgroup c = wg - 1 owns rows 64c .. 64c + 63 of each tile
     setmaxnreg_inc<232>();
     const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     int s = 0, j = 0;
+    [[maybe_unused]] int done = 0;  // SwiGLU: tiles finished (gu_full's phase)
     uint32_t phase = 0, id_phase = 0;
-    float d[128];
+    float d[BN / 2];
     for (;;) {
       mbar_wait(&id_full[j], id_phase);
       const int t = ids[j];
       mbar_arrive(&id_empty[j]);
       if (++j == kIds) j = 0, id_phase ^= 1;
       if (t < 0) break;
-      const Tile tl = tile_of<TB>(g, t);
+      const Tile tl = tile_of<TB, BN>(g, t);
       int prev = -1;
       for (int kb = 0; kb < tl.kblocks; ++kb) {
         mbar_wait(&full[s], phase);
@@ -168,9 +242,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           // K-major: 16 elements of K are 32 bytes along the row; MN-major: 16 rows of 128 bytes
           const uint64_t da = TA ? smem_desc(sA + s * kStageA + c * kBox + kk * 2048, kBox)
                                  : smem_desc(sA + s * kStageA + c * 64 * 128 + kk * 32, 16);
-          const uint64_t db = TB ? smem_desc(sB + s * kStageB + kk * 2048, kBox)
-                                 : smem_desc(sB + s * kStageB + kk * 32, 16);
-          wgmma_m64n256k16_bf16<TA, TB>(d, da, db, (kb > 0 || kk > 0) ? 1 : 0);
+          const uint64_t db = TB ? smem_desc(sB + s * C::kStageB + kk * 2048, kBox)
+                                 : smem_desc(sB + s * C::kStageB + kk * 32, 16);
+          if constexpr (BN == 256)
+            wgmma_m64n256k16_bf16<TA, TB>(d, da, db, (kb > 0 || kk > 0) ? 1 : 0);
+          else
+            wgmma_m64n128k16_bf16<TA, TB>(d, da, db, (kb > 0 || kk > 0) ? 1 : 0);
         }
         wgmma_commit();
         wgmma_wait<1>();  // the previous slice's MMAs are done: its stage goes back to the producer
@@ -181,17 +258,55 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
       const int r_lo = warp * 16 + lane / 4;  // this thread's first row within its 64, then + 8
-      if constexpr (OutF32) {
+      if constexpr (EPI == kF32) {
         float* o = static_cast<float*>(out);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int r = c * 64 + r_lo + 8 * i;
           float* row = o + int64_t(tl.out_m + r) * g.N + tl.n + 2 * (lane % 4);
 #pragma unroll
-          for (int j = 0; j < 32; ++j)
+          for (int j = 0; j < BN / 8; ++j)
             *reinterpret_cast<float2*>(row + 8 * j) = make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
         }
+      } else if constexpr (EPI == kSwigluBwd) {
+        // the SwiGLU backward on this thread's elements: da rounded to bf16 (what a stored da would hold); g and u
+        // from shared memory, where dgate and dup go over them and a into the third buffer (same swizzled layout);
+        // the mover stores them (g and u land only after it has: the buffers are free when gu_full completes)
+        mbar_wait(gu_full, done & 1);
+        ++done;
+        uint8_t *sAct = sC + c * kStageC, *sG = sC + 2 * kStageC + c * kStageC, *sU = sC + 4 * kStageC + c * kStageC;
+        const bool full_tile = tl.mvalid == kBM;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int box = j / 8, chunk = j % 8;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = r_lo + 8 * i, off = box * kBox + r * 128 + ((chunk ^ (r % 8)) * 16) + (lane % 4) * 4;
+            const __nv_bfloat162 dv = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+            const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(sG + off);
+            const __nv_bfloat162 uv = *reinterpret_cast<const __nv_bfloat162*>(sU + off);
+            float dg0, du0, a0, dg1, du1, a1;
+            swiglu_grads<__nv_bfloat16>(__low2float(dv), __low2float(gv), __low2float(uv), dg0, du0, a0);
+            swiglu_grads<__nv_bfloat16>(__high2float(dv), __high2float(gv), __high2float(uv), dg1, du1, a1);
+            const __nv_bfloat162 dg = __floats2bfloat162_rn(dg0, dg1), du = __floats2bfloat162_rn(du0, du1),
+                                 av = __floats2bfloat162_rn(a0, a1);
+            if (full_tile) {
+              *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
+              *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
+              *reinterpret_cast<__nv_bfloat162*>(sAct + off) = av;
+            } else if (c * 64 + r < tl.mvalid) {
+              const int64_t row = tl.out_m + c * 64 + r;
+              const int col = tl.n + 8 * j + 2 * (lane % 4);
+              *reinterpret_cast<__nv_bfloat162*>(so.dh + row * 2 * so.F + col) = dg;
+              *reinterpret_cast<__nv_bfloat162*>(so.dh + row * 2 * so.F + so.F + col) = du;
+              *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
+            }
+          }
+        }
+        if (full_tile) fence_proxy_async_smem();  // the mover's TMA stores read what this thread wrote
+        mbar_arrive(out_full);
       } else if (tl.mvalid == kBM) {
+        static_assert(BN == 256, "the bf16 epilogue stores two halves of 128 columns");
         // two halves of 128 columns, each two 64 x 64 boxes in the 128-byte swizzle: conflict-free stores
         const uint32_t cbase = smem_u32(sC + c * kStageC);
 #pragma unroll
@@ -227,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (r < tl.mvalid) {
             __nv_bfloat16* row = o + int64_t(tl.out_m + r) * g.N + tl.n + 2 * (lane % 4);
 #pragma unroll
-            for (int j = 0; j < 32; ++j)
+            for (int j = 0; j < BN / 8; ++j)
               *reinterpret_cast<__nv_bfloat162*>(row + 8 * j) =
                   __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
           }
@@ -295,20 +410,21 @@ int sm_count() {
   return n;
 }
 
-template <int TA, int TB, bool OutF32>
-void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, void* out, const Groups& g) {
+template <int TA, int TB, int EPI>
+void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, void* out, const Groups& g,
+            const CUtensorMap* h = nullptr, const CUtensorMap* act = nullptr, const SwigluOut& so = {}) {
   const int tiles = g.tile_prefix[g.E] * g.n_tiles;
   if (tiles == 0) return;
   static std::once_flag attr;
   std::call_once(attr, [] {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<TA, TB, OutF32>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    MT_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<TA, TB, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg<EPI>::kSmem));
   });
   const int grid = std::min(sm_count(), tiles);
   const cudaStream_t stream = ::mt::cuda::current_stream();
   TileCounter& counter = tile_counter(stream);
-  grouped_gemm_kernel<TA, TB, OutF32><<<grid, kThreads, kSmem, stream>>>(a, b, o, out, g, tiles, counter.dev,
-                                                                          counter.base);
+  grouped_gemm_kernel<TA, TB, EPI><<<grid, kThreads, Cfg<EPI>::kSmem, stream>>>(
+      a, b, o, h ? *h : o, act ? *act : o, out, so, g, tiles, counter.dev, counter.base);
   MT_CUDA_CHECK_LAUNCH("sm90 grouped_gemm_kernel");
   counter.base += static_cast<unsigned long long>(tiles) + static_cast<unsigned long long>(grid);
   g_launches.fetch_add(1, std::memory_order_relaxed);
@@ -347,16 +463,16 @@ bool grouped_gemm_supported() {
 int64_t grouped_gemm_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 bool grouped_forward_takes(int64_t El, int64_t IC, int64_t OC) {
-  return El <= kMaxExperts && IC % kBK == 0 && OC % kBN == 0 && grouped_gemm_supported();
+  return El <= kMaxExperts && IC % kBK == 0 && OC % Cfg<kBf16>::BN == 0 && grouped_gemm_supported();
 }
 bool grouped_dx_takes(int64_t El, int64_t IC, int64_t OC) {
-  return El <= kMaxExperts && OC % kBK == 0 && IC % kBN == 0 && grouped_gemm_supported();
+  return El <= kMaxExperts && OC % kBK == 0 && IC % Cfg<kBf16>::BN == 0 && grouped_gemm_supported();
 }
 bool grouped_dweight_takes(const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate) {
   // accumulating: each output read back in the epilogue, under no main loop, ran at half cuBLAS's rate (8x fc1
   // dW 1.44 vs 0.78 ms on an H200): cuBLAS, which reads C inside its kernel
   if (accumulate) return false;
-  if (El > kMaxExperts || OC % kBM != 0 || IC % kBN != 0 || !grouped_gemm_supported()) return false;
+  if (El > kMaxExperts || OC % kBM != 0 || IC % Cfg<kF32>::BN != 0 || !grouped_gemm_supported()) return false;
   for (int64_t e = 0; e < El; ++e)
     if (counts[e] % kBK != 0) return false;
   return true;
@@ -368,8 +484,9 @@ bool grouped_forward(mt::bf16* out, const mt::bf16* x, const mt::bf16* weight, c
   Groups g{};
   const int64_t rows = fill_groups(g, counts, El, false, 0);
   if (rows == 0) return true;
-  g.n_tiles = int32_t(OC / kBN), g.k_grouped = 0, g.N = int32_t(OC), g.K = int32_t(IC);
-  launch<0, 0, false>(tensor_map(x, rows, IC, kBM), tensor_map(weight, El * OC, IC, kBN), tensor_map(out, rows, OC, 64),
+  constexpr int BN = Cfg<kBf16>::BN;
+  g.n_tiles = int32_t(OC / BN), g.k_grouped = 0, g.N = int32_t(OC), g.K = int32_t(IC);
+  launch<0, 0, kBf16>(tensor_map(x, rows, IC, kBM), tensor_map(weight, El * OC, IC, BN), tensor_map(out, rows, OC, 64),
                       out, g);
   return true;
 }
@@ -380,8 +497,8 @@ bool grouped_dx(mt::bf16* dx, const mt::bf16* dout, const mt::bf16* weight, cons
   Groups g{};
   const int64_t rows = fill_groups(g, counts, El, false, 0);
   if (rows == 0) return true;
-  g.n_tiles = int32_t(IC / kBN), g.k_grouped = 0, g.N = int32_t(IC), g.K = int32_t(OC);
-  launch<0, 1, false>(tensor_map(dout, rows, OC, kBM), tensor_map(weight, El * OC, IC, 64),
+  g.n_tiles = int32_t(IC / Cfg<kBf16>::BN), g.k_grouped = 0, g.N = int32_t(IC), g.K = int32_t(OC);
+  launch<0, 1, kBf16>(tensor_map(dout, rows, OC, kBM), tensor_map(weight, El * OC, IC, 64),
                       tensor_map(dx, rows, IC, 64), dx, g);
   return true;
 }
@@ -394,9 +511,29 @@ bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, co
   Groups g{};
   const int64_t rows = fill_groups(g, counts, El, true, OC);
   if (rows == 0) return true;
-  g.n_tiles = int32_t(IC / kBN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
+  g.n_tiles = int32_t(IC / Cfg<kF32>::BN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
   const CUtensorMap a = tensor_map(dout, rows, OC, 64);
-  launch<1, 1, true>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g);
+  launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g);
+  return true;
+}
+
+bool grouped_dx_swiglu_takes(int64_t El, int64_t F, int64_t OC) {
+  return El <= kMaxExperts && OC % kBK == 0 && F % Cfg<kSwigluBwd>::BN == 0 && grouped_gemm_supported();
+}
+
+bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const mt::bf16* weight,
+                       const int64_t* counts, int64_t El, int64_t F, int64_t OC) {
+  if (!grouped_dx_swiglu_takes(El, F, OC) || !aligned16(h) || !aligned16(act) || !aligned16(dout) ||
+      !aligned16(weight))
+    return false;
+  Groups g{};
+  const int64_t rows = fill_groups(g, counts, El, false, 0);
+  if (rows == 0) return true;
+  g.n_tiles = int32_t(F / Cfg<kSwigluBwd>::BN), g.k_grouped = 0, g.N = int32_t(F), g.K = int32_t(OC);
+  const CUtensorMap mh = tensor_map(h, rows, 2 * F, 64), ma = tensor_map(act, rows, F, 64);
+  const SwigluOut so{reinterpret_cast<__nv_bfloat16*>(h), reinterpret_cast<__nv_bfloat16*>(act), int32_t(F)};
+  launch<0, 1, kSwigluBwd>(tensor_map(dout, rows, OC, kBM), tensor_map(weight, El * OC, F, 64), ma, nullptr, g, &mh,
+                           &ma, so);
   return true;
 }
 

@@ -1,5 +1,5 @@
 // Thin wrappers over the Hopper instructions the sm90 kernels use (PTX ISA 8.x; sm_90a for wgmma and setmaxnreg):
-// mbarriers, TMA (cp.async.bulk.tensor) loads and stores, wgmma descriptors and the m64n256k16 bf16 MMA.
+// mbarriers, TMA (cp.async.bulk.tensor) loads and stores, wgmma descriptors and the m64n256k16 / m64n128k16 bf16 MMAs.
 // Included by cuda/sm90/*.cu only.
 #pragma once
 
@@ -120,6 +120,25 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
       : MT_WGMMA_D8(0), MT_WGMMA_D8(8), MT_WGMMA_D8(16), MT_WGMMA_D8(24), MT_WGMMA_D8(32), MT_WGMMA_D8(40),
         MT_WGMMA_D8(48), MT_WGMMA_D8(56), MT_WGMMA_D8(64), MT_WGMMA_D8(72), MT_WGMMA_D8(80), MT_WGMMA_D8(88),
         MT_WGMMA_D8(96), MT_WGMMA_D8(104), MT_WGMMA_D8(112), MT_WGMMA_D8(120)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+// The same with N = 128: d is 64 x 128 fp32 per warpgroup, 64 registers per thread, the same layout (j < 16).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                      int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, %67, %68;\n"
+      "}\n"
+      : MT_WGMMA_D8(0), MT_WGMMA_D8(8), MT_WGMMA_D8(16), MT_WGMMA_D8(24), MT_WGMMA_D8(32), MT_WGMMA_D8(40),
+        MT_WGMMA_D8(48), MT_WGMMA_D8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 #undef MT_WGMMA_D8

@@ -713,7 +713,20 @@ void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tenso
   check(op, dh, "dh", h, h.dtype(), h.shape());
   const Device dev = h.device();
   Tensor a = Tensor::empty({M, F}, h.dtype(), dev);
-  {
+  bool fused = false;
+#if defined(MEGATRAIN_HAVE_CUDA)
+  // Hopper, bf16, in place: the SwiGLU backward runs in the dx GEMM's epilogue (no da, no separate pass)
+  const auto El = static_cast<int64_t>(counts.size());
+  if (on_cuda(h) && h.dtype() == DType::BF16 && dh.data<bf16>() == h.data<bf16>() &&
+      cuda::sm90::grouped_dx_swiglu_takes(El, F, weight.size(1))) {
+    grouped_shapes(op, a, weight, counts);
+    check(op, dout, "dout", h, h.dtype(), {M, weight.size(1)});
+    const cuda::OpTimer timer("moe_grouped_linear_backward [sm90] dx + swiglu", dout.numel());  // MT_OP_PROFILE
+    fused = cuda::sm90::grouped_dx_swiglu(dh.data<bf16>(), a.data<bf16>(), dout.data<bf16>(), weight.data<bf16>(),
+                                          counts.data(), El, F, weight.size(1));
+  }
+#endif
+  if (!fused) {
     Tensor da = Tensor::empty({M, F}, h.dtype(), dev);  // back to the cache before the weight-gradient GEMMs
     moe_grouped_linear_backward(&da, nullptr, dout, a, weight, counts);  // a: shape only (dx alone reads no x)
 #if defined(MEGATRAIN_HAVE_CUDA)

@@ -310,6 +310,55 @@ TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "
   }
 }
 
+// fc2's backward through the SwiGLU in place (the layer's call: dh over h) runs the SwiGLU backward in the sm90 dx
+// kernel's epilogue (cuda/sm90/grouped_gemm.h grouped_dx_swiglu): dh, the recomputed a and the weight gradient equal
+// the unfused path (the dx GEMM storing da, then cuda/activation.cu's passes) bit for bit where that path also runs
+// on our kernel (F a multiple of 256), and the CPU in fp64 everywhere. Partial last tiles (rows of the next expert
+// untouched), an expert without rows, F with an odd number of 128-column tiles, more tiles than multiprocessors.
+TEST_CASE("cuda moe fc2 backward with the SwiGLU in the sm90 dx epilogue equals the unfused path", "[cuda][moe]") {
+  init();
+  if (!ops::cuda::sm90::grouped_gemm_supported()) {
+    WARN("skipped: the GPU is not compute capability 9.0 (Hopper); the SwiGLU backward runs as its own pass");
+    return;
+  }
+  struct Case {
+    std::vector<int64_t> counts;
+    int64_t F, OC;
+  };
+  const std::vector<Case> cases = {
+      {{256, 0, 300, 1, 130}, 256, 192},           // partial tiles, an empty expert, one row
+      {{37, 128, 0, 64}, 384, 128},                // 3 column tiles (the unfused dx runs on cuBLAS: CPU check only)
+      {{1024, 2048, 640, 0, 1536}, 512, 1024},     // 5,248 rows x 4 column tiles: many tiles per CTA
+  };
+  const DType bf = DType::BF16;
+  for (const Case& c : cases) {
+    const int64_t El = static_cast<int64_t>(c.counts.size()), F = c.F, OC = c.OC;
+    const int64_t M = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0});
+    INFO("F " << F << " OC " << OC << " rows " << M);
+    const Tensor h64 = rounded(randn64({M, 2 * F}, 91), bf), w64 = rounded(randn64({El, OC, F}, 92, 0.05), bf),
+                 dy64 = rounded(randn64({M, OC}, 93), bf);
+    const Tensor w = to_device(w64, bf), dy = to_device(dy64, bf);
+    // fused: in place
+    Tensor dh = to_device(h64, bf), dw = poisoned({El, OC, F}, DType::F32);
+    const int64_t before = ops::cuda::sm90::grouped_gemm_launches();
+    ops::moe_grouped_linear_backward_swiglu(dh, &dw, dy, w, dh, c.counts, ops::GradMode::Overwrite);
+    CHECK(ops::cuda::sm90::grouped_gemm_launches() > before);
+    // unfused: dh into another tensor (not in place), as before this path existed
+    const Tensor h = to_device(h64, bf);
+    Tensor dh_u = poisoned({M, 2 * F}, bf), dw_u = poisoned({El, OC, F}, DType::F32);
+    ops::moe_grouped_linear_backward_swiglu(dh_u, &dw_u, dy, w, h, c.counts, ops::GradMode::Overwrite);
+    // the CPU
+    Tensor dh_ref = Tensor::empty({M, 2 * F}, DType::F64), dw_ref = Tensor::empty({El, OC, F}, DType::F64);
+    ops::moe_grouped_linear_backward_swiglu(dh_ref, &dw_ref, dy64, w64, h64, c.counts, ops::GradMode::Overwrite);
+    check_close("moe fc2 backward, SwiGLU in the epilogue: dh", dh, dh_ref, bf);
+    check_close("moe fc2 backward, SwiGLU in the epilogue: dweight", dw, dw_ref, bf);
+    if (F % 256 == 0) {
+      CHECK(bitwise_equal(dh, dh_u));
+      CHECK(bitwise_equal(dw, dw_u));
+    }
+  }
+}
+
 // Groups large enough (2^34 FLOPs per group on average) run one cublasGemmEx per group (tensor/moe_ops.h
 // moe_gemm_per_group): the same results as the CPU, an empty group included.
 TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match the CPU", "[cuda][moe]") {

@@ -139,6 +139,14 @@ void bench_moe_layer(const char* config, int64_t E, int64_t k, int64_t F, bool p
     }, reps);
     std::printf("BENCH %-14s %-40s %8.3f ms (the three lines above, as one op)\n", config,
                 "moe_grouped_linear_backward_swiglu", ms);
+    // in place, as the layer calls it: on Hopper the SwiGLU runs in the dx GEMM's epilogue (h drifts from one run
+    // to the next: the values, not the work, change)
+    Tensor hh = h.clone();
+    const double ms_in_place = median_ms([&] {
+      ops::moe_grouped_linear_backward_swiglu(hh, &dw2, dyp, w2, hh, cnt, ops::GradMode::Overwrite);
+    }, reps);
+    std::printf("BENCH %-14s %-40s %8.3f ms (the same op in place: dh over h)\n", config,
+                "moe_grouped_linear_backward_swiglu", ms_in_place);
   }
   Tensor dxp = Tensor::empty({M, C}, bf, Device::CUDA);
   p.op("grouped fc1 backward dx", median_ms([&] {
