@@ -79,6 +79,12 @@ struct SwigluOut {
   int32_t F;
 };
 
+// Byte offset of a consumer thread's bf16 pair (accumulators 4j + 2i, 4j + 2i + 1) in its 64-row half tile of
+// 64 x 64 boxes in the 128-byte swizzle (the TMA maps' layout): row r (r_lo + 8i), 16-byte chunk j % 8 of box j / 8.
+__device__ __forceinline__ int swizzled_pair(int j, int r, int lane) {
+  return (j / 8) * kBox + r * 128 + (((j % 8) ^ (r % 8)) * 16) + (lane % 4) * 4;
+}
+
 struct Tile {
   int a_m, a_k;    // A's first M and K
   int b_row;       // B K-major: its row of the tile's first N; MN-major: its row of K = 0
@@ -278,10 +284,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool full_tile = tl.mvalid == kBM;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const int box = j / 8, chunk = j % 8;
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const int r = r_lo + 8 * i, off = box * kBox + r * 128 + ((chunk ^ (r % 8)) * 16) + (lane % 4) * 4;
+            const int r = r_lo + 8 * i, off = swizzled_pair(j, r, lane);
             const __nv_bfloat162 dv = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
             const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(sG + off);
             const __nv_bfloat162 uv = *reinterpret_cast<const __nv_bfloat162*>(sU + off);
@@ -315,13 +320,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           named_barrier(1 + c, 128);
 #pragma unroll
           for (int jj = 0; jj < 16; ++jj) {
-            const int j = h * 16 + jj, box = jj / 8, chunk = jj % 8;
+            const int j = h * 16 + jj;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int r = r_lo + 8 * i;
               const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
-              asm volatile("st.shared.b32 [%0], %1;" ::"r"(cbase + box * kBox + r * 128 + ((chunk ^ (r % 8)) * 16) +
-                                                           (lane % 4) * 4),
+              asm volatile("st.shared.b32 [%0], %1;" ::"r"(cbase + swizzled_pair(jj, r, lane)),
                            "r"(*reinterpret_cast<const uint32_t*>(&v))
                            : "memory");
             }
