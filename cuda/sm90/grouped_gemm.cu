@@ -12,7 +12,11 @@
 // tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
 // loop; a last tile of an expert with fewer rows is written row by row (the rows past it are another expert's).
 // Every output element is one fp32 dot product over K in k order: results do not depend on the tiling or grid.
-// A fourth kernel (grouped_dx_swiglu) is dx on 128 x 128 tiles with the SwiGLU backward as its epilogue (Epi).
+// A fourth kernel (grouped_dx_swiglu) is dx on 128 x 128 tiles with the SwiGLU backward as its epilogue, a fifth
+// (grouped_forward_swiglu) fc1's forward with the SwiGLU forward in its epilogue (Epi).
+// The bf16 epilogues are deferred: a full tile's results wait in registers as bf16 pairs while the next tile's first
+// K slices run, and leave (through shared memory and TMA stores) a step at a time between those slices' MMAs, so
+// the tensor cores do not idle through the epilogue (one of 128 x 256 x 1024 takes ~10% of its tile's main loop).
 #include "cuda/sm90/grouped_gemm.h"
 
 #include <cuda.h>
@@ -34,6 +38,7 @@ namespace mt::ops::cuda::sm90 {
 
 using namespace ::mt::cuda::sm90;
 using ::mt::cuda::swiglu_grads;
+using ::mt::cuda::swiglu_value;
 
 namespace {
 
@@ -49,14 +54,22 @@ constexpr int kIds = 2;  // the ring of tile indices the producer hands to the c
 // loaded into shared memory under the main loop, gives dgate and dup, written over g and u (h becomes dh in place),
 // and the recomputed a = swiglu(g, u) (the forward's value, for fc2's weight gradient). The consumers do the math
 // from registers; one thread of warpgroup 0 (the mover) stores the results and then loads the next tile's g and u,
-// so that neither waits on the consumers' critical path.
-enum Epi { kBf16 = 0, kF32 = 1, kSwigluBwd = 2 };
+// so that neither waits on the consumers' critical path. kSwigluFwd (fc1's forward of a SwiGLU expert): a tile's
+// 256 columns are 128 gate columns and the same 128 features' up columns (B's rows n and F + n of the expert), so
+// that each thread holds g and u of the same elements; g and u go to h, and a = swiglu(g, u) (from their bf16
+// values, as the separate pass would compute it) to act.
+enum Epi { kBf16 = 0, kF32 = 1, kSwigluBwd = 2, kSwigluFwd = 3 };
 template <int EPI>
 struct Cfg {
-  // 128 x 256 tiles; 128 x 128 for the SwiGLU, whose g, u and a (96 KiB) must fit beside the ring
+  // 128 x 256 tiles; 128 x 128 for the SwiGLU backward, whose g, u and a (96 KiB) must fit beside the ring
   static constexpr int BN = EPI == kSwigluBwd ? 128 : 256;
+  static constexpr int TN = EPI == kSwigluFwd ? 128 : BN;  // output features per tile (tile_of's N step)
   static constexpr int kStageB = BN * kBK * 2;
-  static constexpr int kEpiBytes = EPI == kSwigluBwd ? 3 * 2 * kStageC : EPI == kBf16 ? 2 * kStageC : 0;
+  static constexpr bool kStaged = EPI == kBf16 || EPI == kSwigluFwd;  // deferred, through one buffer per consumer
+  // deferred epilogue steps, one between two K slices: kBf16 the two 128-column halves; kSwigluFwd g, u, and a in
+  // two steps of 64 columns (its exponentials and reciprocals take about a K slice's MMAs each)
+  static constexpr int kSteps = EPI == kBf16 ? 2 : EPI == kSwigluFwd ? 4 : 0;
+  static constexpr int kEpiBytes = EPI == kSwigluBwd ? 3 * 2 * kStageC : kStaged ? 2 * kStageC : 0;
   static constexpr int kBars = 2 * kStages + 2 * kIds + 2;
   static constexpr int kSmem = kStages * (kStageA + kStageB) + kEpiBytes + kBars * 8 + kIds * 4 + 1024;
 };
@@ -72,9 +85,10 @@ struct Groups {
   int32_t count[kMaxExperts];
 };
 
-// The SwiGLU epilogue's outputs (unused by the other kernels): dh (rows, 2F), written over h, and a (rows, F).
+// The SwiGLU epilogues' outputs (unused by the other kernels): h (rows, 2F) = [g | u] (the backward writes dh over
+// it) and a (rows, F); direct stores of a last, shorter tile use them.
 struct SwigluOut {
-  __nv_bfloat16* dh;
+  __nv_bfloat16* h;
   __nv_bfloat16* act;
   int32_t F;
 };
@@ -83,6 +97,17 @@ struct SwigluOut {
 // 64 x 64 boxes in the 128-byte swizzle (the TMA maps' layout): row r (r_lo + 8i), 16-byte chunk j % 8 of box j / 8.
 __device__ __forceinline__ int swizzled_pair(int j, int r, int lane) {
   return (j / 8) * kBox + r * 128 + (((j % 8) ^ (r % 8)) * 16) + (lane % 4) * 4;
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// a = swiglu(g, u) of two bf16 pairs (cuda/swiglu_math.cuh: the separate pass's bits)
+__device__ __forceinline__ uint32_t swiglu_pair(uint32_t g, uint32_t u) {
+  const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(&g), uv = *reinterpret_cast<const __nv_bfloat162*>(&u);
+  return bf16_pair(swiglu_value<__nv_bfloat16>(__low2float(gv), __low2float(uv)),
+                   swiglu_value<__nv_bfloat16>(__high2float(gv), __high2float(uv)));
 }
 
 struct Tile {
@@ -169,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(&id_full[j]);
         if (++j == kIds) j = 0, id_phase ^= 1;
         if (t < 0) break;
-        const Tile tl = tile_of<TB, BN>(g, t);
+        const Tile tl = tile_of<TB, C::TN>(g, t);
         for (int kb = 0; kb < tl.kblocks; ++kb) {
           mbar_wait(&empty[s], phase ^ 1);
           mbar_expect_tx(&full[s], kStageA + C::kStageB);
@@ -182,7 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (TB)  // BN / 64 boxes of 64 (N) x 64 (K)
             for (int c = 0; c < BN / 64; ++c)
               tma_load_2d(sB + s * C::kStageB + c * kBox, &map_b, &full[s], tl.n + 64 * c, tl.b_row + k);
-          else  // one BN (N) x 64 (K) box
+          else if constexpr (EPI == kSwigluFwd) {  // 128 gate rows, then the same features' up rows
+            tma_load_2d(sB + s * C::kStageB, &map_b, &full[s], k, tl.b_row);
+            tma_load_2d(sB + s * C::kStageB + C::kStageB / 2, &map_b, &full[s], k, tl.b_row + so.F);
+          } else  // one BN (N) x 64 (K) box
             tma_load_2d(sB + s * C::kStageB, &map_b, &full[s], k, tl.b_row);
           if (++s == kStages) s = 0, phase ^= 1;
         }
@@ -213,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
           if (t < 0) break;
-          prev = tile_of<TB, BN>(g, t);
+          prev = tile_of<TB, C::TN>(g, t);
           ++done;
           mbar_expect_tx(gu_full, 4 * kStageC);
           for (int c = 0; c < 2; ++c)
@@ -228,17 +256,71 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {  // consumers: warpgroup c = wg - 1 owns rows 64c .. 64c + 63 of each tile
     setmaxnreg_inc<232>();
     const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int r_lo = warp * 16 + lane / 4;  // this thread's first row within its 64, then + 8
     int s = 0, j = 0;
     [[maybe_unused]] int done = 0;  // SwiGLU: tiles finished (gu_full's phase)
     uint32_t phase = 0, id_phase = 0;
     float d[BN / 2];
+    // The deferred epilogue (C::kStaged): the last full tile's results as bf16 pairs, pk[2j + i] = columns
+    // 8j + 2(lane % 4) + {0, 1} of row r_lo + 8i, and its steps still to run (step == kSteps: none).
+    [[maybe_unused]] uint32_t pk[C::kStaged ? BN / 4 : 1] = {};
+    [[maybe_unused]] Tile pend{};
+    [[maybe_unused]] int step = C::kSteps;
+    // Pairs jj in [J0, J1) of a 64 x 128 block into this consumer's buffer (pair(jj, i)); FIRST waits until the
+    // buffer's last TMA store has read it, LAST stores the buffer's two 64 x 64 boxes at column col of `map`.
+    // (Compile-time bounds and steps: pk stays in registers.)
+    auto stage = [&]<int J0, int J1, bool FIRST, bool LAST>(const CUtensorMap* map, int col, auto pair) {
+      const uint32_t cbase = smem_u32(sC + c * kStageC);
+      if constexpr (FIRST) {
+        if (tid == 0) bulk_wait_read_all();
+        named_barrier(1 + c, 128);
+      }
+#pragma unroll
+      for (int jj = J0; jj < J1; ++jj)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(cbase + swizzled_pair(jj, r_lo + 8 * i, lane)),
+                       "r"(pair(jj, i))
+                       : "memory");
+      if constexpr (LAST) {
+        fence_proxy_async_smem();
+        named_barrier(1 + c, 128);
+        if (tid == 0) {
+          for (int b = 0; b < 2; ++b) tma_store_2d(map, sC + c * kStageC + b * kBox, col + b * 64, pend.out_m + c * 64);
+          bulk_commit();
+        }
+      }
+    };
+    auto epi = [&]<int ST>() {
+      if constexpr (EPI == kBf16) {  // the two 128-column halves
+        stage.template operator()<0, 16, true, true>(&map_out, pend.n + 128 * ST,
+                                                    [&](int jj, int i) { return pk[2 * (16 * ST + jj) + i]; });
+      } else if constexpr (EPI == kSwigluFwd) {  // g (pairs 0-15) and u (16-31) to h, then a in two steps
+        if constexpr (ST < 2)
+          stage.template operator()<0, 16, true, true>(&map_out, pend.n + ST * so.F,
+                                                      [&](int jj, int i) { return pk[2 * (16 * ST + jj) + i]; });
+        else
+          stage.template operator()<8 * (ST - 2), 8 * (ST - 1), ST == 2, ST == 3>(
+              &map_act, pend.n, [&](int jj, int i) { return swiglu_pair(pk[2 * jj + i], pk[2 * (jj + 16) + i]); });
+      }
+    };
+    auto epi_step = [&](int st) {
+      static_assert(C::kSteps <= 4, "epi_step dispatches four steps");
+      switch (st) {
+        case 0: epi.template operator()<0>(); break;
+        case 1: epi.template operator()<1>(); break;
+        case 2: epi.template operator()<2>(); break;
+        case 3: epi.template operator()<3>(); break;
+        default: break;
+      }
+    };
     for (;;) {
       mbar_wait(&id_full[j], id_phase);
       const int t = ids[j];
       mbar_arrive(&id_empty[j]);
       if (++j == kIds) j = 0, id_phase ^= 1;
       if (t < 0) break;
-      const Tile tl = tile_of<TB, BN>(g, t);
+      const Tile tl = tile_of<TB, C::TN>(g, t);
       int prev = -1;
       for (int kb = 0; kb < tl.kblocks; ++kb) {
         mbar_wait(&full[s], phase);
@@ -256,14 +338,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_m64n128k16_bf16<TA, TB>(d, da, db, (kb > 0 || kk > 0) ? 1 : 0);
         }
         wgmma_commit();
+        if constexpr (C::kStaged)  // the previous tile's epilogue, a step under every other slice's MMAs
+          if (kb % 2 == 0 && step < C::kSteps) epi_step(step++);
         wgmma_wait<1>();  // the previous slice's MMAs are done: its stage goes back to the producer
         if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
         prev = s;
         if (++s == kStages) s = 0, phase ^= 1;
       }
+      if constexpr (C::kStaged)  // a short main loop: the rest under its last slice
+        while (step < C::kSteps) epi_step(step++);
       wgmma_wait<0>();
       if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
-      const int r_lo = warp * 16 + lane / 4;  // this thread's first row within its 64, then + 8
       if constexpr (EPI == kF32) {
         float* o = static_cast<float*>(out);
 #pragma unroll
@@ -302,57 +387,48 @@ __global__ void __launch_bounds__(kThreads, 1)
             } else if (c * 64 + r < tl.mvalid) {
               const int64_t row = tl.out_m + c * 64 + r;
               const int col = tl.n + 8 * j + 2 * (lane % 4);
-              *reinterpret_cast<__nv_bfloat162*>(so.dh + row * 2 * so.F + col) = dg;
-              *reinterpret_cast<__nv_bfloat162*>(so.dh + row * 2 * so.F + so.F + col) = du;
+              *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + col) = dg;
+              *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + so.F + col) = du;
               *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
             }
           }
         }
         if (full_tile) fence_proxy_async_smem();  // the mover's TMA stores read what this thread wrote
         mbar_arrive(out_full);
-      } else if (tl.mvalid == kBM) {
-        static_assert(BN == 256, "the bf16 epilogue stores two halves of 128 columns");
-        // two halves of 128 columns, each two 64 x 64 boxes in the 128-byte swizzle: conflict-free stores
-        const uint32_t cbase = smem_u32(sC + c * kStageC);
+      } else if (tl.mvalid == kBM) {  // deferred: the steps run under the next tile's first slices
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (tid == 0) bulk_wait_read_all();  // the buffer's previous stores have read it
-          named_barrier(1 + c, 128);
-#pragma unroll
-          for (int jj = 0; jj < 16; ++jj) {
-            const int j = h * 16 + jj;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int r = r_lo + 8 * i;
-              const __nv_bfloat162 v = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
-              asm volatile("st.shared.b32 [%0], %1;" ::"r"(cbase + swizzled_pair(jj, r, lane)),
-                           "r"(*reinterpret_cast<const uint32_t*>(&v))
-                           : "memory");
-            }
-          }
-          fence_proxy_async_smem();
-          named_barrier(1 + c, 128);
-          if (tid == 0) {
-            for (int b = 0; b < 2; ++b)
-              tma_store_2d(&map_out, sC + c * kStageC + b * kBox, tl.n + h * 128 + b * 64, tl.out_m + c * 64);
-            bulk_commit();
-          }
-        }
-      } else {
-        __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out);
+        for (int q = 0; q < BN / 4; ++q) pk[q] = bf16_pair(d[2 * q], d[2 * q + 1]);
+        pend = tl, step = 0;
+      } else {  // a last, shorter tile: its rows straight to global memory (the rows past it are another expert's)
+        __nv_bfloat16* o = EPI == kSwigluFwd ? so.h : static_cast<__nv_bfloat16*>(out);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int r = c * 64 + r_lo + 8 * i;
           if (r < tl.mvalid) {
-            __nv_bfloat16* row = o + int64_t(tl.out_m + r) * g.N + tl.n + 2 * (lane % 4);
+            const int64_t row = tl.out_m + r;
+            const int col = tl.n + 2 * (lane % 4);
+            if constexpr (EPI == kSwigluFwd) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-              *reinterpret_cast<__nv_bfloat162*>(row + 8 * j) =
-                  __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+              for (int j = 0; j < 16; ++j) {
+                const uint32_t gp = bf16_pair(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]),
+                               up = bf16_pair(d[4 * (j + 16) + 2 * i], d[4 * (j + 16) + 2 * i + 1]),
+                               ap = swiglu_pair(gp, up);
+                *reinterpret_cast<uint32_t*>(o + row * g.N + col + 8 * j) = gp;
+                *reinterpret_cast<uint32_t*>(o + row * g.N + so.F + col + 8 * j) = up;
+                *reinterpret_cast<uint32_t*>(so.act + row * so.F + col + 8 * j) = ap;
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j)
+                *reinterpret_cast<uint32_t*>(o + row * g.N + col + 8 * j) =
+                    bf16_pair(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+            }
           }
         }
       }
     }
+    if constexpr (C::kStaged)  // the last tile's epilogue
+      while (step < C::kSteps) epi_step(step++);
     if (tid == 0) bulk_wait_all();
   }
 }
@@ -518,6 +594,27 @@ bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, co
   g.n_tiles = int32_t(IC / Cfg<kF32>::BN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
   const CUtensorMap a = tensor_map(dout, rows, OC, 64);
   launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g);
+  return true;
+}
+
+bool grouped_forward_swiglu_takes(int64_t El, int64_t IC, int64_t F) {
+  return El <= kMaxExperts && IC % kBK == 0 && F % Cfg<kSwigluFwd>::TN == 0 && grouped_gemm_supported();
+}
+
+bool grouped_forward_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* x, const mt::bf16* weight,
+                            const int64_t* counts, int64_t El, int64_t IC, int64_t F) {
+  if (!grouped_forward_swiglu_takes(El, IC, F) || !aligned16(h) || !aligned16(act) || !aligned16(x) ||
+      !aligned16(weight))
+    return false;
+  Groups g{};
+  const int64_t rows = fill_groups(g, counts, El, false, 0);
+  if (rows == 0) return true;
+  constexpr int TN = Cfg<kSwigluFwd>::TN;
+  g.n_tiles = int32_t(F / TN), g.k_grouped = 0, g.N = int32_t(2 * F), g.K = int32_t(IC);
+  const CUtensorMap ma = tensor_map(act, rows, F, 64);
+  const SwigluOut so{reinterpret_cast<__nv_bfloat16*>(h), reinterpret_cast<__nv_bfloat16*>(act), int32_t(F)};
+  launch<0, 0, kSwigluFwd>(tensor_map(x, rows, IC, kBM), tensor_map(weight, El * 2 * F, IC, TN),
+                           tensor_map(h, rows, 2 * F, 64), nullptr, g, nullptr, &ma, so);
   return true;
 }
 

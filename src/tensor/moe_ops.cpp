@@ -658,6 +658,27 @@ void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weig
   }
 }
 
+void moe_grouped_linear_forward_swiglu(Tensor& h, Tensor& a, const Tensor& x, const Tensor& weight,
+                                       const std::vector<int64_t>& counts) {
+  const char* op = "moe_grouped_linear_forward_swiglu";
+  grouped_shapes(op, x, weight, counts);
+  const int64_t M = x.size(0), F = weight.size(1) / 2;
+  MOE_ASSERT(weight.size(1) == 2 * F, "weight ", weight.str(), " should be (El, 2F, IC)");
+  check(op, h, "h", x, x.dtype(), {M, 2 * F});
+  check(op, a, "a", x, x.dtype(), {M, F});
+#if defined(MEGATRAIN_HAVE_CUDA)
+  const auto El = static_cast<int64_t>(counts.size());
+  if (on_cuda(x) && x.dtype() == DType::BF16 && cuda::sm90::grouped_forward_swiglu_takes(El, x.size(1), F)) {
+    const cuda::OpTimer timer("moe_grouped_linear_forward [sm90] + swiglu", h.numel());  // MT_OP_PROFILE
+    if (cuda::sm90::grouped_forward_swiglu(h.data<bf16>(), a.data<bf16>(), x.data<bf16>(), weight.data<bf16>(),
+                                           counts.data(), El, x.size(1), F))
+      return;
+  }
+#endif
+  moe_grouped_linear_forward(h, x, weight, counts);
+  swiglu_forward(a, h);
+}
+
 void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
                                  const Tensor& weight, const std::vector<int64_t>& counts, GradMode dweight_mode) {
   const char* op = "moe_grouped_linear_backward";

@@ -154,6 +154,11 @@ inline constexpr int64_t kPadBuckets = 16, kPadRows = 128;
 std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::vector<int64_t>& counts, int64_t IC,
                                         int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);
+// The experts' fc1 followed by their SwiGLU: h (M, 2F) = x @ weight[e]^T per group (weight (El, 2F, IC), gate rows
+// then up rows) and a (M, F) = swiglu(h). On a Hopper GPU in bf16 one kernel does both (the SwiGLU in the GEMM's
+// epilogue, the same bits as the two ops).
+void moe_grouped_linear_forward_swiglu(Tensor& h, Tensor& a, const Tensor& x, const Tensor& weight,
+                                       const std::vector<int64_t>& counts);
 // dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
 // for groups without rows: 0) dout^T x per group.
 void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,

@@ -359,6 +359,49 @@ TEST_CASE("cuda moe fc2 backward with the SwiGLU in the sm90 dx epilogue equals 
   }
 }
 
+// fc1's forward followed by the SwiGLU (the layer's call) runs the SwiGLU in the sm90 forward kernel's epilogue
+// (cuda/sm90/grouped_gemm.h grouped_forward_swiglu, one launch): h and a equal the unfused path (the forward GEMM,
+// then cuda/activation.cu's pass) bit for bit and the CPU in fp64. Partial last tiles (rows of the next expert
+// untouched), an expert without rows, one row; main loops of 1 K slice (every deferred epilogue step after it), 3
+// and 16; 3 column tiles; more tiles than multiprocessors.
+TEST_CASE("cuda moe fc1 forward with the SwiGLU in the sm90 epilogue equals the unfused path", "[cuda][moe]") {
+  init();
+  if (!ops::cuda::sm90::grouped_gemm_supported()) {
+    WARN("skipped: the GPU is not compute capability 9.0 (Hopper); the SwiGLU forward runs as its own pass");
+    return;
+  }
+  struct Case {
+    std::vector<int64_t> counts;
+    int64_t IC, F;
+  };
+  const std::vector<Case> cases = {
+      {{256, 0, 300, 1, 130}, 64, 256},           // partial tiles, an empty expert, one row; one K slice
+      {{37, 128, 0, 64}, 192, 384},               // 3 column tiles, 3 K slices
+      {{1024, 2048, 640, 0, 1536}, 1024, 512},    // 5,248 rows x 4 column tiles: many tiles per CTA
+  };
+  const DType bf = DType::BF16;
+  for (const Case& c : cases) {
+    const int64_t El = static_cast<int64_t>(c.counts.size()), F = c.F, IC = c.IC;
+    const int64_t M = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0});
+    INFO("IC " << IC << " F " << F << " rows " << M);
+    const Tensor x64 = rounded(randn64({M, IC}, 94), bf), w64 = rounded(randn64({El, 2 * F, IC}, 95, 0.05), bf);
+    const Tensor x = to_device(x64, bf), w = to_device(w64, bf);
+    Tensor h = poisoned({M, 2 * F}, bf), a = poisoned({M, F}, bf);
+    const int64_t before = ops::cuda::sm90::grouped_gemm_launches();
+    ops::moe_grouped_linear_forward_swiglu(h, a, x, w, c.counts);
+    CHECK(ops::cuda::sm90::grouped_gemm_launches() - before == 1);
+    Tensor h_u = poisoned({M, 2 * F}, bf), a_u = poisoned({M, F}, bf);
+    ops::moe_grouped_linear_forward(h_u, x, w, c.counts);
+    ops::swiglu_forward(a_u, h_u);
+    Tensor h_ref = Tensor::empty({M, 2 * F}, DType::F64), a_ref = Tensor::empty({M, F}, DType::F64);
+    ops::moe_grouped_linear_forward_swiglu(h_ref, a_ref, x64, w64, c.counts);
+    check_close("moe fc1 forward, SwiGLU in the epilogue: h", h, h_ref, bf);
+    check_close("moe fc1 forward, SwiGLU in the epilogue: a", a, a_ref, bf);
+    CHECK(bitwise_equal(h, h_u));
+    CHECK(bitwise_equal(a, a_u));
+  }
+}
+
 // Groups large enough (2^34 FLOPs per group on average) run one cublasGemmEx per group (tensor/moe_ops.h
 // moe_gemm_per_group): the same results as the CPU, an empty group included.
 TEST_CASE("cuda moe grouped GEMMs with large groups (one GEMM per group) match the CPU", "[cuda][moe]") {

@@ -48,12 +48,13 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   const int64_t M = x.size(0), C = x.size(1);
   s.counts = counts;
   s.h = c.empty({M, ffn_ * (swiglu_ ? 2 : 1)});
-  ops::moe_grouped_linear_forward(s.h, x, stacked(fc1_, false), counts);
   Tensor a = c.empty({M, ffn_});
-  if (swiglu_)
-    ops::swiglu_forward(a, s.h);  // not kept: the backward recomputes it from h
-  else
+  if (swiglu_) {  // a not kept: the backward recomputes it from h
+    ops::moe_grouped_linear_forward_swiglu(s.h, a, x, stacked(fc1_, false), counts);
+  } else {
+    ops::moe_grouped_linear_forward(s.h, x, stacked(fc1_, false), counts);
     ops::gelu_forward(a, s.h);
+  }
   Tensor y = c.empty({M, C});
   ops::moe_grouped_linear_forward(y, a, stacked(fc2_, false), counts);
   if (!swiglu_) s.a = a;
