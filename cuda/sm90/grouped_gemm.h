@@ -36,16 +36,16 @@ bool grouped_forward(mt::bf16* out, const mt::bf16* x, const mt::bf16* weight, c
                      int64_t IC, int64_t OC);
 bool grouped_dx(mt::bf16* dx, const mt::bf16* dout, const mt::bf16* weight, const int64_t* counts, int64_t El,
                 int64_t IC, int64_t OC);
-// The fc2 dx of SwiGLU experts with the SwiGLU backward in its epilogue, in place: h (rows, 2F) = [g | u] per row
-// becomes dh = [dgate | dup] for da = dout_e W_e (never stored; rounded to bf16 as a stored da would be), and
-// act (rows, F) = swiglu(g, u), the same bits as cuda/activation.cu's pass (cuda/swiglu_math.cuh). 128 x 128 tiles
-// (g, u and a of a tile in shared memory beside the ring); the consumers run the math from their registers.
 // fc1's forward of SwiGLU experts with the SwiGLU forward in its epilogue: h (rows, 2F) = [g | u] = x_e W_e^T for
 // W (El, 2F, IC) = [gate rows; up rows] per expert, and act (rows, F) = swiglu(g, u) from h's bf16 values (the
 // separate pass's bits). A tile is 128 rows x (128 gate + the same 128 up columns). IC % 64 == 0, F % 128 == 0
 bool grouped_forward_swiglu_takes(int64_t El, int64_t IC, int64_t F);
 bool grouped_forward_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* x, const mt::bf16* weight,
                             const int64_t* counts, int64_t El, int64_t IC, int64_t F);
+// The fc2 dx of SwiGLU experts with the SwiGLU backward in its epilogue, in place: h (rows, 2F) = [g | u] per row
+// becomes dh = [dgate | dup] for da = dout_e W_e (never stored; rounded to bf16 as a stored da would be), and
+// act (rows, F) = swiglu(g, u), the same bits as cuda/activation.cu's pass (cuda/swiglu_math.cuh). 128 x 128 tiles
+// (g, u and a of a tile in shared memory beside the ring); the consumers run the math from their registers.
 // OC % 64 == 0, F % 128 == 0
 bool grouped_dx_swiglu_takes(int64_t El, int64_t F, int64_t OC);
 bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const mt::bf16* weight,
