@@ -42,34 +42,38 @@ using ::mt::cuda::swiglu_value;
 
 namespace {
 
-constexpr int kBM = 128, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kBM = 128, kBK = 64, kThreads = 384;
 constexpr int kStageA = kBM * kBK * 2;  // bytes
 constexpr int kBox = 64 * 64 * 2;       // a 64 x 64 bf16 TMA box: 8 KiB
 constexpr int kStageC = 2 * kBox;       // a consumer's 64 rows x 128 columns of bf16 in shared memory
 constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers (and the SwiGLU's mover)
 
-// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA), store it as fp32
-// (straight from registers: the weight gradient), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU
-// backward on it: da (the tile, rounded to bf16 as a stored da would be) with the tile's gate and up columns of h,
-// loaded into shared memory under the main loop, gives dgate and dup, written over g and u (h becomes dh in place),
-// and the recomputed a = swiglu(g, u) (the forward's value, for fc2's weight gradient). The consumers do the math
-// from registers; one thread of warpgroup 0 (the mover) stores the results and then loads the next tile's g and u,
-// so that neither waits on the consumers' critical path. kSwigluFwd (fc1's forward of a SwiGLU expert): a tile's
-// 256 columns are 128 gate columns and the same 128 features' up columns (B's rows n and F + n of the expert), so
-// that each thread holds g and u of the same elements; g and u go to h, and a = swiglu(g, u) (from their bf16
-// values, as the separate pass would compute it) to act.
+// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA), store it as fp32 (straight
+// from registers: the weight gradient), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU backward on it:
+// da (the tile, rounded to bf16 as a stored da would be) with the tile's gate and up columns of h, loaded into shared
+// memory under the main loop, gives dgate and dup, written over g and u (h becomes dh in place), and the recomputed a =
+// swiglu(g, u) (the forward's value, for fc2's weight gradient), stored from registers. The consumers do the math from
+// registers; one thread of warpgroup 0 (the mover) stores dgate and dup and then loads the next tile's g and u, so that
+// neither waits on the consumers' critical path. kSwigluFwd (fc1's forward of a SwiGLU expert): a tile's 256 columns
+// are 128 gate columns and the same 128 features' up columns (B's rows n and F + n of the expert), so that each thread
+// holds g and u of the same elements; g and u go to h, and a = swiglu(g, u) (from their bf16 values, as the separate
+// pass would compute it) to act.
 enum Epi { kBf16 = 0, kF32 = 1, kSwigluBwd = 2, kSwigluFwd = 3 };
 template <int EPI>
 struct Cfg {
-  // 128 x 256 tiles; 128 x 128 for the SwiGLU backward, whose g, u and a (96 KiB) must fit beside the ring
+  // 128 x 256 tiles; 128 x 128 for the SwiGLU backward, whose g and u (64 KiB) must fit beside the ring
   static constexpr int BN = EPI == kSwigluBwd ? 128 : 256;
+  // Stages of the operand ring. The SwiGLU backward's main loop waits on its operand loads while the epilogues'
+  // stores and g / u loads fill the memory system (ncu, session 24): it takes a fifth stage in the room a third
+  // staging buffer (for a) would need, and stores a from registers.
+  static constexpr int kStages = EPI == kSwigluBwd ? 5 : 4;
   static constexpr int TN = EPI == kSwigluFwd ? 128 : BN;  // output features per tile (tile_of's N step)
   static constexpr int kStageB = BN * kBK * 2;
   static constexpr bool kStaged = EPI == kBf16 || EPI == kSwigluFwd;  // deferred, through one buffer per consumer
   // deferred epilogue steps, one between two K slices: kBf16 the two 128-column halves; kSwigluFwd g, u, and a in
   // two steps of 64 columns (its exponentials and reciprocals take about a K slice's MMAs each)
   static constexpr int kSteps = EPI == kBf16 ? 2 : EPI == kSwigluFwd ? 4 : 0;
-  static constexpr int kEpiBytes = EPI == kSwigluBwd ? 3 * 2 * kStageC : kStaged ? 2 * kStageC : 0;
+  static constexpr int kEpiBytes = EPI == kSwigluBwd ? 2 * 2 * kStageC : kStaged ? 2 * kStageC : 0;
   static constexpr int kBars = 2 * kStages + 2 * kIds + 2;
   static constexpr int kSmem = kStages * (kStageA + kStageB) + kEpiBytes + kBars * 8 + kIds * 4 + 1024;
 };
@@ -158,19 +162,22 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const __grid_constant__ Groups g, int tiles, unsigned long long* counter,
                         unsigned long long base) {
   using C = Cfg<EPI>;
-  constexpr int BN = C::BN;
+  constexpr int BN = C::BN, kStages = C::kStages;
   extern __shared__ uint8_t smem_raw[];
-  // 128-byte swizzled TMA boxes want 1024-byte aligned shared memory
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // 128-byte swizzled TMA boxes want 1024-byte aligned shared memory. An offset from smem_raw, not a pointer rounded
+  // as an integer: the compiler then still knows that every pointer below is shared memory, so their loads and stores
+  // are ld.shared / st.shared rather than generic ones (a rounded integer lost that: the tile-index reads and the
+  // SwiGLU backward's g / u accesses were generic, and fc1's forward + SwiGLU spilled 20 bytes).
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   uint8_t* sA = smem;
   uint8_t* sB = sA + kStages * kStageA;
-  uint8_t* sC = sB + kStages * C::kStageB;  // bf16: each consumer's half tile; SwiGLU: a, g, u (2 kStageC each)
+  uint8_t* sC = sB + kStages * C::kStageB;  // bf16: each consumer's half tile; SwiGLU backward: g, u (2 kStageC each)
   uint64_t* full = reinterpret_cast<uint64_t*>(sC + C::kEpiBytes);
   uint64_t* empty = full + kStages;
   uint64_t* id_full = empty + kStages;  // the tile-index ring: written by the producer, read by the consumers
   uint64_t* id_empty = id_full + kIds;
   uint64_t* gu_full = id_empty + kIds;  // SwiGLU: the tile's g and u have landed
-  uint64_t* out_full = gu_full + 1;     // SwiGLU: the consumers have written dg, du and a (256 arrivals)
+  uint64_t* out_full = gu_full + 1;     // SwiGLU: the consumers have written dg and du (256 arrivals)
   int* ids = reinterpret_cast<int*>(out_full + 1);
   constexpr int kIdReaders = 2 * 128 + (EPI == kSwigluBwd ? 1 : 0);  // the consumers (and the mover)
   const int wg = threadIdx.x / 128;
@@ -217,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if constexpr (EPI == kSwigluBwd) {
       if (threadIdx.x == 32) {  // the mover: tile i - 1's results out, then tile i's g and u in (one buffer each)
-        uint8_t *sAct = sC, *sG = sC + 2 * kStageC, *sU = sC + 4 * kStageC;
+        uint8_t *sG = sC, *sU = sC + 2 * kStageC;
         int j = 0, done = 0;
         uint32_t id_phase = 0;
         Tile prev{};
@@ -234,7 +241,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const int o = c * kStageC + b * kBox, col = prev.n + 64 * b, row = prev.out_m + 64 * c;
                   tma_store_2d(&map_h, sG + o, col, row);
                   tma_store_2d(&map_h, sU + o, so.F + col, row);
-                  tma_store_2d(&map_act, sAct + o, col, row);
                 }
               bulk_commit();
               bulk_wait_read_all();  // the buffers may take the next tile
@@ -361,11 +367,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       } else if constexpr (EPI == kSwigluBwd) {
         // the SwiGLU backward on this thread's elements: da rounded to bf16 (what a stored da would hold); g and u
-        // from shared memory, where dgate and dup go over them and a into the third buffer (same swizzled layout);
-        // the mover stores them (g and u land only after it has: the buffers are free when gu_full completes)
+        // from shared memory, where dgate and dup go over them (the mover stores them; the next g and u land only
+        // after it has: the buffers are free when gu_full completes); a straight from registers to global memory
         mbar_wait(gu_full, done & 1);
         ++done;
-        uint8_t *sAct = sC + c * kStageC, *sG = sC + 2 * kStageC + c * kStageC, *sU = sC + 4 * kStageC + c * kStageC;
+        uint8_t *sG = sC + c * kStageC, *sU = sC + 2 * kStageC + c * kStageC;
         const bool full_tile = tl.mvalid == kBM;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -383,7 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (full_tile) {
               *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
               *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
-              *reinterpret_cast<__nv_bfloat162*>(sAct + off) = av;
+              const int64_t row = tl.out_m + c * 64 + r;
+              *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + tl.n + 8 * j + 2 * (lane % 4)) = av;
             } else if (c * 64 + r < tl.mvalid) {
               const int64_t row = tl.out_m + c * 64 + r;
               const int col = tl.n + 8 * j + 2 * (lane % 4);
@@ -631,10 +638,10 @@ bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const m
   const int64_t rows = fill_groups(g, counts, El, false, 0);
   if (rows == 0) return true;
   g.n_tiles = int32_t(F / Cfg<kSwigluBwd>::BN), g.k_grouped = 0, g.N = int32_t(F), g.K = int32_t(OC);
-  const CUtensorMap mh = tensor_map(h, rows, 2 * F, 64), ma = tensor_map(act, rows, F, 64);
+  const CUtensorMap mh = tensor_map(h, rows, 2 * F, 64);  // a leaves from registers (so.act): no map
   const SwigluOut so{reinterpret_cast<__nv_bfloat16*>(h), reinterpret_cast<__nv_bfloat16*>(act), int32_t(F)};
-  launch<0, 1, kSwigluBwd>(tensor_map(dout, rows, OC, kBM), tensor_map(weight, El * OC, F, 64), ma, nullptr, g, &mh,
-                           &ma, so);
+  launch<0, 1, kSwigluBwd>(tensor_map(dout, rows, OC, kBM), tensor_map(weight, El * OC, F, 64), mh, nullptr, g, &mh,
+                           nullptr, so);
   return true;
 }
 

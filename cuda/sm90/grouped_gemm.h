@@ -1,7 +1,8 @@
 // Grouped expert GEMMs of our own for Hopper (compute capability 9.0): one persistent, warp-specialized kernel per
-// product over every local expert (TMA loads into a 4-stage shared-memory ring, wgmma m64n256k16 on two consumer
-// warpgroups, a 128 x 256 tile per CTA taken from a device counter, bf16 tiles stored through TMA while the next
-// tile's main loop runs). Launches on one stream run one at a time (they share that stream's tile counter).
+// product over every local expert (TMA loads into a shared-memory ring of 4 stages, 5 for the SwiGLU backward, wgmma
+// m64n256k16 on two consumer warpgroups, a 128 x 256 tile per CTA taken from a device counter, bf16 tiles stored
+// through TMA while the next tile's main loop runs). Launches on one stream run one at a time (they share that stream's
+// tile counter).
 // The three products of tensor/moe_ops.h's grouped linear, row-major, bf16 operands, fp32 accumulation; expert e
 // owns rows [row0_e, row0_e + counts[e]) of x / dout (row0 the prefix sum of counts):
 //   forward   out_e (counts[e], OC)  = x_e (counts[e], IC) W_e^T          W (El, OC, IC)
@@ -45,7 +46,8 @@ bool grouped_forward_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* x, const
 // The fc2 dx of SwiGLU experts with the SwiGLU backward in its epilogue, in place: h (rows, 2F) = [g | u] per row
 // becomes dh = [dgate | dup] for da = dout_e W_e (never stored; rounded to bf16 as a stored da would be), and
 // act (rows, F) = swiglu(g, u), the same bits as cuda/activation.cu's pass (cuda/swiglu_math.cuh). 128 x 128 tiles
-// (g, u and a of a tile in shared memory beside the ring); the consumers run the math from their registers.
+// (g and u of a tile in shared memory beside a 5-stage ring); the consumers run the math from their registers and
+// store a from them.
 // OC % 64 == 0, F % 128 == 0
 bool grouped_dx_swiglu_takes(int64_t El, int64_t F, int64_t OC);
 bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const mt::bf16* weight,
