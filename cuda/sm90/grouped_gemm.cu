@@ -90,7 +90,7 @@ struct Groups {
 };
 
 // The SwiGLU epilogues' outputs (unused by the other kernels): h (rows, 2F) = [g | u] (the backward writes dh over
-// it) and a (rows, F); direct stores of a last, shorter tile use them.
+// it) and a (rows, F); the stores from registers use them (a last, shorter tile's, and the backward's a).
 struct SwigluOut {
   __nv_bfloat16* h;
   __nv_bfloat16* act;
