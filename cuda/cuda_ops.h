@@ -28,6 +28,7 @@ void copy_cuda(void* out, const void* in, size_t bytes);
 template <typename T> void sum_squares_into_cuda(double* out, const T* x, int64_t n);
 // out[i] = *in[i] for i < n (in: device pointers to one element each; T float or double).
 template <typename T> void gather_scalars_cuda(T* out, const T* const* in, int64_t n);
+void sum_each_cuda(double* out, const double* const* in, const int64_t* n, int64_t count);  // ops::sum_each
 
 // ---------------------------------------------------------------- gemm.cu (cuBLASLt)
 // out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC) [+ residual(N, OC), the GEMM's C operand]

@@ -1,4 +1,5 @@
-// Elementwise ops on CUDA: fill, add, add_, scale, cast, copy, sum_squares_into, gather_scalars. Any shape, n = numel.
+// Elementwise ops on CUDA: fill, add, add_, scale, cast, copy, sum_squares_into, sum_each, gather_scalars. Any
+// shape, n = numel.
 //   fill: x = value   add: out = a + b (out may alias a or b)   scale: x *= s   cast: out = convert(in)
 //   Arithmetic in fp32 (bf16 rounds once, to nearest even, on store); fp32 results are bit-identical
 //   to the CPU reference's (same single operation per element).
@@ -72,6 +73,22 @@ __global__ void gather_scalars_kernel(T* out, const ScalarPtrs in, int n) {
   if (threadIdx.x < n) out[threadIdx.x] = *static_cast<const T*>(in.p[threadIdx.x]);
 }
 
+// out[i] = sum of in[i]'s n[i] values: block i strides over them (thread t: elements t, t + 256, ...), then a fixed
+// tree (ops::sum_each).
+constexpr int kMaxSums = 64;
+struct SumInputs {
+  const double* p[kMaxSums];
+  int64_t n[kMaxSums];
+};
+__global__ void sum_each_kernel(double* out, const SumInputs in) {
+  __shared__ double scratch[32];
+  double acc = 0;
+  const double* x = in.p[blockIdx.x];
+  for (int64_t i = threadIdx.x; i < in.n[blockIdx.x]; i += blockDim.x) acc += x[i];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- launchers
@@ -123,6 +140,16 @@ void sum_squares_into_cuda(double* out, const T* x, int64_t n) {
   MT_CUDA_CHECK_LAUNCH("sum_squares_kernel_partials");
   sum_squares_kernel_final<<<1, 1024, 0, s>>>(out, buf, kSumBlocks);
   MT_CUDA_CHECK_LAUNCH("sum_squares_kernel_final");
+}
+
+void sum_each_cuda(double* out, const double* const* in, const int64_t* n, int64_t count) {
+  for (int64_t first = 0; first < count; first += kMaxSums) {
+    const int m = static_cast<int>(std::min<int64_t>(kMaxSums, count - first));
+    SumInputs s{};
+    for (int i = 0; i < m; ++i) s.p[i] = in[first + i], s.n[i] = n[first + i];
+    sum_each_kernel<<<m, kSumThreads, 0, current_stream()>>>(out + first, s);
+    MT_CUDA_CHECK_LAUNCH("sum_each_kernel");
+  }
 }
 
 template <typename T>

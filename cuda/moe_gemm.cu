@@ -213,7 +213,8 @@ void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const 
 template <typename T>
 void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
                                       const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
-                                      bool per_group) {
+                                      bool per_group, double* dw_squares, int64_t* n_squares) {
+  if (n_squares) *n_squares = -1;
   const bool bf16 = std::is_same_v<T, mt::bf16>;
   if (dx && !(bf16 && sm90::grouped_dx(reinterpret_cast<mt::bf16*>(dx), reinterpret_cast<const mt::bf16*>(dout),
                                        reinterpret_cast<const mt::bf16*>(weight), counts, El, IC, OC))) {
@@ -229,7 +230,8 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
   }
   if (dweight && bf16 &&
       sm90::grouped_dweight(dweight, reinterpret_cast<const mt::bf16*>(dout), reinterpret_cast<const mt::bf16*>(x),
-                            counts, El, IC, OC, accumulate)) {
+                            counts, El, IC, OC, accumulate, n_squares ? dw_squares : nullptr)) {
+    if (n_squares) *n_squares = sm90::grouped_dweight_square_partials(counts, El, IC, OC);
     for (int64_t e = 0; e < El; ++e)  // (a first write) the experts without rows: no tiles
       if (counts[e] == 0)
         MT_CUDA_CHECK(cudaMemsetAsync(dweight + e * OC * IC, 0, size_t(OC * IC) * sizeof(float), current_stream()));
@@ -253,7 +255,7 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
   template void moe_grouped_linear_forward_cuda<T>(T*, const T*, const T*, const int64_t*, int64_t, int64_t,      \
                                                    int64_t, bool);                                                 \
   template void moe_grouped_linear_backward_cuda<T>(T*, float*, const T*, const T*, const T*, const int64_t*,     \
-                                                    int64_t, int64_t, int64_t, bool, bool);
+                                                    int64_t, int64_t, int64_t, bool, bool, double*, int64_t*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap map_out, const __grid_constant__ CUtensorMap map_h,
                         const __grid_constant__ CUtensorMap map_act, void* out, const SwigluOut so,
                         const __grid_constant__ Groups g, int tiles, unsigned long long* counter,
-                        unsigned long long base) {
+                        unsigned long long base, double* squares) {
   using C = Cfg<EPI>;
   constexpr int BN = C::BN, kStages = C::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -365,6 +365,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < BN / 8; ++j)
             *reinterpret_cast<float2*>(row + 8 * j) = make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
         }
+        if (squares) {  // the tile's sum of squares, one fp64 partial per consumer warp: squares[8 t + 4 c + warp]
+          double sq = 0;
+#pragma unroll
+          for (int q = 0; q < BN / 2; ++q) sq = fma(double(d[q]), double(d[q]), sq);
+#pragma unroll
+          for (int o2 = 16; o2 > 0; o2 >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o2);
+          if (lane == 0) squares[int64_t(t) * 8 + c * 4 + warp] = sq;
+        }
       } else if constexpr (EPI == kSwigluBwd) {
         // the SwiGLU backward on this thread's elements: da rounded to bf16 (what a stored da would hold); g and u
         // from shared memory, where dgate and dup go over them (the mover stores them; the next g and u land only
@@ -499,7 +507,8 @@ int sm_count() {
 
 template <int TA, int TB, int EPI>
 void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, void* out, const Groups& g,
-            const CUtensorMap* h = nullptr, const CUtensorMap* act = nullptr, const SwigluOut& so = {}) {
+            const CUtensorMap* h = nullptr, const CUtensorMap* act = nullptr, const SwigluOut& so = {},
+            double* squares = nullptr) {
   const int tiles = g.tile_prefix[g.E] * g.n_tiles;
   if (tiles == 0) return;
   static std::once_flag attr;
@@ -511,7 +520,7 @@ void launch(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& o, vo
   const cudaStream_t stream = ::mt::cuda::current_stream();
   TileCounter& counter = tile_counter(stream);
   grouped_gemm_kernel<TA, TB, EPI><<<grid, kThreads, Cfg<EPI>::kSmem, stream>>>(
-      a, b, o, h ? *h : o, act ? *act : o, out, so, g, tiles, counter.dev, counter.base);
+      a, b, o, h ? *h : o, act ? *act : o, out, so, g, tiles, counter.dev, counter.base, squares);
   MT_CUDA_CHECK_LAUNCH("sm90 grouped_gemm_kernel");
   counter.base += static_cast<unsigned long long>(tiles) + static_cast<unsigned long long>(grid);
   g_launches.fetch_add(1, std::memory_order_relaxed);
@@ -590,8 +599,14 @@ bool grouped_dx(mt::bf16* dx, const mt::bf16* dout, const mt::bf16* weight, cons
   return true;
 }
 
+int64_t grouped_dweight_square_partials(const int64_t* counts, int64_t El, int64_t IC, int64_t OC) {
+  int64_t experts = 0;  // with rows: the others have no tiles
+  for (int64_t e = 0; e < El; ++e) experts += counts[e] > 0;
+  return experts * (OC / kBM) * (IC / Cfg<kF32>::BN) * 8;
+}
+
 bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,
-                     int64_t IC, int64_t OC, bool accumulate) {
+                     int64_t IC, int64_t OC, bool accumulate, double* squares) {
   if (!grouped_dweight_takes(counts, El, IC, OC, accumulate) || !aligned16(dweight) || !aligned16(dout) ||
       !aligned16(x))
     return false;
@@ -600,7 +615,8 @@ bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, co
   if (rows == 0) return true;
   g.n_tiles = int32_t(IC / Cfg<kF32>::BN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
   const CUtensorMap a = tensor_map(dout, rows, OC, 64);
-  launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g);
+  launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g, nullptr,
+                     nullptr, {}, squares);
   return true;
 }
 

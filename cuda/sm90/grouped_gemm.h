@@ -52,7 +52,11 @@ bool grouped_forward_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* x, const
 bool grouped_dx_swiglu_takes(int64_t El, int64_t F, int64_t OC);
 bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const mt::bf16* weight,
                        const int64_t* counts, int64_t El, int64_t F, int64_t OC);
+// squares (optional): grouped_dweight_square_partials(...) fp64 values, one per (tile, consumer warp) in tile order,
+// whose sum in index order is the sum of squares of the dW it wrote (experts with rows; the others' dW is the
+// caller's to zero). The gradient norm takes them instead of reading dW again.
+int64_t grouped_dweight_square_partials(const int64_t* counts, int64_t El, int64_t IC, int64_t OC);
 bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,
-                     int64_t IC, int64_t OC, bool accumulate);
+                     int64_t IC, int64_t OC, bool accumulate, double* squares = nullptr);
 
 }  // namespace mt::ops::cuda::sm90

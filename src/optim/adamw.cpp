@@ -34,27 +34,72 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const 
 
 GradSquareSums grad_square_sums(const ParamStore& store, const ParallelState& ps, const std::vector<ShardRange>& shard) {
   Tensor flat = const_cast<ParamStore&>(store).flat_grads();
-  // Adjacent segments that all count are summed in one reduction (few launches, one value each); the padding past
-  // the last parameter holds zeros.
-  GradSquareSums out;
-  std::vector<std::array<int64_t, 2>> runs;  // [begin, end) of the flat buffer; out.expert[i]: run i's kind
-  for (const OptimizerSegment& s : optimizer_segments(store, shard)) {
-    const ParamSpec& spec = s.param->spec;
+  const std::vector<OptimizerSegment> segs = optimizer_segments(store, shard);
+  // This rank counts: TP-split parameters, TP-replicated ones on TP rank 0, never the tied embedding's copy.
+  auto counted_here = [&](const ParamSpec& spec) {
     const bool split = spec.partition_dim >= 0 && ps.tp_size > 1;
-    if (spec.tied_copy || (!split && ps.tp_rank != 0)) continue;
-    if (!runs.empty() && runs.back()[1] == s.flat_begin && out.expert.back() == spec.expert_parallel) {
-      runs.back()[1] += s.length;
-    } else {
-      runs.push_back({s.flat_begin, s.flat_begin + s.length});
-      out.expert.push_back(spec.expert_parallel);
+    return !spec.tied_copy && (split || ps.tp_rank == 0);
+  };
+  // The ranges whose sums of squares the op that wrote them made (ParamStore::grad_squares), where nothing has
+  // changed those gradients since: no data-parallel sum over them (a group of one) and no sequence-parallel sum
+  // over TP, and this rank counts every element of the range.
+  std::vector<const ParamStore::GradSquares*> made;
+  for (const ParamStore::GradSquares& q : store.grad_squares()) {
+    if (reduce_group(store, ps, q.begin).size > 1) continue;
+    int64_t counted = 0;
+    bool summed_over_tp = false;
+    for (const OptimizerSegment& s : segs)
+      if (s.flat_begin >= q.begin && s.flat_begin + s.length <= q.end) {
+        const ParamSpec& spec = s.param->spec;
+        if (!counted_here(spec)) continue;
+        counted += s.length;
+        summed_over_tp |= spec.sequence_parallel_grad && ps.tp_size > 1;
+      }
+    if (counted == q.end - q.begin && !summed_over_tp) made.push_back(&q);
+  }
+  // Adjacent segments that all count are summed in one reduction (few launches, one value each); the padding past
+  // the last parameter holds zeros. A made range inside a run takes its place there (its parts summed instead).
+  GradSquareSums out;
+  struct Run {
+    int64_t begin, end;
+    bool expert;
+  };
+  std::vector<Run> runs;
+  for (const OptimizerSegment& s : segs) {
+    const ParamSpec& spec = s.param->spec;
+    if (!counted_here(spec)) continue;
+    if (!runs.empty() && runs.back().end == s.flat_begin && runs.back().expert == spec.expert_parallel)
+      runs.back().end += s.length;
+    else
+      runs.push_back({s.flat_begin, s.flat_begin + s.length, spec.expert_parallel});
+  }
+  std::vector<std::array<int64_t, 2>> read;  // ranges summed from the gradients
+  std::vector<Tensor> parts;                 // made ranges' parts
+  std::vector<std::pair<bool, size_t>> order;  // out.sums[i]: (made, index into parts or read)
+  for (const Run& r : runs) {
+    int64_t at = r.begin;
+    auto piece = [&](bool from_parts, size_t i) {
+      order.emplace_back(from_parts, i);
+      out.expert.push_back(r.expert);
+    };
+    for (const ParamStore::GradSquares* q : made) {
+      if (q->begin < at || q->end > r.end) continue;
+      if (q->begin > at) read.push_back({at, q->begin}), piece(false, read.size() - 1);
+      parts.push_back(q->parts), piece(true, parts.size() - 1);
+      at = q->end;
     }
+    if (at < r.end) read.push_back({at, r.end}), piece(false, read.size() - 1);
   }
-  Tensor values = Tensor::empty({static_cast<int64_t>(runs.size())}, DType::F64, flat.device());
-  for (size_t i = 0; i < runs.size(); ++i) {
-    Tensor slot = values.slice(static_cast<int64_t>(i), 1);
-    ops::sum_squares_into(slot, flat.slice(runs[i][0], runs[i][1] - runs[i][0]));
-    out.sums.push_back(slot);
+  Tensor values = Tensor::empty({static_cast<int64_t>(read.size() + parts.size())}, DType::F64, flat.device());
+  const auto n_read = static_cast<int64_t>(read.size());
+  for (int64_t i = 0; i < n_read; ++i) {
+    Tensor slot = values.slice(i, 1);
+    ops::sum_squares_into(slot, flat.slice(read[i][0], read[i][1] - read[i][0]));
   }
+  Tensor made_values = values.slice(n_read, static_cast<int64_t>(parts.size()));
+  ops::sum_each(made_values, parts);  // one launch for all of them
+  for (const auto& [from_parts, i] : order)
+    out.sums.push_back((from_parts ? made_values : values).slice(static_cast<int64_t>(i), 1));
   return out;
 }
 

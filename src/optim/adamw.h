@@ -34,7 +34,8 @@ std::vector<OptimizerSegment> optimizer_segments(const ParamStore& store, const 
 // summed over TP and PP, and over DP when the gradients are sharded (distributed optimizer); expert parameters
 // (ParamSpec::expert_parallel) summed over the expert-parallel ranks, and over expert data parallel when sharded.
 // In two halves, so that the device works on the sums while the host waits for the step's other values:
-// grad_square_sums queues this rank's sums of squares (one per run of adjacent counted segments, no wait), and
+// grad_square_sums queues this rank's sums of squares (one per run of adjacent counted segments, no wait; a range
+// whose sums its producer already made, ParamStore::grad_squares, is summed from those instead of read again), and
 // global_grad_norm takes their values (tensor/scalar_read.h) and reduces them over the ranks.
 struct GradSquareSums {
   std::vector<Tensor> sums;  // one F64 element each, on the gradients' device

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "core/counter_rng.h"
 #include "tensor/ops.h"
@@ -152,6 +153,25 @@ void prepare_grad_accumulate(Param& p) {
 
 void ParamStore::zero_grads() {
   for (auto& p : params_) p->grad_unwritten = true;
+  grad_squares_.clear();
+}
+
+void ParamStore::record_grad_squares(int64_t begin, int64_t end, Tensor parts) {
+  MT_INTERNAL_ASSERT(begin < end, "record_grad_squares: empty range [", begin, ", ", end, ")");
+  auto it = std::lower_bound(grad_squares_.begin(), grad_squares_.end(), begin,
+                             [](const GradSquares& g, int64_t b) { return g.begin < b; });
+  if (it != grad_squares_.end() && it->begin == begin) {
+    MT_INTERNAL_ASSERT(it->end == end, "record_grad_squares: [", begin, ", ", end, ") over [", it->begin, ", ",
+                       it->end, ")");
+    if (parts.defined()) it->parts = std::move(parts);
+    else grad_squares_.erase(it);
+    return;
+  }
+  if (!parts.defined()) return;
+  MT_INTERNAL_ASSERT((it == grad_squares_.end() || end <= it->begin) &&
+                         (it == grad_squares_.begin() || std::prev(it)->end <= begin),
+                     "record_grad_squares: [", begin, ", ", end, ") overlaps another range");
+  grad_squares_.insert(it, GradSquares{begin, end, std::move(parts)});
 }
 
 void ParamStore::zero_unwritten(int64_t begin, int64_t end) {

@@ -107,6 +107,17 @@ class ParamStore {
   // Zeroes the gradients of the parameters in the flat element range [begin, end) that no op wrote this step
   // (a module's backward is done with them: they had no gradient).
   void zero_unwritten(int64_t begin, int64_t end);
+  // The gradient's sums of squares as their producer made them: `parts` (F64, on the grads' device) sum
+  // (ops::sum_each) to the sum of squares of flat grads [begin, end) as the op that wrote them last left them
+  // (optim/adamw.h grad_square_sums takes them instead of reading those gradients again). An undefined `parts`
+  // forgets the range's; zero_grads forgets all (they hold for one step). Every write to a recorded range must
+  // record anew (the experts' weight-gradient GEMMs do).
+  struct GradSquares {
+    int64_t begin = 0, end = 0;
+    Tensor parts;
+  };
+  void record_grad_squares(int64_t begin, int64_t end, Tensor parts);
+  const std::vector<GradSquares>& grad_squares() const { return grad_squares_; }  // ascending begin, disjoint
 
   // In ascending flat offsets after allocate (the dense parameters in registration order, then the experts').
   std::vector<Param*> params() const;
@@ -139,6 +150,7 @@ class ParamStore {
   int64_t total_ = 0, expert_total_ = 0;  // all / the expert parameters' elements
   std::vector<FlatRegion> regions_;
   Tensor flat_values_, flat_grads_, flat_master_;
+  std::vector<GradSquares> grad_squares_;
 };
 
 // The boxes of `spec` held by tensor-parallel rank `tp_rank` of `tp_size`, and its local shape.

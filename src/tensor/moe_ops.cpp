@@ -680,7 +680,9 @@ void moe_grouped_linear_forward_swiglu(Tensor& h, Tensor& a, const Tensor& x, co
 }
 
 void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
-                                 const Tensor& weight, const std::vector<int64_t>& counts, GradMode dweight_mode) {
+                                 const Tensor& weight, const std::vector<int64_t>& counts, GradMode dweight_mode,
+                                 Tensor* dweight_squares) {
+  if (dweight_squares) *dweight_squares = Tensor();
   const char* op = "moe_grouped_linear_backward";
   grouped_shapes(op, x, weight, counts);
   check(op, dout, "dout", x, x.dtype(), {x.size(0), weight.size(1)});
@@ -694,6 +696,13 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     if (cuda::op_profile_enabled())
       op = (name = gemm_name(op, x.dtype(), counts, x.size(0), weight.size(2), weight.size(1)) + (dx ? " dx" : "") +
                    (dweight ? " dweight" : "")).c_str();
+    // room for the sm90 kernel's partials, when asked for
+    Tensor sq;
+    int64_t n_sq = -1;
+    if (dweight && dweight_squares)
+      sq = Tensor::empty({std::max<int64_t>(1, cuda::sm90::grouped_dweight_square_partials(
+                                                   counts.data(), weight.size(0), weight.size(2), weight.size(1)))},
+                         DType::F64, x.device());
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
@@ -701,8 +710,11 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
                                                   dweight ? dweight->data<float>() : nullptr, dout.data<T>(),
                                                   x.data<T>(), weight.data<T>(), counts.data(), weight.size(0),
                                                   weight.size(2), weight.size(1),
-                                                  dweight_mode == GradMode::Accumulate, per_group);
+                                                  dweight_mode == GradMode::Accumulate, per_group,
+                                                  sq.defined() ? sq.data<double>() : nullptr,
+                                                  sq.defined() ? &n_sq : nullptr);
     });
+    if (n_sq >= 0) *dweight_squares = sq.slice(0, n_sq);
     return;
   }
 #endif
@@ -721,10 +733,16 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     }
     r0 += m;
   }
+  if (dweight && dweight_squares) {  // the reference: one value, a pass over what was written
+    *dweight_squares = Tensor::empty({1}, DType::F64, x.device());
+    sum_squares_into(*dweight_squares, *dweight);
+  }
 }
 
 void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
-                                        const Tensor& h, const std::vector<int64_t>& counts, GradMode dweight_mode) {
+                                        const Tensor& h, const std::vector<int64_t>& counts, GradMode dweight_mode,
+                                        Tensor* dweight_squares) {
+  if (dweight_squares) *dweight_squares = Tensor();
   const char* op = "moe_grouped_linear_backward_swiglu";
   check_2d(op, h, "h");
   const int64_t M = h.size(0), F = h.size(1) / 2;
@@ -764,7 +782,7 @@ void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tenso
       swiglu_backward(dh, da, h);
     }
   }
-  if (dweight) moe_grouped_linear_backward(nullptr, dweight, dout, a, weight, counts, dweight_mode);
+  if (dweight) moe_grouped_linear_backward(nullptr, dweight, dout, a, weight, counts, dweight_mode, dweight_squares);
 }
 
 }  // namespace mt::ops

@@ -161,15 +161,19 @@ void moe_grouped_linear_forward_swiglu(Tensor& h, Tensor& a, const Tensor& x, co
                                        const std::vector<int64_t>& counts);
 // dx (M, IC) (=) = dout @ weight[e] per group (skipped when null); dweight (El, OC, IC) += (= with Overwrite, also
 // for groups without rows: 0) dout^T x per group.
+// dweight_squares (optional): set to F64 values on dweight's device whose sum (ops::sum_each) is the sum of squares
+// of dweight as this call leaves it (the gradient norm's share of these weights, without another pass over them:
+// Hopper's grouped kernel takes them from its fp32 tiles in registers), or left undefined when the path taken
+// makes none (cuBLAS, accumulation on a GPU).
 void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout, const Tensor& x,
                                  const Tensor& weight, const std::vector<int64_t>& counts,
-                                 GradMode dweight_mode = GradMode::Accumulate);
+                                 GradMode dweight_mode = GradMode::Accumulate, Tensor* dweight_squares = nullptr);
 // The backward of the grouped linear that follows a SwiGLU (the experts' fc2), through the SwiGLU, without its
 // input (as linear_backward_swiglu for the dense MLP): a = swiglu(h) (M, F) is recomputed in the SwiGLU
 // backward's pass, so the forward need not keep it. dh (M, 2F) (=) = swiglu'(h) . (dout @ weight[e]) per group;
 // dweight (El, OC, F) += (= with Overwrite) dout^T a per group. dh may alias h.
 void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
                                         const Tensor& h, const std::vector<int64_t>& counts,
-                                        GradMode dweight_mode = GradMode::Accumulate);
+                                        GradMode dweight_mode = GradMode::Accumulate, Tensor* dweight_squares = nullptr);
 
 }  // namespace mt::ops

@@ -293,6 +293,39 @@ void gather_scalars(Tensor& out, const std::vector<Tensor>& in) {
   }
 }
 
+void sum_each(Tensor& out, const std::vector<Tensor>& in) {
+  const char* op = "sum_each";
+  need(op, out, "out");
+  OP_ASSERT(out.dim() == 1 && out.numel() == static_cast<int64_t>(in.size()) && out.dtype() == DType::F64, "out ",
+            out.str(), " should be F64 (", in.size(), ")");
+  for (const Tensor& t : in) {
+    need(op, t, "an input");
+    OP_ASSERT(t.dtype() == DType::F64 && t.device() == out.device(), "input ", t.str(), " should be F64 on ",
+              device_name(out.device()));
+  }
+  if (in.empty()) return;
+  switch (out.device()) {
+    case Device::CPU:
+      for (size_t i = 0; i < in.size(); ++i) {
+        double s = 0;
+        for (int64_t k = 0; k < in[i].numel(); ++k) s += in[i].data<double>()[k];
+        out.data<double>()[i] = s;
+      }
+      return;
+#if defined(MEGATRAIN_HAVE_CUDA)
+    case Device::CUDA: {
+      std::vector<const double*> p;
+      std::vector<int64_t> n;
+      for (const Tensor& t : in) p.push_back(t.numel() > 0 ? t.data<double>() : nullptr), n.push_back(t.numel());
+      cuda::sum_each_cuda(out.data<double>(), p.data(), n.data(), static_cast<int64_t>(in.size()));
+      return;
+    }
+#endif
+    default:
+      unsupported(op, out);
+  }
+}
+
 double sum_squares(const Tensor& x) {
   need("sum_squares", x, "x");
   Tensor out = Tensor::empty({1}, DType::F64, x.device());

@@ -31,6 +31,9 @@ void cast(Tensor& out, const Tensor& in);                  // dtype conversion, 
 double sum_squares(const Tensor& x);                       // sum of x^2, accumulated in fp64 (a host value)
 void sum_squares_into(Tensor& out, const Tensor& x);       // out (one F64 on x's device) = sum_squares(x), no wait
 void gather_scalars(Tensor& out, const std::vector<Tensor>& in);  // out[i] = in[i] (one element each; F32 | F64)
+// out[i] (F64) = the sum of in[i]'s F64 elements (any count, 0 too), all on out's device, in a fixed order (the same
+// bits every run); one launch on a GPU for up to 64 inputs.
+void sum_each(Tensor& out, const std::vector<Tensor>& in);
 
 // ---------------------------------------------------------------- linear (GEMM)
 // out(N, OC) = inp(N, IC) @ weight(OC, IC)^T + bias(OC) [+ residual(N, OC)]   (bias, residual may be null)

@@ -246,7 +246,9 @@ namespace {
 // The grouped linear on the GPU against the CPU in fp64: forward, backward (dx and the fp32 weight gradient's first
 // write), then the weight gradient accumulated once more (= twice the reference). Inputs rounded to dt; x, w, dout
 // drawn from seeds seed, seed + 1, seed + 2 (w scaled by w_std). tag names the path in the messages.
-void check_grouped_linear(const std::vector<int64_t>& counts, int64_t IC, int64_t OC, DType dt, uint64_t seed,
+// Returns whether the first write made the weight gradient's sums of squares (dweight_squares; checked against a
+// pass over the gradient it wrote); the accumulating write never does on a GPU.
+bool check_grouped_linear(const std::vector<int64_t>& counts, int64_t IC, int64_t OC, DType dt, uint64_t seed,
                           double w_std, const std::string& tag) {
   const int64_t El = static_cast<int64_t>(counts.size());
   const int64_t M = std::accumulate(counts.begin(), counts.end(), int64_t{0});
@@ -264,20 +266,33 @@ void check_grouped_linear(const std::vector<int64_t>& counts, int64_t IC, int64_
   check_close("moe_grouped_linear_forward" + label(""), out, out_ref, dt);
   Tensor dx_ref = Tensor::empty({M, IC}, DType::F64), dw_ref = Tensor::empty({El, OC, IC}, DType::F64);
   ops::moe_grouped_linear_backward(&dx_ref, &dw_ref, dout64, x64, w64, counts, ops::GradMode::Overwrite);
-  Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32);
-  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
+  Tensor dx = poisoned({M, IC}, dt), dw = poisoned({El, OC, IC}, DType::F32), squares;
+  ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite, &squares);
   check_close("moe_grouped_linear_backward dx" + label(""), dx, dx_ref, dt);
   check_close("moe_grouped_linear_backward dweight" + label("first write"), dw, dw_ref, dt);
-  ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate);
+  const bool made = squares.defined();
+  if (made) {  // the tiles' partials (in another order than sum_squares: to fp64 rounding), the same bits again
+    Tensor sums = Tensor::empty({2}, DType::F64, Device::CUDA);
+    ops::sum_each(sums, {squares, squares});
+    const Tensor h = to_host(sums);
+    const double got = h.data<double>()[0], ref = ops::sum_squares(dw);
+    INFO("dweight's sum of squares" << label("first write") << ": " << got << " vs " << ref);
+    CHECK(std::fabs(got - ref) <= 1e-12 * ref);
+    CHECK(std::memcmp(h.data<double>(), h.data<double>() + 1, sizeof(double)) == 0);
+  }
+  ops::moe_grouped_linear_backward(nullptr, &dw, dout, x, w, counts, ops::GradMode::Accumulate, &squares);
+  CHECK_FALSE(squares.defined());
   ops::scale_(dw_ref, 2.0);
   check_close("moe_grouped_linear_backward dweight" + label("accumulate"), dw, dw_ref, dt);
+  return made;
 }
 
 }  // namespace
 
 TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included", "[cuda][moe]") {
   init();
-  for (DType dt : {DType::F32, DType::BF16}) check_grouped_linear({37, 0, 130, 1, 0, 64}, 96, 80, dt, 21, 0.1, "");
+  for (DType dt : {DType::F32, DType::BF16})
+    CHECK_FALSE(check_grouped_linear({37, 0, 130, 1, 0, 64}, 96, 80, dt, 21, 0.1, ""));  // cuBLAS: no sums made
 }
 
 // bf16 experts whose sizes are multiples of 256 run on our own Hopper kernels (cuda/sm90/grouped_gemm.h): forward
@@ -304,9 +319,11 @@ TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "
   };
   for (const Case& c : cases) {
     const int64_t before = ops::cuda::sm90::grouped_gemm_launches();
-    check_grouped_linear(c.counts, c.IC, c.OC, DType::BF16, 81, 0.05,
-                         "sm90 IC " + std::to_string(c.IC) + " OC " + std::to_string(c.OC));
+    const bool made = check_grouped_linear(c.counts, c.IC, c.OC, DType::BF16, 81, 0.05,
+                                           "sm90 IC " + std::to_string(c.IC) + " OC " + std::to_string(c.OC));
     CHECK(ops::cuda::sm90::grouped_gemm_launches() - before == c.launches);
+    // the sm90 weight gradient makes its sums of squares
+    CHECK(made == ops::cuda::sm90::grouped_dweight_takes(c.counts.data(), int64_t(c.counts.size()), c.IC, c.OC, false));
   }
 }
 

@@ -134,6 +134,31 @@ TEST_CASE("cuda sum_squares_into and read_scalars: one read of many device value
   for (int i = 0; i < n; ++i) CHECK(v[size_t(i) + 1] == 0.25 * i - 7.0);
 }
 
+// sum_each (the experts' gradient sums of squares from their GEMMs' partials): each input's sum as the CPU's to fp64
+// rounding, empty inputs 0, more inputs than one launch takes (64), the same bits on a rerun.
+TEST_CASE("cuda sum_each matches the CPU and is deterministic", "[cuda][ops]") {
+  init();
+  std::vector<Tensor> host, dev;
+  for (int i = 0; i < 70; ++i) {
+    const int64_t n = i % 7 == 0 ? 0 : i % 5 == 0 ? 100003 : 1 + 37 * i;
+    host.push_back(randn64({n}, 300 + i));
+    dev.push_back(to_device(host.back(), DType::F64));
+  }
+  Tensor ref = Tensor::empty({70}, DType::F64), got = Tensor::empty({70}, DType::F64, Device::CUDA),
+         again = Tensor::empty({70}, DType::F64, Device::CUDA);
+  ops::sum_each(ref, host);
+  ops::sum_each(got, dev);
+  ops::sum_each(again, dev);
+  const Tensor g = to_host(got), a = to_host(again);
+  for (int i = 0; i < 70; ++i) {
+    const double r = ref.data<double>()[i], v = g.data<double>()[i];
+    INFO("input " << i << " of " << host[size_t(i)].numel() << " values");
+    CHECK(std::fabs(v - r) <= 1e-12 * std::max(1.0, std::fabs(r)));
+    if (host[size_t(i)].numel() == 0) CHECK(v == 0.0);
+  }
+  CHECK(std::memcmp(g.data<double>(), a.data<double>(), 70 * sizeof(double)) == 0);
+}
+
 // PendingRead: the copy is taken where the constructor stands in the stream (later writes to the source do not show),
 // the host gets it after wait(); slots are reused (several reads in flight at once, of growing sizes); a read
 // never waited for is finished by the destructor.

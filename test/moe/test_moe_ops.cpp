@@ -301,11 +301,15 @@ TEST_CASE("moe grouped linear equals one GEMM per expert, empty groups included"
   ops::moe_grouped_linear_backward(&dx, &dw, dout, x, w, counts, ops::GradMode::Overwrite);
   check_grad("dx", dx, x, L);
   check_grad("dweight", dw, w, L);
-  // Accumulate adds onto what is there
-  Tensor dw2 = dw.clone();
-  ops::moe_grouped_linear_backward(nullptr, &dw2, dout, x, w, counts, ops::GradMode::Accumulate);
+  // Accumulate adds onto what is there; the sums of squares asked for are those of what the call left
+  Tensor dw2 = dw.clone(), squares;
+  ops::moe_grouped_linear_backward(nullptr, &dw2, dout, x, w, counts, ops::GradMode::Accumulate, &squares);
   ops::scale_(dw, 2.0);
   CHECK(rel_err(dw2, dw) < 1e-15);
+  REQUIRE(squares.defined());
+  Tensor total = Tensor::empty({1}, DType::F64);
+  ops::sum_each(total, {squares});
+  CHECK(total.data<double>()[0] == Approx(ops::sum_squares(dw)).epsilon(1e-14));
 }
 
 TEST_CASE("moe padded batched experts: the padded layout gives the exact groups' results", "[moe][experts]") {

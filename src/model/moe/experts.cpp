@@ -61,27 +61,35 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   return y;
 }
 
+void Experts::record_squares(const std::vector<Param*>& ps, Tensor squares) const {
+  const auto b = static_cast<int64_t>(ps.front()->flat_offset);
+  store_->record_grad_squares(b, b + ps.front()->value.numel() * static_cast<int64_t>(ps.size()), std::move(squares));
+}
+
 Tensor Experts::backward_fc2(Tensor dy, Saved& s) const {
   const ModelContext& c = *ctx_;
-  Tensor dw2 = stacked(fc2_, true);
+  Tensor dw2 = stacked(fc2_, true), squares;
   Tensor dh;
   if (swiglu_) {  // through the SwiGLU, recomputing a = swiglu(h) in its pass; dh overwrites h
     dh = s.h;
-    ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dy, stacked(fc2_, false), s.h, s.counts, grad_mode(fc2_));
+    ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dy, stacked(fc2_, false), s.h, s.counts, grad_mode(fc2_),
+                                            &squares);
   } else {
     Tensor da = c.empty(s.a.shape());
-    ops::moe_grouped_linear_backward(&da, &dw2, dy, s.a, stacked(fc2_, false), s.counts, grad_mode(fc2_));
+    ops::moe_grouped_linear_backward(&da, &dw2, dy, s.a, stacked(fc2_, false), s.counts, grad_mode(fc2_), &squares);
     dh = c.empty(s.h.shape());
     ops::gelu_backward(dh, da, s.h);
   }
+  record_squares(fc2_, std::move(squares));
   return dh;
 }
 
 Tensor Experts::backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const {
   const ModelContext& c = *ctx_;
   Tensor dx = c.empty(x.shape());
-  Tensor dw1 = stacked(fc1_, true);
-  ops::moe_grouped_linear_backward(&dx, &dw1, dh, x, stacked(fc1_, false), s.counts, grad_mode(fc1_));
+  Tensor dw1 = stacked(fc1_, true), squares;
+  ops::moe_grouped_linear_backward(&dx, &dw1, dh, x, stacked(fc1_, false), s.counts, grad_mode(fc1_), &squares);
+  record_squares(fc1_, std::move(squares));
   s = Saved{};
   return dx;
 }

@@ -43,6 +43,8 @@ class Experts {
   // The stacked (El, OC, IC) view of consecutive parameters' values or gradients.
   Tensor stacked(const std::vector<Param*>& ps, bool grad) const;
   ops::GradMode grad_mode(const std::vector<Param*>& ps) const;
+  // The sums of squares of ps' gradients from the op that just wrote them (undefined: none; ParamStore).
+  void record_squares(const std::vector<Param*>& ps, Tensor squares) const;
 
   const ModelContext* ctx_;
   ParamStore* store_;
