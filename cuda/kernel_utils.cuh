@@ -159,11 +159,13 @@ __device__ __forceinline__ void block_amax_to(float* amax, uint32_t v) {
 
 // ---------------------------------------------------------------- partial sums (fixed order)
 // out[c] += sum_{r < rows} in[r * C + c] for every column c < C, deterministic: a block owns 32
-// columns (one per lane) and 8 row groups (threadIdx.y); group y adds rows y, y + 8, ... in order,
-// then the 8 group sums are added in y order. Coalesced 128-byte reads, ceil(C / 32) blocks: the
-// per-column loop is rows / 8 long (a one-thread-per-column loop over all rows is latency-bound).
-constexpr int kSumRowGroups = 8;
-template <int kGroups = kSumRowGroups>
+// columns (one per lane) and kGroups row groups (threadIdx.y); group y adds rows y, y + kGroups, ... in
+// order, then the group sums are added in y order. Coalesced 128-byte reads, ceil(C / 32) blocks: the
+// per-column loop is rows / kGroups long (a one-thread-per-column loop over all rows is latency-bound).
+// 8 groups; 32 when the columns give fewer than 128 blocks (most SMs idle) and there are many rows (the
+// norms' backward at C = 1024: 32 blocks over ~1,700 partial rows, a chain of ~215 loads per thread).
+constexpr int kSumRowGroups = 8, kSumRowGroupsFew = 32;
+template <int kGroups>
 __global__ void sum_rows_accumulate_kernel(float* out, const float* in, int rows, int64_t C) {
   __shared__ float red[kGroups][33];
   const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
@@ -181,8 +183,11 @@ __global__ void sum_rows_accumulate_kernel(float* out, const float* in, int rows
 }
 inline void sum_rows_accumulate(float* out, const float* in, int rows, int64_t C, cudaStream_t stream) {
   if (C == 0) return;
-  const dim3 grid(static_cast<unsigned>((C + 31) / 32)), block(32, kSumRowGroups);
-  sum_rows_accumulate_kernel<<<grid, block, 0, stream>>>(out, in, rows, C);
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32));
+  if (grid.x < 128 && rows >= 4 * kSumRowGroupsFew)
+    sum_rows_accumulate_kernel<kSumRowGroupsFew><<<grid, dim3(32, kSumRowGroupsFew), 0, stream>>>(out, in, rows, C);
+  else
+    sum_rows_accumulate_kernel<kSumRowGroups><<<grid, dim3(32, kSumRowGroups), 0, stream>>>(out, in, rows, C);
 }
 
 // ---------------------------------------------------------------- scratch memory
