@@ -69,6 +69,13 @@ class AdamW {
   void full_moments(Tensor& m, Tensor& v) const;
   // Sets the moments from full-size flat buffers (keeping this rank's shard).
   void set_full_moments(const Tensor& m, const Tensor& v);
+  // On a GPU without the distributed optimizer the update runs on a side stream (runtime/cuda/cuda_runtime.h
+  // update_*), chunk by chunk in the order the last forward asked for their parameters, so that the next forward
+  // starts at once: params_needed (the forward's hook, through GradSync) makes the compute stream wait for the
+  // chunks holding [begin, end) only; wait_update for all of it (before anything else reads the parameters or the
+  // optimizer state: evaluation, checkpoints, the end of training).
+  void params_needed(int64_t begin, int64_t end);
+  void wait_update();
 
  private:
   Tensor gather(const Tensor& shard_buf) const;
@@ -85,6 +92,11 @@ class AdamW {
     ops::DecayRuns decay;
   };
   std::vector<UpdateSpan> spans_;
+  bool overlap_ = false;          // the update on the side stream (spans cut at parameters into chunks)
+  std::vector<int> mark_of_;      // span i's event on the side stream, -1 once waited for (or none)
+  std::vector<int64_t> need_at_;  // the order of the last forward's first request of span i (-1: none)
+  int64_t needs_ = 0;             // requests counted this step
+  int all_mark_ = -1;             // the whole update's event, -1 when waited for
   Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
   int64_t step_ = 0;
   double v_bound_ = 0;  // >= every element of v on every rank; < 0 = unknown (recompute)

@@ -138,6 +138,7 @@ void GradSync::gather_params() {
 }
 
 void GradSync::params_needed(int64_t begin, int64_t end) {
+  if (update_waiter_) update_waiter_(begin, end);
   if (pending_param_gathers_ == 0) return;
   for (Bucket& b : buckets_) {
     if (!b.param_work || b.range.begin >= end || begin >= b.range.end) continue;
@@ -148,7 +149,7 @@ void GradSync::params_needed(int64_t begin, int64_t end) {
 }
 
 void GradSync::wait_params() {
-  if (pending_param_gathers_ > 0) params_needed(0, store_->padded_numel());
+  params_needed(0, store_->padded_numel());
 }
 
 }  // namespace mt

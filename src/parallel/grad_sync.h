@@ -22,6 +22,7 @@
 // over DP give the global mean. Without overlap everything happens in finish(), in the same order.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -83,6 +84,9 @@ class GradSync final : public ParamSyncHooks {
   void gather_params();
   // Waits for every pending parameter all-gather (before reading all parameters: save, evaluate).
   void wait_params();
+  // Also waits, in params_needed and wait_params, for an optimizer update still running beside the compute stream
+  // (optim/adamw.h AdamW::params_needed; wait_params passes the whole buffer).
+  void set_update_waiter(std::function<void(int64_t, int64_t)> wait) { update_waiter_ = std::move(wait); }
 
  private:
   struct Bucket {
@@ -96,6 +100,7 @@ class GradSync final : public ParamSyncHooks {
   void launch_grad(Bucket& b);
   void mark_final(int64_t begin, int64_t end);
 
+  std::function<void(int64_t, int64_t)> update_waiter_;
   ParamStore* store_;
   const ParallelState* ps_;
   GradSyncOptions opt_;

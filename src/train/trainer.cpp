@@ -385,6 +385,7 @@ TrainResult run_training(const Config& cfg) {
   sync.overlap_param_gather = cfg.parallel.overlap_param_gather;
   sync.num_microbatches = static_cast<int>(d.num_microbatches);
   run.grad_sync = std::make_unique<GradSync>(*run.store, gps, sync);
+  run.grad_sync->set_update_waiter([opt = run.opt.get()](int64_t b, int64_t e) { opt->params_needed(b, e); });
   run.ctx.hooks = run.grad_sync.get();
   MoEStepDriver moe(chunk_ptrs, cfg.model, d, ps);
   run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model, d);
@@ -669,6 +670,7 @@ TrainResult run_training(const Config& cfg) {
     }
     if (async_save && run.world->all_reduce_int(async_save->written() ? 1 : 0, ReduceOp::Min) == 1) finish_async_save();
     if (stop_signal || exit_now) {
+      run.grad_sync->wait_params();  // the update beside the compute stream, before anyone reads the weights
       finish_async_save();
       log::info("{} at iteration {}: {}, exiting", stop_signal ? str_cat(signal_name(stop_sig), " received") : "exit_interval reached",
                 it, cfg.checkpoint.dir.empty() ? "no checkpoint saved (checkpoint.dir is empty)" : "checkpoint saved");
@@ -677,6 +679,7 @@ TrainResult run_training(const Config& cfg) {
       return result;
     }
   }
+  run.grad_sync->wait_params();  // the last update beside the compute stream, before anyone reads the weights
   if (iteration > first_iteration)
     log::info("training loop: iterations {}..{} in {:.3f} s, of which {:.3f} s in checkpoint saves", first_iteration + 1,
               iteration, ms_since(loop_start) / 1e3, save_stall_ms / 1e3);

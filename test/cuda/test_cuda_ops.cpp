@@ -8,6 +8,8 @@
 #include <functional>
 #include <iterator>
 
+#include "optim/adamw.h"
+#include "params/param_store.h"
 #include "test_cuda_util.h"
 #include "tensor/scalar_read.h"
 
@@ -688,6 +690,50 @@ TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {
       check_close("adamw_step v", v, vr, DType::F32);
     }
 }
+// The trainer's AdamW on a GPU runs its update on a side stream, chunk by chunk, beside the next forward
+// (optim/adamw.h): after params_needed(range) the compute stream reads that range's updated bf16 weights, and after
+// wait_update all of them, bit for bit what one in-stream update gives. 2 x 40M parameters (several chunks, each
+// ~0.1 ms of update): without the wait a read issued at once would see the old weights.
+TEST_CASE("cuda adamw beside the compute stream: reads after params_needed see the update", "[cuda][adamw]") {
+  init();
+  ParamStore store{0, 1};
+  for (const char* name : {"first.weight", "second.weight"}) {
+    ParamSpec s;
+    s.name = name;
+    s.global_shape = {40 << 20};
+    store.add(s);
+  }
+  store.allocate(DType::BF16, Device::CUDA);
+  store.initialize(7, 0.02, 1);
+  const Tensor g64 = rounded(randn64({store.padded_numel()}, 77, 0.01), DType::F32);
+  store.flat_grads().copy_from(to_device(g64, DType::F32));
+  // the reference: one in-stream update of copies
+  OptimizerConfig cfg;
+  ops::AdamWArgs a;
+  a.lr = 1e-3, a.beta1 = cfg.adam_beta1, a.beta2 = cfg.adam_beta2, a.eps = cfg.adam_eps;
+  a.weight_decay = cfg.weight_decay, a.step = 1;
+  Tensor p_ref = store.flat_master().clone(), m_ref = Tensor::zeros(p_ref.shape(), DType::F32, Device::CUDA),
+         v_ref = m_ref.clone(), copy_ref = Tensor::empty(p_ref.shape(), DType::BF16, Device::CUDA);
+  ops::adamw_step(p_ref, m_ref, v_ref, store.flat_grads(), a, &copy_ref);
+  const int64_t N = int64_t{80} << 20;  // the two parameters (not the padding after them)
+  Tensor want_dev = Tensor::empty({N}, DType::F32, Device::CUDA);
+  ops::cast(want_dev, copy_ref.slice(0, N));
+  const Tensor want = to_host(want_dev);
+  ParallelState ps;
+  AdamW opt(store, cfg, ps, false);
+  opt.step(1e-3, 1.0);
+  const Param* second = store.find("second.weight");
+  const auto b = static_cast<int64_t>(second->flat_offset), n = second->value.numel();
+  opt.params_needed(b, b + n);
+  Tensor got = Tensor::empty({n}, DType::F32, Device::CUDA);
+  ops::cast(got, store.flat_values().slice(b, n));  // a kernel on the compute stream, issued at once
+  CHECK(std::memcmp(to_host(got).data<float>(), want.data<float>() + b, size_t(n) * sizeof(float)) == 0);
+  opt.wait_update();
+  Tensor all = Tensor::empty({N}, DType::F32, Device::CUDA);
+  ops::cast(all, store.flat_values().slice(0, N));
+  CHECK(std::memcmp(to_host(all).data<float>(), want.data<float>(), size_t(N) * sizeof(float)) == 0);
+}
+
 // Weight decay by element range in one update: the same bits as one update per run (runs of 1 to 1031 elements,
 // boundaries inside 4-float vectors, more runs than one launch's table holds), with and without the bf16 copy.
 TEST_CASE("cuda adamw with decay runs equals one update per run", "[cuda][adamw]") {

@@ -298,6 +298,48 @@ void pinned_free(void* p) {
   if (p) MT_CUDA_CHECK(cudaFreeHost(p));
 }
 
+namespace {
+struct UpdateStream {
+  cudaStream_t stream = nullptr, compute = nullptr;
+  cudaEvent_t compute_mark = nullptr;
+  std::vector<cudaEvent_t> marks;
+};
+UpdateStream& update_stream() {
+  static UpdateStream* s = [] {
+    auto* p = new UpdateStream();  // lives for the process, like the context
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&p->compute_mark, cudaEventDisableTiming));
+    return p;
+  }();
+  return *s;
+}
+}  // namespace
+
+void update_begin() {
+  UpdateStream& s = update_stream();
+  s.compute = current_stream();
+  MT_CUDA_CHECK(cudaEventRecord(s.compute_mark, s.compute));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.compute_mark, 0));
+  set_current_stream(s.stream);
+}
+
+void update_mark(int i) {
+  UpdateStream& s = update_stream();
+  while (static_cast<int>(s.marks.size()) <= i) {
+    cudaEvent_t e = nullptr;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    s.marks.push_back(e);
+  }
+  MT_CUDA_CHECK(cudaEventRecord(s.marks[static_cast<size_t>(i)], s.stream));
+}
+
+void update_end() { set_current_stream(update_stream().compute); }
+
+void update_wait(int i) {
+  UpdateStream& s = update_stream();
+  MT_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.marks[static_cast<size_t>(i)], 0));
+}
+
 void snapshot_begin() {
   SnapshotStream& s = snapshot_stream();
   MT_CUDA_CHECK(cudaEventRecord(s.compute_mark, current_stream()));

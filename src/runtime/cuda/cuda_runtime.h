@@ -49,4 +49,18 @@ void snapshot_end();
 void snapshot_wait_on_compute();
 void snapshot_wait_host();
 
+// The optimizer update's side stream (optim/adamw.h): the update of one step runs there in chunks while the next
+// forward starts on the compute stream, which waits for each chunk only where it reads that chunk's parameters.
+//   update_begin      the side stream waits for everything enqueued on the compute stream so far (the gradients,
+//                     the norm, a snapshot's copies); launches go to the side stream until update_end
+//   update_mark(i)    records event i (a pool, grown on demand) on the side stream: the chunks so far
+//   update_end        launches go to the compute stream again
+//   update_wait(i)    the compute stream waits (on the device) for event i
+// Non-blocking (Tensor::copy_from's cudaMemcpy on the legacy stream does not wait for it: whoever reads updated
+// parameters first makes the compute stream wait, AdamW::wait_update).
+void update_begin();
+void update_mark(int i);
+void update_end();
+void update_wait(int i);
+
 }  // namespace mt::cuda
