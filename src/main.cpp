@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "runtime/mpi_communicator.h"
 #include "train/cli.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   try {
     code = mt::run_cli(argc, argv);
   } catch (const mt::Error& e) {
+    mt::quiet_stop_signals();
     const std::string msg = e.what();
     const int world = mt::mpi_world_size(), rank = mt::mpi_world_rank();
     if (world > 1 && is_config_error(msg)) {
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     mt::mpi_abort(1);
   } catch (const std::exception& e) {
+    mt::quiet_stop_signals();
     std::fprintf(stderr, "megatrain: internal error (rank %d): %s\n", mt::mpi_world_rank(), e.what());
     std::fflush(stderr);
     mt::mpi_abort(2);

@@ -51,7 +51,8 @@ namespace {
 // checkpoint); a second SIGINT exits at once. Only async-signal-safe calls here.
 std::atomic<int> g_stop_signal{0};
 std::atomic<int> g_sigint_count{0};
-bool g_signal_voice = true;  // this process prints the handler's lines (set before the handlers are installed)
+// this process prints the handler's lines (set before the handlers are installed; off once a fatal error is reported)
+std::atomic<bool> g_signal_voice{true};
 void say(const char* msg) {
   if (!g_signal_voice) return;
   ssize_t ignored = ::write(STDERR_FILENO, msg, std::strlen(msg));
@@ -291,6 +292,8 @@ int64_t count_flop_params(const ParamStore& store, const ParallelState& ps) {
 }
 
 }  // namespace
+
+void quiet_stop_signals() { g_signal_voice = false; }
 
 void install_stop_signal_handlers() {
   g_signal_voice = signal_voice();

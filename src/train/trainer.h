@@ -25,5 +25,9 @@ TrainResult run_training(const Config& cfg);
 // and exit 0 after the current iteration (before the first one when they come during start-up); a
 // second SIGINT exits at once (status 130).
 void install_stop_signal_handlers();
+// The handlers print nothing more: the process is reporting a fatal error and exiting (under mpirun the other
+// ranks' exit makes it SIGTERM this one meanwhile, whose "stopping after the current iteration" line would follow
+// the error).
+void quiet_stop_signals();
 
 }  // namespace mt
