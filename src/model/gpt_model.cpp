@@ -56,7 +56,7 @@ const std::vector<GPTModel::FlatRange>& GPTModel::ranges(const ModuleParams& m) 
   MT_INTERNAL_ASSERT(store_->allocated(), "a model ran before its parameter store was allocated");
   // Parameters of one module are consecutive inside each region.
   for (bool expert : {false, true}) {
-    FlatRange r{-1, -1, expert};
+    FlatRange r{-1, -1};
     for (size_t i = m.first; i < m.last; ++i) {
       const Param* p = store_->param(i);
       if (p->spec.expert_parallel != expert) continue;
@@ -105,10 +105,8 @@ Tensor GPTModel::forward(MicroState& st, const int32_t* tokens, const int32_t* l
   }
   st.layers.assign(layers_.size(), TransformerLayer::Saved{});
   for (size_t i = 0; i < layers_.size(); ++i) {
-    // An MoE layer's experts (most of its parameters) are waited for only before its MLP: the attention runs
-    // beside their optimizer update (optim/adamw.h: the update beside the forward) or parameter all-gather.
-    params_needed(layer_ranges_[i], false);
-    x = layers_[i]->forward(st.layers[i], x, B, T, step, [&] { params_needed(layer_ranges_[i], true); });
+    params_needed(layer_ranges_[i]);
+    x = layers_[i]->forward(st.layers[i], x, B, T, step);
     // Full recompute: once a group is done, keep only its first layer's input.
     if (group_end_[i] == static_cast<int>(i) + 1)
       for (int j = group_begin_[i]; j <= static_cast<int>(i); ++j) {

@@ -56,10 +56,9 @@ class GPTModel {
   std::vector<MoEMLP*> moe_layers() const;
 
  private:
-  // Element range of the store's flat buffers (ParamSyncHooks), in the expert region or the dense one.
+  // Element range of the store's flat buffers (ParamSyncHooks).
   struct FlatRange {
     int64_t begin = 0, end = 0;
-    bool expert = false;
   };
   // One module's parameters: registration indices [first, last) in the store, and (once the store is allocated)
   // their flat ranges: one per region of the store they occupy (an MoE layer spans the dense and the expert one).
@@ -72,12 +71,6 @@ class GPTModel {
   void params_needed(const ModuleParams& m) const {
     if (ctx_->hooks)
       for (const FlatRange& r : ranges(m)) ctx_->hooks->params_needed(r.begin, r.end);
-  }
-  // Those of one region only (a layer's dense parameters before it, its experts' before its MLP).
-  void params_needed(const ModuleParams& m, bool expert) const {
-    if (ctx_->hooks)
-      for (const FlatRange& r : ranges(m))
-        if (r.expert == expert) ctx_->hooks->params_needed(r.begin, r.end);
   }
   // After a module's backward: its parameters that got no gradient are zeroed (ParamStore::zero_unwritten), then
   // the hooks are told.

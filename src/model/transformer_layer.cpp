@@ -50,8 +50,8 @@ uint64_t TransformerLayer::dropout_offset(const StepContext& step, int64_t T, in
   return static_cast<uint64_t>(step.first_sample * T * C + row0 * C);
 }
 
-Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const StepContext& step,
-                                 const std::function<void()>& before_mlp) const {
+Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T,
+                                 const StepContext& step) const {
   const ModelContext& c = *ctx_;
   const int64_t rows = x.size(0), C = c.model->hidden_size;
   const double p = step.training ? c.model->dropout : 0.0;
@@ -75,7 +75,6 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   ln1_out = Tensor();
   Tensor ln2_out = c.empty({rows, C});
   pre_mlp_layernorm_.forward(ln2_out, s.n2, s.x_mid);
-  if (before_mlp) before_mlp();
   Tensor out;
   if (!fuse) {
     Tensor mlp_y = mlp_->forward(s.mlp, ln2_out);

@@ -9,8 +9,6 @@
 // (one (rows, C) read and write) just before the weight gradient that needs it.
 #pragma once
 
-#include <functional>
-
 #include "model/layer_spec.h"
 
 namespace mt {
@@ -28,10 +26,8 @@ class TransformerLayer {
     bool complete = false;  // false when dropped for recompute
   };
   // x (rows, C) -> returns x_out (rows, C); rows = B*T, or B*T/tp under sequence parallelism.
-  // Keeps a reference to x in s. before_mlp (optional) runs once the attention is queued, before the MLP reads its
-  // parameters (the model waits there for the experts' parameters).
-  Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const StepContext& step,
-                 const std::function<void()>& before_mlp = {}) const;
+  // Keeps a reference to x in s.
+  Tensor forward(Saved& s, const Tensor& x, int64_t B, int64_t T, const StepContext& step) const;
   // Keeps only the input (full recompute); recompute() rebuilds the rest and returns the output.
   static void drop(Saved& s);
   Tensor recompute(Saved& s, int64_t B, int64_t T, const StepContext& step) const;
