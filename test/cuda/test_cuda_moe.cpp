@@ -331,7 +331,8 @@ TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "
 // kernel's epilogue (cuda/sm90/grouped_gemm.h grouped_dx_swiglu): dh, the recomputed a and the weight gradient equal
 // the unfused path (the dx GEMM storing da, then cuda/activation.cu's passes) bit for bit where that path also runs
 // on our kernel (F a multiple of 256), and the CPU in fp64 everywhere. Partial last tiles (rows of the next expert
-// untouched), an expert without rows, F with an odd number of 128-column tiles, more tiles than multiprocessors.
+// untouched), an expert without rows, F with an odd number of 128-column tiles, more tiles than multiprocessors, and
+// about 4 tiles a CTA of 4 K slices each (g and u of the next tile loading while one's epilogue runs).
 TEST_CASE("cuda moe fc2 backward with the SwiGLU in the sm90 dx epilogue equals the unfused path", "[cuda][moe]") {
   init();
   if (!ops::cuda::sm90::grouped_gemm_supported()) {
@@ -346,6 +347,7 @@ TEST_CASE("cuda moe fc2 backward with the SwiGLU in the sm90 dx epilogue equals 
       {{256, 0, 300, 1, 130}, 256, 192},           // partial tiles, an empty expert, one row
       {{37, 128, 0, 64}, 384, 128},                // 3 column tiles (the unfused dx runs on cuBLAS: CPU check only)
       {{1024, 2048, 640, 0, 1536}, 512, 1024},     // 5,248 rows x 4 column tiles: many tiles per CTA
+      {{4096, 8192, 0, 4096}, 512, 256},           // 512 tiles of 4 K slices
   };
   const DType bf = DType::BF16;
   for (const Case& c : cases) {
