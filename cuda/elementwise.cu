@@ -55,11 +55,17 @@ __global__ void sum_squares_kernel_partials(double* partial, const D* x, int64_t
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void sum_squares_kernel_final(double* out, const double* partial, int count) {
+// The block's sum of x[0, n) (thread 0 gets it): thread t adds elements t, t + blockDim.x, ... in order, then
+// block_sum's fixed tree.
+__device__ __forceinline__ double block_strided_sum(const double* x, int64_t n) {
   __shared__ double scratch[32];
   double acc = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-  acc = block_sum(acc, scratch);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  return block_sum(acc, scratch);
+}
+
+__global__ void sum_squares_kernel_final(double* out, const double* partial, int count) {
+  const double acc = block_strided_sum(partial, count);
   if (threadIdx.x == 0) *out = acc;
 }
 
@@ -81,11 +87,7 @@ struct SumInputs {
   int64_t n[kMaxSums];
 };
 __global__ void sum_each_kernel(double* out, const SumInputs in) {
-  __shared__ double scratch[32];
-  double acc = 0;
-  const double* x = in.p[blockIdx.x];
-  for (int64_t i = threadIdx.x; i < in.n[blockIdx.x]; i += blockDim.x) acc += x[i];
-  acc = block_sum(acc, scratch);
+  const double acc = block_strided_sum(in.p[blockIdx.x], in.n[blockIdx.x]);
   if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
 

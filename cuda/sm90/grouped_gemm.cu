@@ -46,6 +46,8 @@ constexpr int kBM = 128, kBK = 64, kThreads = 384;
 constexpr int kStageA = kBM * kBK * 2;  // bytes
 constexpr int kBox = 64 * 64 * 2;       // a 64 x 64 bf16 TMA box: 8 KiB
 constexpr int kStageC = 2 * kBox;       // a consumer's 64 rows x 128 columns of bf16 in shared memory
+// The weight gradient's sums of squares: one fp64 partial per consumer warp of a tile (2 warpgroups x 4 warps).
+constexpr int kSquaresPerTile = 8;
 constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers (and the SwiGLU's mover)
 
 // What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA), store it as fp32 (straight
@@ -366,12 +368,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<float2*>(row + 8 * j) = make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
         }
         if (squares) {  // the tile's sum of squares, one fp64 partial per consumer warp: squares[8 t + 4 c + warp]
+          static_assert(kSquaresPerTile == 2 * 4, "a partial per consumer warp");
           double sq = 0;
 #pragma unroll
           for (int q = 0; q < BN / 2; ++q) sq = fma(double(d[q]), double(d[q]), sq);
 #pragma unroll
           for (int o2 = 16; o2 > 0; o2 >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o2);
-          if (lane == 0) squares[int64_t(t) * 8 + c * 4 + warp] = sq;
+          if (lane == 0) squares[int64_t(t) * kSquaresPerTile + c * 4 + warp] = sq;
         }
       } else if constexpr (EPI == kSwigluBwd) {
         // the SwiGLU backward on this thread's elements: da rounded to bf16 (what a stored da would hold); g and u
@@ -602,7 +605,7 @@ bool grouped_dx(mt::bf16* dx, const mt::bf16* dout, const mt::bf16* weight, cons
 int64_t grouped_dweight_square_partials(const int64_t* counts, int64_t El, int64_t IC, int64_t OC) {
   int64_t experts = 0;  // with rows: the others have no tiles
   for (int64_t e = 0; e < El; ++e) experts += counts[e] > 0;
-  return experts * (OC / kBM) * (IC / Cfg<kF32>::BN) * 8;
+  return experts * (OC / kBM) * (IC / Cfg<kF32>::BN) * kSquaresPerTile;
 }
 
 bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,

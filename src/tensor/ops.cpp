@@ -306,11 +306,8 @@ void sum_each(Tensor& out, const std::vector<Tensor>& in) {
   if (in.empty()) return;
   switch (out.device()) {
     case Device::CPU:
-      for (size_t i = 0; i < in.size(); ++i) {
-        double s = 0;
-        for (int64_t k = 0; k < in[i].numel(); ++k) s += in[i].data<double>()[k];
-        out.data<double>()[i] = s;
-      }
+      for (size_t i = 0; i < in.size(); ++i)
+        out.data<double>()[i] = cpu::sum_cpu(in[i].data<double>(), in[i].numel());
       return;
 #if defined(MEGATRAIN_HAVE_CUDA)
     case Device::CUDA: {
