@@ -684,7 +684,7 @@ std::string format_plan(const PlanReport& r) {
                                          c.calls(r.attention_batch, r.attention_heads), " calls)");
       os << "  deterministic attention backward workspace (scores' gradient of one call): " << mib(c.workspace) << ", "
          << cut << (c.over_cap() ? ", above" : ", within") << " training.attention_bwd_workspace_mib ("
-         << c.cap / 1048576 << ")\n";
+         << c.cap / 1048576 << ")" << (r.deterministic ? "" : "; used only with training.deterministic true") << "\n";
       const std::string warning = attention_workspace_warning(r);
       if (!warning.empty()) os << "  warning: " << warning << "\n";
     }

@@ -395,7 +395,11 @@ TEST_CASE("plan: cuDNN's attention backward scratch counts where it exceeds the 
   cfg.training.deterministic = false;
   const PlanReport fast = make_plan(cfg, 1);
   CHECK(attention_workspace_warning(fast).empty());  // no such workspace: no warning
-  CHECK(fast.attention_chunks.single_heads);         // what deterministic true would use, still reported
+  CHECK(fast.attention_chunks.single_heads);         // what deterministic true would use, still reported, as such
+  CHECK(format_plan(fast).find("one query head per call (32 calls; a KV group's dK/dV summed over its heads), above "
+                               "training.attention_bwd_workspace_mib (1024); used only with training.deterministic "
+                               "true\n") != std::string::npos);
+  CHECK(format_plan(det).find("used only with") == std::string::npos);
   CHECK(fast.stages[0].attention_scratch == H * T * D * 4 + H * T * 4);  // dQ in fp32 + delta
   CHECK(fast.stages[0].attention_scratch < fast.stages[0].logits_bytes);
   CHECK(fast.stages[0].total(0) == fast.stages[0].weight_bytes + fast.stages[0].grad_bytes +
