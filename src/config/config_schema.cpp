@@ -226,8 +226,8 @@ std::vector<ConfigField> build_schema() {
       MT_CONFIG_KEY(training, device).one_of({"auto", "cpu", "cuda"}).doc("auto = cuda when a GPU is present, else cpu"),
       MT_CONFIG_KEY(training, deterministic)
           .doc("true = bit-identical reruns and resumes; false = faster non-deterministic GPU kernels (cuDNN "
-               "attention backward accumulating dQ with fp32 atomics: less memory; reruns differ, in the last bits at first, "
-               "more with every step)")
+               "attention backward accumulating dQ with fp32 atomics: less memory; reruns differ, in the last bits "
+               "at first, more with every step)")
           .megatron({"deterministic_mode"}),
       MT_CONFIG_KEY(training, attention_backend).one_of({"auto", "cudnn", "own"})
           .doc("GPU attention: auto = cuDNN's fused attention for bf16/fp16 where it runs the shape (seq_length a "
