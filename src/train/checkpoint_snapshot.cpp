@@ -72,12 +72,8 @@ size_t CheckpointSnapshot::reserve(ParamStore& store, const AdamW& opt, const Pa
 ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,
                                            const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                            const std::string& config_yaml, const std::vector<StateBuffer>& buffers) {
-  ckpt::SaveRequest req;
-  req.dir = dir;
-  req.iteration = iteration;
-  req.keep_last = keep_last;
-  req.state = state;
-  req.config_yaml = config_yaml;
+  ckpt::SaveRequest req{.dir = dir, .iteration = iteration, .keep_last = keep_last, .tensors = {}, .state = state,
+                        .config_yaml = config_yaml, .wait_ready = {}};
   // The previous snapshot's copies are done (its save was finished), so its kept tensors can go.
   keep_.clear();
   std::vector<SavedBox> boxes = saved_boxes(store, opt, ps, &keep_, buffers);

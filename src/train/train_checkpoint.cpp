@@ -84,12 +84,8 @@ ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteratio
                                         const AdamW& opt, const ParallelState& ps, const nlohmann::json& state,
                                         const std::string& config_yaml,
                                         const std::vector<StateBuffer>& buffers) {
-  ckpt::SaveRequest req;
-  req.dir = dir;
-  req.iteration = iteration;
-  req.keep_last = keep_last;
-  req.state = state;
-  req.config_yaml = config_yaml;
+  ckpt::SaveRequest req{.dir = dir, .iteration = iteration, .keep_last = keep_last, .tensors = {}, .state = state,
+                        .config_yaml = config_yaml, .wait_ready = {}};
   for (SavedBox& b : saved_boxes(store, opt, ps, nullptr, buffers)) {
     ckpt::ShardTensor st;
     st.name = std::move(b.name);
