@@ -202,26 +202,6 @@ __global__ void pad_rows_kernel(int32_t* row_of_slot, int64_t slots, PadPlan pla
 }
 
 template <int V, typename D>
-__global__ void permute_backward_kernel(D* dx, const D* dout, const int32_t* row_of_slot, int64_t C, int64_t k) {
-  const int64_t n = blockIdx.x;
-  for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
-    float acc[V] = {};
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t r = row_of_slot[n * k + j];
-      if (r < 0) continue;
-      D v[V];
-      load_vec<V>(v, dout + int64_t(r) * C + c);
-#pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += to_float(v[i]);
-    }
-    D o[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) o[i] = from_float<D>(acc[i]);
-    store_vec<V>(dx + n * C + c, o);
-  }
-}
-
-template <int V, typename D>
 __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const int32_t* row_of_slot, int64_t C,
                                  int64_t k, const D* residual) {
   const int64_t n = blockIdx.x;
@@ -230,7 +210,7 @@ __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const 
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = row_of_slot[n * k + j];
       if (r < 0) continue;
-      const float w = weights[n * k + j];
+      const float w = weights ? weights[n * k + j] : 1.f;  // null: the plain sum (the permute's backward)
       D v[V];
       load_vec<V>(v, yp + int64_t(r) * C + c);
 #pragma unroll
@@ -367,8 +347,8 @@ void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot,
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {dx, dout}, [&](auto v) {
-    permute_backward_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(dx), dev(dout),
-                                                                                                row_of_slot, C, k);
+    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(
+        dev(dx), dev(dout), static_cast<const float*>(nullptr), row_of_slot, C, k, static_cast<const D*>(nullptr));
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_backward");
 }

@@ -42,6 +42,7 @@ template <typename T>
 void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k);
 template <typename T>
 void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
+// weights null: every routed row's weight is 1 (moe_permute_backward_cpu)
 template <typename T>
 void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
                                int64_t k, const T* residual);

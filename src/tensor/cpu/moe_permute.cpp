@@ -98,20 +98,6 @@ void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int
 }
 
 template <typename T>
-void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
-  std::vector<double> acc(static_cast<size_t>(C));
-  for (int64_t n = 0; n < N; ++n) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t r = row_of_slot[n * k + j];
-      if (r < 0) continue;
-      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(dout[r * C + c]);
-    }
-    for (int64_t c = 0; c < C; ++c) dx[n * C + c] = static_cast<T>(acc[c]);
-  }
-}
-
-template <typename T>
 void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
                                int64_t k, const T* residual) {
   std::vector<double> acc(static_cast<size_t>(C));
@@ -120,13 +106,18 @@ void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = row_of_slot[n * k + j];
       if (r < 0) continue;
-      const double w = static_cast<double>(weights[n * k + j]);
+      const double w = weights ? static_cast<double>(weights[n * k + j]) : 1.0;
       for (int64_t c = 0; c < C; ++c) acc[c] += w * static_cast<double>(yp[r * C + c]);
     }
     if (residual)
       for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(residual[n * C + c]);
     for (int64_t c = 0; c < C; ++c) y[n * C + c] = static_cast<T>(acc[c]);
   }
+}
+
+template <typename T>
+void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
+  moe_unpermute_forward_cpu<T>(dx, dout, nullptr, row_of_slot, N, C, k, nullptr);  // the plain sum of a token's rows
 }
 
 template <typename T>
