@@ -81,14 +81,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j % 2;
-    if (j + 1 < n_tiles) {
-      load_tile_async<kBc, D, kThreads>(sK + (1 - buf) * kBc * LD, kh, kv_stride, (j + 1) * kBc, T);
-      load_tile_async<kBc, D, kThreads>(sV + (1 - buf) * kBc * LD, vh, kv_stride, (j + 1) * kBc, T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_kv_tile_async<kBc, D, kThreads>(sK, sV, buf, kh, vh, kv_stride, j, n_tiles, T);
     __syncthreads();
     const bf16_t* tK = sK + buf * kBc * LD;
     const bf16_t* tV = sV + buf * kBc * LD;

@@ -144,23 +144,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int key = key0 + mt * 16 + rr * 8;
-      if (key >= T) continue;
-      bf16_t* dkrow = dk + kv_off + int64_t(key) * kv_stride;
-      bf16_t* dvrow = dv + kv_off + int64_t(key) * kv_stride;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        const int d = dt * 8 + (lane % 4) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(dkrow + d) =
-            __floats2bfloat162_rn(dkacc[mt][dt][2 * rr] * scale, dkacc[mt][dt][2 * rr + 1] * scale);
-        *reinterpret_cast<__nv_bfloat162*>(dvrow + d) =
-            __floats2bfloat162_rn(dvacc[mt][dt][2 * rr], dvacc[mt][dt][2 * rr + 1]);
-      }
-    }
+  store_cfrags_rows<MT, kDT>(dk + kv_off, kv_stride, dkacc, key0, T, scale);
+  store_cfrags_rows<MT, kDT>(dv + kv_off, kv_stride, dvacc, key0, T, 1.f);
 }
 
 // ---------------------------------------------------------------- dQ
@@ -209,14 +194,7 @@ __global__ void __launch_bounds__(kThreads)
   float dqacc[MT][kDT][4] = {};
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j % 2;
-    if (j + 1 < n_tiles) {
-      load_tile_async<kBc, D, kThreads>(sK + (1 - buf) * kBc * LD, k + kv_off, kv_stride, (j + 1) * kBc, T);
-      load_tile_async<kBc, D, kThreads>(sV + (1 - buf) * kBc * LD, v + kv_off, kv_stride, (j + 1) * kBc, T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_kv_tile_async<kBc, D, kThreads>(sK, sV, buf, k + kv_off, v + kv_off, kv_stride, j, n_tiles, T);
     __syncthreads();
     const bf16_t* tK = sK + buf * kBc * LD;
     const bf16_t* tV = sV + buf * kBc * LD;
@@ -239,18 +217,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int row = row0 + mt * 16 + rr * 8;
-      if (row >= T) continue;
-      bf16_t* dqrow = dq + q_off + int64_t(row) * q_stride;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt)
-        *reinterpret_cast<__nv_bfloat162*>(dqrow + dt * 8 + (lane % 4) * 2) =
-            __floats2bfloat162_rn(dqacc[mt][dt][2 * rr] * scale, dqacc[mt][dt][2 * rr + 1] * scale);
-    }
+  store_cfrags_rows<MT, kDT>(dq + q_off, q_stride, dqacc, row0, T, scale);
 }
 
 template <int D>

@@ -79,6 +79,42 @@ __device__ __forceinline__ void load_tile_async(bf16_t* tile, const bf16_t* head
   }
 }
 
+// A warp's accumulator fragments acc[mt][dt] (rows row0 + 16 mt and + 8, this lane's column pair of each 8-column
+// block dt) times scale, as bf16 to the rows of `base` (row_stride apart) below T.
+template <int MT, int kDT>
+__device__ __forceinline__ void store_cfrags_rows(bf16_t* base, int64_t row_stride, const float (&acc)[MT][kDT][4],
+                                                  int row0, int T, float scale) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = row0 + mt * 16 + rr * 8;
+      if (row >= T) continue;
+      bf16_t* out = base + int64_t(row) * row_stride;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<__nv_bfloat162*>(out + dt * 8 + (lane % 4) * 2) =
+            __floats2bfloat162_rn(acc[mt][dt][2 * rr] * scale, acc[mt][dt][2 * rr + 1] * scale);
+    }
+}
+
+// The key loop's double buffering: tile j + 1 of n_tiles (kBc keys of K and V) starts loading into buffer 1 - buf
+// while tile j's loads are awaited; the last tile waits for all.
+template <int kBc, int D, int THREADS>
+__device__ __forceinline__ void next_kv_tile_async(bf16_t* sK, bf16_t* sV, int buf, const bf16_t* k_head,
+                                                   const bf16_t* v_head, int64_t kv_stride, int j, int n_tiles, int T) {
+  if (j + 1 < n_tiles) {
+    constexpr int kTile = kBc * (D + 8);
+    load_tile_async<kBc, D, THREADS>(sK + (1 - buf) * kTile, k_head, kv_stride, (j + 1) * kBc, T);
+    load_tile_async<kBc, D, THREADS>(sV + (1 - buf) * kTile, v_head, kv_stride, (j + 1) * kBc, T);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 // A fragment (16 x 16) at (row0, col0) of a padded tile with row stride LD.
 template <int LD>
 __device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const bf16_t* tile, int row0, int col0) {

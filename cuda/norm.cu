@@ -113,6 +113,19 @@ __global__ void norm_forward_kernel(D* __restrict__ out, float* mean, float* rst
   }
 }
 
+// The backward's two row sums over a vector of columns: s_gh += sum(gh), s_ghxh += sum(gh xhat), gh = dout * weight,
+// xhat = (x - mu) * rstd (both backward kernels, the same operations in the same order)
+template <int VEC, typename D>
+__device__ __forceinline__ void add_row_sums(float& s_gh, float& s_ghxh, const D (&gv)[VEC], const D (&xv)[VEC],
+                                             const D (&wv)[VEC], float mu, float r) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float gh = to_float(gv[k]) * to_float(wv[k]);
+    s_gh += gh;
+    s_ghxh += gh * (to_float(xv[k]) - mu) * r;
+  }
+}
+
 // Block b handles rows [b * rows_per_block, ...). Dynamic shared memory: dw partials (C floats),
 // then db partials (C floats, LayerNorm). partial: (gridDim.x, C) for dw, then the same for db.
 template <bool kLayerNorm, int VEC, typename D>
@@ -138,12 +151,7 @@ __global__ void norm_backward_kernel_block_rows(D* dinp, float* partial, const D
       load_vec<VEC>(gv, g + c);
       load_vec<VEC>(xv, x + c);
       load_vec<VEC>(wv, weight + c);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float gh = to_float(gv[k]) * to_float(wv[k]);
-        s_gh += gh;
-        s_ghxh += gh * (to_float(xv[k]) - mu) * r;
-      }
+      add_row_sums<VEC>(s_gh, s_ghxh, gv, xv, wv, mu, r);
     }
     // Block-wide sums of the two values (fixed order), every thread gets both.
     s_gh = warp_sum(s_gh);
@@ -253,12 +261,7 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
         D gv[VEC], xv[VEC], wv[VEC];
         chunk(j, c, gv, xv);
         load_vec<VEC>(wv, weight + c);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float gh = to_float(gv[k]) * to_float(wv[k]);
-          s_gh += gh;
-          s_ghxh += gh * (to_float(xv[k]) - mu) * r;
-        }
+        add_row_sums<VEC>(s_gh, s_ghxh, gv, xv, wv, mu, r);
       }
     }
     s_gh = warp_sum(s_gh);
