@@ -303,6 +303,19 @@ void AdamW::full_moments(Tensor& m, Tensor& v) const {
   v = gather(v_);
 }
 
+void AdamW::gather_master() const {
+  if (!distributed_ || !store_->has_separate_master()) return;
+  Tensor& master = store_->flat_master();
+  // Bucket by bucket as GradSync::gather_params does for the values: rank q's chunk q of each bucket is current.
+  for (const ShardRange& b : grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size)) {
+    const ReduceGroup g = reduce_group(*store_, *ps_, b.begin);
+    if (!g.comm) continue;
+    const ShardRange c = bucket_chunk(b, g.size, g.rank);
+    Tensor whole = master.slice(b.begin, b.size());
+    g.comm->all_gather(whole, master.slice(c.begin, c.size()));
+  }
+}
+
 void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
   v_bound_ = -1;  // recomputed from the loaded state by the next would_overflow
   int64_t offset = 0;

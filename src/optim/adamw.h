@@ -69,6 +69,11 @@ class AdamW {
   void full_moments(Tensor& m, Tensor& v) const;
   // Sets the moments from full-size flat buffers (keeping this rank's shard).
   void set_full_moments(const Tensor& m, const Tensor& v);
+  // With the distributed optimizer and separate master weights (bf16 / fp16), each rank's update leaves the
+  // store's full-size fp32 master current in its own shard only (the compute copies arrive by
+  // GradSync::gather_params); this all-gathers the shards in place so that every rank holds all of it, for
+  // checkpoints. A collective over the data (expert-data) groups: call it on every rank.
+  void gather_master() const;
   // On a GPU without the distributed optimizer the update runs on a side stream (runtime/cuda/cuda_runtime.h
   // update_*), chunk by chunk in the order the last forward asked for their parameters, so that the next forward
   // starts at once: params_needed (the forward's hook, through GradSync) makes the compute stream wait for the

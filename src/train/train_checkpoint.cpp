@@ -62,6 +62,7 @@ std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const Par
   std::vector<SavedBox> out;
   Tensor m, v;
   opt.full_moments(m, v);  // gathered over DP (experts': expert DP) under the distributed optimizer
+  opt.gather_master();     // and the master weights, of which each rank updates only its shard
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank; an expert's by the
     // first expert-data rank of the expert-parallel rank holding it (saved by its global name: reshards over EP).
