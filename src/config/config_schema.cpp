@@ -193,9 +193,7 @@ std::vector<ConfigField> build_schema() {
           .megatron({"expert_model_parallel_size"}),
       MT_CONFIG_KEY(parallel, sequence_parallel)
           .doc("split norm and dropout activations along the sequence over the tensor-parallel ranks (needs tensor > 1)"),
-      MT_CONFIG_KEY(parallel, distributed_optimizer)
-          .doc("shard Adam's moments and the update over data-parallel ranks (the fp32 master weights stay whole on "
-               "every rank; `plan` counts them)")
+      MT_CONFIG_KEY(parallel, distributed_optimizer).doc("shard optimizer state and master weights over data-parallel ranks")
           .megatron({"use_distributed_optimizer"}),
       MT_CONFIG_KEY(parallel, overlap_grad_reduce)
           .doc("reduce each gradient bucket over data-parallel ranks as soon as backward finished it (GPU: hidden behind the rest of backward)"),

@@ -196,12 +196,14 @@ bool AdamW::would_overflow(double grad_norm) {
 }
 
 void AdamW::step(double lr, double grad_scale, double grad_norm) {
+  shard_master();  // (the trainer calls it before the first step; a no-op from then on)
   ++step_;
   if (grad_norm < 0 || v_bound_ < 0)
     v_bound_ = -1;
   else
     v_bound_ = cfg_.adam_beta2 * v_bound_ + (1.0 - cfg_.adam_beta2) * grad_norm * grad_norm;
-  Tensor& master = store_->flat_master();
+  // The master weights: the store's (full-size, at flat offsets) or, once sharded, master_ (at state offsets).
+  Tensor master = master_.defined() ? master_ : store_->flat_master();
   Tensor& grads = store_->flat_grads();
   // On the GPU the update also writes the compute copy (bf16 / fp16) of the weights it changed, in the same pass
   // (as sync_values_from_master would: bit for bit); `written` collects those runs of the flat buffer.
@@ -232,7 +234,7 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   [[maybe_unused]] int marks = 0;
   for (size_t i : order) {
     const UpdateSpan& span = spans_[i];
-    Tensor p = master.slice(span.flat_begin, span.length);
+    Tensor p = master.slice(master_.defined() ? span.state_begin : span.flat_begin, span.length);
     Tensor m = m_.slice(span.state_begin, span.length);
     Tensor v = v_.slice(span.state_begin, span.length);
     const Tensor g = grads.slice(span.flat_begin, span.length);
@@ -249,14 +251,16 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   }
   // The compute copy of the rest of the shard (with the fused copy: only the padding between regions).
   std::sort(written.begin(), written.end());
+  int64_t r_state = 0;
   for (const ShardRange& r : shard_) {
     int64_t at = r.begin;
     for (const auto& [b, e] : written) {
       if (e <= at || b >= r.end) continue;
-      if (b > at) store_->sync_values_from_master(at, b - at);
+      if (b > at) values_from_master(at, b - at, r, r_state);
       at = std::max(at, e);
     }
-    if (at < r.end) store_->sync_values_from_master(at, r.end - at);
+    if (at < r.end) values_from_master(at, r.end - at, r, r_state);
+    r_state += r.size();
   }
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (overlap_) {
@@ -303,17 +307,71 @@ void AdamW::full_moments(Tensor& m, Tensor& v) const {
   v = gather(v_);
 }
 
-void AdamW::gather_master() const {
-  if (!distributed_ || !store_->has_separate_master()) return;
-  Tensor& master = store_->flat_master();
-  // Bucket by bucket as GradSync::gather_params does for the values: rank q's chunk q of each bucket is current.
-  for (const ShardRange& b : grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size)) {
-    const ReduceGroup g = reduce_group(*store_, *ps_, b.begin);
-    if (!g.comm) continue;
-    const ShardRange c = bucket_chunk(b, g.size, g.rank);
-    Tensor whole = master.slice(b.begin, b.size());
-    g.comm->all_gather(whole, master.slice(c.begin, c.size()));
+void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
+                                 const std::function<bool(bool)>& keep) const {
+  MT_INTERNAL_ASSERT(distributed_, "gather_state_to_host: the optimizer state is not sharded");
+  MT_INTERNAL_ASSERT(master_.defined() || !store_->has_separate_master(),
+                     "gather_state_to_host before shard_master: the store's master weights are current only in this "
+                     "rank's shard");
+  // Host buffers only on a rank that saves some region (the others take part in the gathers only).
+  bool any = false;
+  for (const FlatRegion& r : store_->regions()) any = any || keep(r.expert);
+  const int64_t N = store_->padded_numel();
+  m = any ? Tensor::zeros({N}, m_.dtype()) : Tensor();
+  v = any ? Tensor::zeros({N}, v_.dtype()) : Tensor();
+  master = any && master_.defined() ? Tensor::zeros({N}, master_.dtype()) : Tensor();
+  const std::vector<ShardRange> buckets = grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size);
+  // This rank's state: the regions one after the other, in each its chunk of every bucket in bucket order (gather).
+  int64_t offset = 0;
+  Tensor whole_buf;  // one bucket gathered, on the state's device
+  for (const FlatRegion& r : store_->regions()) {
+    const ReduceGroup g = reduce_group(*store_, *ps_, r.begin);
+    const bool kept = keep(r.expert);
+    for (const ShardRange& b : buckets) {
+      if (b.begin < r.begin || b.begin >= r.end) continue;
+      const int64_t n = b.size() / g.size;
+      auto one = [&](const Tensor& state, Tensor& host) {
+        const Tensor mine = state.slice(offset, n);
+        Tensor whole = mine;
+        if (g.comm) {  // chunk q of the bucket from rank q: the bucket's flat range in order (bucket_chunk)
+          if (!whole_buf.defined() || whole_buf.numel() < b.size())
+            whole_buf = Tensor::empty({b.size()}, state.dtype(), state.device());
+          whole = whole_buf.slice(0, b.size());
+          g.comm->all_gather(whole, mine);
+        }
+        if (kept) host.slice(b.begin, b.size()).copy_from(whole);
+      };
+      one(m_, m);
+      one(v_, v);
+      if (master_.defined()) one(master_, master);
+      offset += n;
+    }
   }
+}
+
+void AdamW::shard_master() {
+  if (!distributed_ || !store_->has_separate_master() || master_.defined()) return;
+  // Through host memory: the shard and the full-size copy are never on the device together (that would raise the
+  // run's peak by the shard).
+  const Tensor& full = store_->flat_master();
+  const DType dtype = full.dtype();
+  const Device device = full.device();
+  Tensor host = Tensor::empty({shard_numel_}, dtype);
+  int64_t offset = 0;
+  for (const ShardRange& r : shard_) {
+    host.slice(offset, r.size()).copy_from(full.slice(r.begin, r.size()));
+    offset += r.size();
+  }
+  store_->release_master();
+  master_ = Tensor::empty({shard_numel_}, dtype, device);
+  master_.copy_from(host);
+}
+
+void AdamW::values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state) {
+  if (n == 0) return;
+  if (!master_.defined()) return store_->sync_values_from_master(begin, n);
+  Tensor values = store_->flat_values().slice(begin, n);
+  ops::cast(values, master_.slice(r_state + (begin - r.begin), n));
 }
 
 void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {

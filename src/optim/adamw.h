@@ -1,14 +1,16 @@
 // AdamW with decoupled weight decay over the parameter store's flat buffers, fp32 master weights
 // (on the CPU backend the parameters are the master weights), global-norm gradient clipping, and
-// the distributed optimizer (ZeRO-1): each DP rank keeps Adam moments for its shard of the flat
-// buffers only (its chunk of every gradient bucket, parallel/grad_sync.h) and updates that shard;
-// GradSync::gather_params then all-gathers the parameters over DP.
+// the distributed optimizer (ZeRO-1): each DP rank keeps Adam moments and (bf16 / fp16) the fp32
+// master weights for its shard of the flat buffers only (its chunk of every gradient bucket,
+// parallel/grad_sync.h) and updates that shard; GradSync::gather_params then all-gathers the
+// parameters over DP.
 // Which parameters decay: weights yes; norms and biases only with
 // optimizer.weight_decay_norms_and_biases; embedding/output tables only with
 // optimizer.weight_decay_embeddings.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -65,15 +67,22 @@ class AdamW {
   void set_step_count(int64_t s) { step_ = s; }
   const std::vector<ShardRange>& shard() const { return shard_; }
   bool distributed() const { return distributed_; }
-  // Moments as full-size flat buffers (gathered over DP when sharded), for checkpoints.
+  // Moments as full-size flat buffers (gathered over DP when sharded).
   void full_moments(Tensor& m, Tensor& v) const;
+  // For checkpoints under the distributed optimizer: m, v and (once sharded) the fp32 master weights as full-size
+  // flat HOST buffers, gathered over the data (expert-data) groups one bucket at a time, so that the device holds
+  // one bucket beyond the shards (full-size device copies of all three took 12 bytes a parameter at every save).
+  // Only the regions for which keep(region.expert) holds are copied to the host (the rest stays zero: this rank
+  // saves none of it; with none, nothing is allocated and all three stay undefined); master is left undefined when
+  // not sharded (the store's values are the master weights then). A collective: call it on every rank.
+  void gather_state_to_host(Tensor& m, Tensor& v, Tensor& master, const std::function<bool(bool)>& keep) const;
   // Sets the moments from full-size flat buffers (keeping this rank's shard).
   void set_full_moments(const Tensor& m, const Tensor& v);
-  // With the distributed optimizer and separate master weights (bf16 / fp16), each rank's update leaves the
-  // store's full-size fp32 master current in its own shard only (the compute copies arrive by
-  // GradSync::gather_params); this all-gathers the shards in place so that every rank holds all of it, for
-  // checkpoints. A collective over the data (expert-data) groups: call it on every rank.
-  void gather_master() const;
+  // With the distributed optimizer and separate master weights (bf16 / fp16): keeps this rank's shard of the fp32
+  // master weights beside m and v and frees the store's full-size copy (each rank updates only its shard; the
+  // compute copies of the others arrive by GradSync::gather_params). Call it once, after any checkpoint load and
+  // before the first step; otherwise nothing.
+  void shard_master();
   // On a GPU without the distributed optimizer the update runs on a side stream (runtime/cuda/cuda_runtime.h
   // update_*), chunk by chunk in the order the last forward asked for their parameters, so that the next forward
   // starts at once: params_needed (the forward's hook, through GradSync) makes the compute stream wait for the
@@ -103,6 +112,10 @@ class AdamW {
   int64_t needs_ = 0;             // requests counted this step
   int all_mark_ = -1;             // the whole update's event, -1 when waited for
   Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
+  Tensor master_;  // the same for the fp32 master weights, once shard_master took them from the store
+  // values = master (cast) over the flat range [begin, begin + n) inside shard range r, which starts at state
+  // offset r_state (from the store's master weights until shard_master, then from master_)
+  void values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state);
   int64_t step_ = 0;
   double v_bound_ = 0;  // >= every element of v on every rank; < 0 = unknown (recompute)
 };

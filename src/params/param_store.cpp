@@ -76,6 +76,7 @@ void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple, int6
   const bool low_precision = dtype == DType::BF16 || dtype == DType::F16;
   flat_values_ = Tensor::zeros({padded}, dtype, device);
   flat_grads_ = Tensor::zeros({padded}, low_precision ? DType::F32 : dtype, device);
+  separate_master_ = low_precision;
   if (low_precision) flat_master_ = Tensor::zeros({padded}, DType::F32, device);
   for (auto& p : params_) {
     int64_t n = shape_numel(p->local_shape);
@@ -130,6 +131,17 @@ void ParamStore::initialize(uint64_t seed, double std, int num_layers) {
   if (has_separate_master()) sync_values_from_master(0, flat_values_.numel());
 }
 
+Tensor& ParamStore::flat_master() {
+  MT_INTERNAL_ASSERT(!master_released_, "the store's master weights were released to the distributed optimizer");
+  return separate_master_ ? flat_master_ : flat_values_;
+}
+
+void ParamStore::release_master() {
+  MT_INTERNAL_ASSERT(separate_master_, "release_master: the values are the master weights");
+  flat_master_ = Tensor();
+  master_released_ = true;
+}
+
 Tensor ParamStore::master(const Param& p) {
   return flat_master().slice(static_cast<int64_t>(p.flat_offset), shape_numel(p.local_shape)).view(p.local_shape);
 }
@@ -137,7 +149,7 @@ Tensor ParamStore::master(const Param& p) {
 void ParamStore::sync_values_from_master(int64_t begin, int64_t n) {
   if (!has_separate_master() || n == 0) return;
   Tensor v = flat_values_.slice(begin, n);
-  ops::cast(v, flat_master_.slice(begin, n));
+  ops::cast(v, flat_master().slice(begin, n));
 }
 
 ops::GradMode grad_write_mode(Param& p) {

@@ -129,9 +129,11 @@ class ParamStore {
   int64_t padded_numel() const { return flat_values_.numel(); }
   Tensor& flat_values() { return flat_values_; }
   Tensor& flat_grads() { return flat_grads_; }
-  // The fp32 master weights (the values themselves unless the values are bf16/fp16).
-  Tensor& flat_master() { return flat_master_.defined() ? flat_master_ : flat_values_; }
-  bool has_separate_master() const { return flat_master_.defined(); }
+  // The fp32 master weights (the values themselves unless the values are bf16/fp16). Not after release_master.
+  Tensor& flat_master();
+  bool has_separate_master() const { return separate_master_; }
+  // Frees the separate master weights: the distributed optimizer keeps its shard of them (AdamW::shard_master).
+  void release_master();
   // The master weights of one parameter (a view).
   Tensor master(const Param& p);
   // values = master (cast) over the element range [begin, begin + n) of the flat buffers.
@@ -150,6 +152,7 @@ class ParamStore {
   int64_t total_ = 0, expert_total_ = 0;  // all / the expert parameters' elements
   std::vector<FlatRegion> regions_;
   Tensor flat_values_, flat_grads_, flat_master_;
+  bool separate_master_ = false, master_released_ = false;
   std::vector<GradSquares> grad_squares_;
 };
 

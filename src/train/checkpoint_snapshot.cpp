@@ -19,7 +19,13 @@ size_t total_bytes(const std::vector<SavedBox>& boxes) {
   return n;
 }
 
-Device device_of(const std::vector<SavedBox>& boxes) { return boxes.empty() ? Device::CPU : boxes[0].source.device(); }
+// CUDA when any box is on the GPU (the host buffers are then page-locked and its boxes copied asynchronously; the
+// boxes already in host memory, as the distributed optimizer's gathered state, are copied at once).
+Device device_of(const std::vector<SavedBox>& boxes) {
+  for (const SavedBox& b : boxes)
+    if (b.source.device() != Device::CPU) return b.source.device();
+  return Device::CPU;
+}
 }  // namespace
 
 CheckpointSnapshot::~CheckpointSnapshot() { release(); }
@@ -85,14 +91,15 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
 #endif
   size_t pos = 0;
   for (SavedBox& b : boxes) {
-    MT_INTERNAL_ASSERT(b.source.device() == device, "checkpoint tensor '", b.name, "' on another device");
+    const bool on_host = b.source.device() == Device::CPU;
+    MT_INTERNAL_ASSERT(on_host || b.source.device() == device, "checkpoint tensor '", b.name, "' on another device");
     void* dst = static_cast<char*>(host_) + pos;
     const size_t n = b.source.nbytes();
     if (n) {
 #if defined(MEGATRAIN_HAVE_CUDA)
-      if (gpu) cuda::snapshot_copy(dst, b.source.raw(), n);
+      if (!on_host) cuda::snapshot_copy(dst, b.source.raw(), n);
 #endif
-      if (!gpu) std::memcpy(dst, b.source.raw(), n);
+      if (on_host) std::memcpy(dst, b.source.raw(), n);
     }
     ckpt::ShardTensor st;
     st.name = std::move(b.name);
@@ -111,6 +118,7 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
   }
 #endif
   if (!gpu) keep_.clear();  // copied already
+  std::erase_if(keep_, [](const Tensor& t) { return t.device() == Device::CPU; });  // so were the boxes in host memory
   return req;
 }
 

@@ -318,10 +318,8 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   const int64_t other = st.params - st.expert_params;  // reduced and sharded over data x context
   st.weight_bytes = st.params * (fp32 ? 4 : 2);
   st.grad_bytes = st.params * 4;
-  // Adam's m and v are sharded by the distributed optimizer; the fp32 master weights (bf16 / fp16) are not: every
-  // rank keeps all of its stage's (params/param_store.h), of which it updates its shard.
   st.optimizer_bytes = ((other + opt_shards - 1) / opt_shards +
-                        (st.expert_params + expert_shards - 1) / expert_shards) * 8 + (fp32 ? 0 : st.params * 4);
+                        (st.expert_params + expert_shards - 1) / expert_shards) * (fp32 ? 8 : 12);
   st.a2a_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.total;
   st.a2a_leaving_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.leaving;
   const bool has_layers = std::any_of(st.chunks.begin(), st.chunks.end(),
@@ -637,12 +635,11 @@ std::string format_plan(const PlanReport& r) {
 
   const bool fp32 = r.activation_dtype == DType::F32;
   os << "Memory per rank, GiB (weights " << (fp32 ? "4" : "2") << " B/param, fp32 gradients 4 B/param, optimizer "
-     << "Adam m+v 8 B/param"
+     << (fp32 ? "Adam m+v 8" : "Adam m+v + fp32 master 12") << " B/param"
      << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context",
                                            r.moe_layers > 0 ? str_cat("; experts' / ", r.expert_dp, " over expert-data") : "",
                                            ")")
                                  : "")
-     << (fp32 ? "" : r.distributed_optimizer ? " + fp32 master 4 B/param (whole on every rank)" : " + fp32 master 4 B/param")
      << "; activations in " << dtype_name(r.activation_dtype) << " for the micro-batches in flight)\n";
   rows = {{"stage", "in flight", "weights", "grads", "optimizer", "logits"}};
   const bool fp8 = !r.stages.empty() && r.stages[0].fp8_copy_bytes + r.stages.back().fp8_copy_bytes > 0;

@@ -60,16 +60,26 @@ std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const Par
                                   std::vector<Tensor>* keep,
                                   const std::vector<StateBuffer>& buffers) {
   std::vector<SavedBox> out;
-  Tensor m, v;
-  opt.full_moments(m, v);  // gathered over DP (experts': expert DP) under the distributed optimizer
-  opt.gather_master();     // and the master weights, of which each rank updates only its shard
+  // The optimizer state and master weights, full-size. Under the distributed optimizer they are sharded over data
+  // (experts': expert-data) and gathered here into host memory a bucket at a time; this rank copies the regions it
+  // saves (as the owner test below).
+  Tensor m, v, master;
+  if (opt.distributed()) {
+    opt.gather_state_to_host(m, v, master,
+                             [&](bool expert) { return expert ? ps.expert_dp_rank == 0 : ps.dp_rank == 0; });
+    // fp32: the values are the master weights (all-gathered by GradSync before a save)
+    if (!store.has_separate_master()) master = store.flat_master();
+  } else {
+    opt.full_moments(m, v);
+    master = store.flat_master();
+  }
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank; an expert's by the
     // first expert-data rank of the expert-parallel rank holding it (saved by its global name: reshards over EP).
     const bool first_replica = p->spec.expert_parallel ? ps.expert_dp_rank == 0 : ps.dp_rank == 0;
     const bool owner = first_replica && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
     if (!owner) continue;  // the save writes owned boxes only
-    const Tensor sources[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
+    const Tensor sources[3] = {param_view(master, *p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes)
         out.push_back({p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, box_view(sources[k], b)});
@@ -77,7 +87,7 @@ std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const Par
   }
   if (ps.dp_rank == 0 && ps.tp_rank == 0)
     for (const StateBuffer& sb : buffers) out.push_back({sb.name, sb.tensor->shape(), Shape(1, 0), *sb.tensor});
-  if (keep) *keep = {m, v};
+  if (keep) *keep = {m, v, master};
   return out;
 }
 

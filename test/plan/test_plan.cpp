@@ -254,7 +254,7 @@ TEST_CASE("plan: parameters per rank sum over the model-parallel group to the si
   }
 }
 
-TEST_CASE("plan: memory per rank, distributed optimizer divides Adam's moments over data parallel", "[plan]") {
+TEST_CASE("plan: memory per rank, distributed optimizer divides optimizer state over data parallel", "[plan]") {
   Config cfg = tiny("llama");
   cfg.training.precision = "bf16";
   const PlanReport plain = make_plan(cfg, 4);  // data parallel 4
@@ -267,9 +267,7 @@ TEST_CASE("plan: memory per rank, distributed optimizer divides Adam's moments o
   CHECK(a.optimizer_bytes == a.params * 12);  // Adam m, v and the fp32 master
   CHECK(b.weight_bytes == a.weight_bytes);
   CHECK(b.grad_bytes == a.grad_bytes);
-  // m and v sharded over the 4 data ranks; the fp32 master weights whole on each (the update keeps them current in
-  // the rank's shard, AdamW::gather_master completes them for checkpoints)
-  CHECK(b.optimizer_bytes == (a.params + 3) / 4 * 8 + a.params * 4);
+  CHECK(b.optimizer_bytes == (a.params + 3) / 4 * 12);
   CHECK(b.activation[0] == a.activation[0]);
 
   cfg.training.precision = "fp32";
