@@ -270,41 +270,10 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
 #endif
 }
 
-// The full-size flat buffer from every rank's state: rank q's state holds chunk q of each bucket,
-// in bucket order.
-Tensor AdamW::gather(const Tensor& buf) const {
-  if (!distributed_) return buf;
-  Tensor full = Tensor::empty({store_->padded_numel()}, buf.dtype(), buf.device());
-  const std::vector<ShardRange> buckets = grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size);
-  int64_t offset = 0;  // into buf: the regions' state one after the other
-  // Region by region: every rank of a region's group holds the same number of state elements of it.
-  for (const FlatRegion& r : store_->regions()) {
-    const ReduceGroup g = reduce_group(*store_, *ps_, r.begin);
-    int64_t n = 0;
-    for (const ShardRange& b : buckets)
-      if (b.begin >= r.begin && b.begin < r.end) n += b.size() / g.size;
-    Tensor mine = buf.slice(offset, n), all = mine;
-    if (g.comm) {
-      all = Tensor::empty({n * g.size}, buf.dtype(), buf.device());
-      g.comm->all_gather(all, mine);
-    }
-    int64_t o = 0;
-    for (const ShardRange& b : buckets) {
-      if (b.begin < r.begin || b.begin >= r.end) continue;
-      for (int q = 0; q < g.size; ++q) {
-        const ShardRange c = bucket_chunk(b, g.size, q);
-        full.slice(c.begin, c.size()).copy_from(all.slice(q * n + o, c.size()));
-      }
-      o += b.size() / g.size;
-    }
-    offset += n;
-  }
-  return full;
-}
-
 void AdamW::full_moments(Tensor& m, Tensor& v) const {
-  m = gather(m_);
-  v = gather(v_);
+  MT_INTERNAL_ASSERT(!distributed_, "full_moments: sharded moments are gathered by gather_state_to_host");
+  m = m_;
+  v = v_;
 }
 
 void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
@@ -321,7 +290,7 @@ void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
   v = any ? Tensor::zeros({N}, v_.dtype()) : Tensor();
   master = any && master_.defined() ? Tensor::zeros({N}, master_.dtype()) : Tensor();
   const std::vector<ShardRange> buckets = grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size);
-  // This rank's state: the regions one after the other, in each its chunk of every bucket in bucket order (gather).
+  // This rank's state: the regions one after the other, in each its chunk of every bucket in bucket order.
   int64_t offset = 0;
   Tensor whole_buf;  // one bucket gathered, on the state's device
   for (const FlatRegion& r : store_->regions()) {

@@ -67,7 +67,7 @@ class AdamW {
   void set_step_count(int64_t s) { step_ = s; }
   const std::vector<ShardRange>& shard() const { return shard_; }
   bool distributed() const { return distributed_; }
-  // Moments as full-size flat buffers (gathered over DP when sharded).
+  // The moments as full-size flat buffers: the state itself (without the distributed optimizer only).
   void full_moments(Tensor& m, Tensor& v) const;
   // For checkpoints under the distributed optimizer: m, v and (once sharded) the fp32 master weights as full-size
   // flat HOST buffers, gathered over the data (expert-data) groups one bucket at a time, so that the device holds
@@ -92,7 +92,6 @@ class AdamW {
   void wait_update();
 
  private:
-  Tensor gather(const Tensor& shard_buf) const;
   ParamStore* store_;
   OptimizerConfig cfg_;
   const ParallelState* ps_;
