@@ -200,9 +200,11 @@ void load_state_buffers(const ckpt::LoadedCheckpoint& ck, const std::vector<Stat
 void load_training_checkpoint(const ckpt::LoadedCheckpoint& ck, ParamStore& store, AdamW& opt,
                               const std::vector<StateBuffer>& buffers) {
   load_state_buffers(ck, buffers);
+  // The moments are read into host memory and the optimizer takes its shard of them from there: full-size device
+  // copies would need 8 bytes a parameter of device memory beside the model at every resume.
   const Tensor& flat = store.flat_master();
-  Tensor m = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
-  Tensor v = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
+  Tensor m = Tensor::zeros(flat.shape(), flat.dtype());
+  Tensor v = Tensor::zeros(flat.shape(), flat.dtype());
   for (Param* p : store.params()) {
     const Tensor targets[3] = {store.master(*p), param_view(m, *p), param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
