@@ -326,11 +326,7 @@ void AdamW::shard_master() {
   const DType dtype = full.dtype();
   const Device device = full.device();
   Tensor host = Tensor::empty({shard_numel_}, dtype);
-  int64_t offset = 0;
-  for (const ShardRange& r : shard_) {
-    host.slice(offset, r.size()).copy_from(full.slice(r.begin, r.size()));
-    offset += r.size();
-  }
+  take_shard(host, full);
   store_->release_master();
   master_ = Tensor::empty({shard_numel_}, dtype, device);
   master_.copy_from(host);
@@ -343,14 +339,18 @@ void AdamW::values_from_master(int64_t begin, int64_t n, const ShardRange& r, in
   ops::cast(values, master_.slice(r_state + (begin - r.begin), n));
 }
 
-void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
-  v_bound_ = -1;  // recomputed from the loaded state by the next would_overflow
+void AdamW::take_shard(Tensor& state, const Tensor& full) const {
   int64_t offset = 0;
   for (const ShardRange& r : shard_) {
-    m_.slice(offset, r.size()).copy_from(m.slice(r.begin, r.size()));
-    v_.slice(offset, r.size()).copy_from(v.slice(r.begin, r.size()));
+    state.slice(offset, r.size()).copy_from(full.slice(r.begin, r.size()));
     offset += r.size();
   }
+}
+
+void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
+  v_bound_ = -1;  // recomputed from the loaded state by the next would_overflow
+  take_shard(m_, m);
+  take_shard(v_, v);
 }
 
 }  // namespace mt

@@ -115,6 +115,8 @@ class AdamW {
   // values = master (cast) over the flat range [begin, begin + n) inside shard range r, which starts at state
   // offset r_state (from the store's master weights until shard_master, then from master_)
   void values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state);
+  // state (shard_numel_ elements: the shard's ranges end to end) = this rank's ranges of the full-size `full`
+  void take_shard(Tensor& state, const Tensor& full) const;
   int64_t step_ = 0;
   double v_bound_ = 0;  // >= every element of v on every rank; < 0 = unknown (recompute)
 };
