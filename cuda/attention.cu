@@ -40,7 +40,7 @@ template <int D> constexpr int fwd_rows() { return kWarps * 16 * FwdTiles<D>::MT
 
 template <int D>
 constexpr size_t forward_smem() {  // Q, then K and V double-buffered
-  return sizeof(bf16_t) * (D + 8) * (fwd_rows<D>() + 4 * FwdTiles<D>::kBc);
+  return sizeof(bf16_t) * kTileLD<D> * (fwd_rows<D>() + 4 * FwdTiles<D>::kBc);
 }
 
 template <int D>
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel_mma(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, int T,
                                  int H, int G, float scale, float scale_log2) {
   constexpr int MT = FwdTiles<D>::MT, kBc = FwdTiles<D>::kBc, kBr = fwd_rows<D>();
-  constexpr int LD = D + 8, kDT = D / 8, kNT = kBc / 8;
+  constexpr int LD = kTileLD<D>, kDT = D / 8, kNT = kBc / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sK = sQ + kBr * LD;      // 2 buffers of kBc * LD

@@ -62,7 +62,7 @@ __global__ void attention_delta_kernel(float* delta, const DT* dout, const DT* o
 template <int D>
 constexpr size_t dkv_smem() {
   constexpr int BR = DkvTiles<D>::BR;
-  return sizeof(bf16_t) * (D + 8) * (2 * dkv_keys<D>() + 4 * BR) + sizeof(float) * 4 * BR;
+  return sizeof(bf16_t) * kTileLD<D> * (2 * dkv_keys<D>() + 4 * BR) + sizeof(float) * 4 * BR;
 }
 
 template <int D>
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads)
                                   const bf16_t* dout, const float* lse, const float* delta, int T, int H, int G,
                                   float scale, float scale_log2) {
   constexpr int MT = DkvTiles<D>::MT, BR = DkvTiles<D>::BR, kKeys = dkv_keys<D>();
-  constexpr int LD = D + 8, kDT = D / 8, kNT = BR / 8;
+  constexpr int LD = kTileLD<D>, kDT = D / 8, kNT = BR / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sV = sK + kKeys * LD;
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------- dQ
 template <int D>
 constexpr size_t dq_smem() {
-  return sizeof(bf16_t) * (D + 8) * (2 * dq_rows<D>() + 4 * DqTiles<D>::kBc);
+  return sizeof(bf16_t) * kTileLD<D> * (2 * dq_rows<D>() + 4 * DqTiles<D>::kBc);
 }
 
 template <int D>
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
                                  const float* lse, const float* delta, int T, int H, int G, float scale,
                                  float scale_log2) {
   constexpr int MT = DqTiles<D>::MT, kBc = DqTiles<D>::kBc, kBr = dq_rows<D>();
-  constexpr int LD = D + 8, kDT = D / 8, kNT = kBc / 8;
+  constexpr int LD = kTileLD<D>, kDT = D / 8, kNT = kBc / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
   bf16_t* sdO = sQ + kBr * LD;

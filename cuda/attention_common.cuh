@@ -65,8 +65,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The row stride of the kernels' shared K / V / Q tiles: D + 8 elements (16 bytes of padding a row, so that the
+// rows of a fragment load fall in different banks).
+template <int D>
+constexpr int kTileLD = D + 8;
+
 // Rows [t0, t0 + ROWS) of one head of a (B, T, heads, D) tensor into a padded shared tile
-// (row stride D + 8); rows at or past T are zero-filled. `head0` points at (b, t = 0, head);
+// (row stride kTileLD<D>); rows at or past T are zero-filled. `head0` points at (b, t = 0, head);
 // consecutive t are `row_stride` elements apart.
 template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile_async(bf16_t* tile, const bf16_t* head0, int64_t row_stride, int t0, int T) {
@@ -75,7 +80,7 @@ __device__ __forceinline__ void load_tile_async(bf16_t* tile, const bf16_t* head
   for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
     const int r = i / kChunks, c = (i % kChunks) * 8, t = t0 + r;
     const bool valid = t < T;
-    cp_async_16(tile + r * (D + 8) + c, head0 + (valid ? int64_t(t) * row_stride + c : 0), valid);
+    cp_async_16(tile + r * kTileLD<D> + c, head0 + (valid ? int64_t(t) * row_stride + c : 0), valid);
   }
 }
 
@@ -105,7 +110,7 @@ template <int kBc, int D, int THREADS>
 __device__ __forceinline__ void next_kv_tile_async(bf16_t* sK, bf16_t* sV, int buf, const bf16_t* k_head,
                                                    const bf16_t* v_head, int64_t kv_stride, int j, int n_tiles, int T) {
   if (j + 1 < n_tiles) {
-    constexpr int kTile = kBc * (D + 8);
+    constexpr int kTile = kBc * kTileLD<D>;
     load_tile_async<kBc, D, THREADS>(sK + (1 - buf) * kTile, k_head, kv_stride, (j + 1) * kBc, T);
     load_tile_async<kBc, D, THREADS>(sV + (1 - buf) * kTile, v_head, kv_stride, (j + 1) * kBc, T);
     cp_async_commit();
