@@ -1,16 +1,20 @@
-// AdamW step on CUDA over one long flat fp32 buffer (the master weights), per element:
+// AdamW step on CUDA over one long flat buffer of master weights, per element:
 //   g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= lr * ((m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps) + wd * p)
 // (decoupled weight decay on the old p), as tensor/cpu/adamw.cpp. Arithmetic in fp64 like the
-// reference (the kernel is memory-bound: 28 bytes per element); the bias corrections are computed
-// once on the host. Grid-stride over 4-float vectors when all four buffers are 16-byte aligned (and the copy 8).
-// Optionally the weight decay by element range (a table of runs): one launch for parameters with and without decay.
-// With a copy (bf16 / fp16), the updated weights are also written rounded, as cast_cuda would: 2 more bytes per
-// element here instead of a separate cast pass of 6 (reading the fp32 weights again).
+// reference (the kernel is memory-bound); the bias corrections are computed once on the host. Grid-stride over
+// 4-element vectors when every buffer is aligned for them. Optionally the weight decay by element range (a table of
+// runs): one launch for parameters with and without decay.
+// The master weights, one of (the kernel's Weights policy):
+// - fp32 (Fp32Weights), optionally with the compute copy (bf16 / fp16) written rounded, as cast_cuda would: 2 more
+//   bytes an element here instead of a separate cast pass of 6. 28 bytes an element, 30 with the copy.
+// - two 16-bit halves (HalfWeights, core/master_halves.h): the bf16 values themselves and a uint16 low half, both
+//   read and written: 28 bytes an element, and no separate copy.
 #include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_ops.h"
+#include "core/master_halves.h"
 #include "cuda/kernel_utils.cuh"
 
 namespace mt::ops::cuda {
@@ -66,63 +70,106 @@ __device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float
   p = static_cast<float>(__dsub_rn(pd, __dmul_rn(a.lr, step)));
 }
 
-// CT: the copy's element type, or float for none. kRuns: weight decay from the table, else a.wd everywhere.
-template <int VEC, typename CT, bool kRuns>
-__global__ void adamw_step_kernel(float* param, float* m, float* v, const float* grad, int64_t n, AdamWParams a,
-                                  CT* copy, const __grid_constant__ DecayTable runs) {
-  constexpr bool kCopy = !std::is_same_v<CT, float>;
-  auto wd_at = [&](int& r, int64_t i) {
-    if constexpr (kRuns) return run_wd(runs, r, i, a.wd);
-    else return a.wd;
-  };
-  const int64_t chunks = n / VEC, stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t c = tid; c < chunks; c += stride) {
-    const int64_t i = c * VEC;
-    float p[VEC], mm[VEC], vv[VEC], g[VEC];
-    load_vec<VEC>(p, param + i);
-    load_vec<VEC>(mm, m + i);
-    load_vec<VEC>(vv, v + i);
-    load_vec<VEC>(g, grad + i);
-    int r = kRuns ? run_of(runs, i) : 0;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) adamw_update(p[k], mm[k], vv[k], g[k], a, wd_at(r, i + k));
-    store_vec<VEC>(param + i, p);
-    store_vec<VEC>(m + i, mm);
-    store_vec<VEC>(v + i, vv);
-    if constexpr (kCopy) {
+// The fp32 master weights and (CT != float) their compute copy, written rounded.
+template <typename CT>
+struct Fp32Weights {
+  float* p;
+  CT* copy;
+  bool vectorizable() const { return aligned(p, 16) && aligned(copy, 8); }
+  Fp32Weights at(int64_t b) const { return {p + b, copy ? copy + b : copy}; }
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t i, float (&w)[VEC]) const {
+    load_vec<VEC>(w, p + i);
+  }
+  template <int VEC>
+  __device__ __forceinline__ void store(int64_t i, const float (&w)[VEC]) const {
+    store_vec<VEC>(p + i, w);
+    if constexpr (!std::is_same_v<CT, float>) {
       CT c[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) c[k] = from_float<CT>(p[k]);
+      for (int k = 0; k < VEC; ++k) c[k] = from_float<CT>(w[k]);
       store_vec<VEC>(copy + i, c);
     }
   }
-  for (int64_t i = chunks * VEC + tid; i < n; i += stride) {
-    int r = kRuns ? run_of(runs, i) : 0;
-    adamw_update(param[i], m[i], v[i], grad[i], a, wd_at(r, i));
-    if constexpr (kCopy) copy[i] = from_float<CT>(param[i]);
+};
+
+// The master weights as halves: hi = the bf16 values' bits, lo = the low halves (core/master_halves.h).
+struct HalfWeights {
+  uint16_t* hi;
+  uint16_t* lo;
+  bool vectorizable() const { return aligned(hi, 8) && aligned(lo, 8); }
+  HalfWeights at(int64_t b) const { return {hi + b, lo + b}; }
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t i, float (&w)[VEC]) const {
+    uint16_t h[VEC], l[VEC];
+    load_vec<VEC>(h, hi + i);
+    load_vec<VEC>(l, lo + i);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[k] = master_halves::join(h[k], l[k]);
   }
+  template <int VEC>
+  __device__ __forceinline__ void store(int64_t i, const float (&w)[VEC]) const {
+    uint16_t h[VEC], l[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const uint32_t u = float_bits(w[k]);
+      h[k] = master_halves::high_half(u);
+      l[k] = master_halves::low_half(u);
+    }
+    store_vec<VEC>(hi + i, h);
+    store_vec<VEC>(lo + i, l);
+  }
+};
+
+// The update of elements [i, i + V) (one run table lookup for them). W: the master weights' policy (Fp32Weights<CT>
+// or HalfWeights). kRuns: weight decay from the table, else a.wd everywhere.
+template <int V, typename W, bool kRuns>
+__device__ __forceinline__ void update_at(const W& w, float* m, float* v, const float* grad, int64_t i,
+                                          const AdamWParams& a, const DecayTable& runs) {
+  float p[V], mm[V], vv[V], g[V];
+  w.template load<V>(i, p);
+  load_vec<V>(mm, m + i);
+  load_vec<V>(vv, v + i);
+  load_vec<V>(g, grad + i);
+  int r = kRuns ? run_of(runs, i) : 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    double wd = a.wd;
+    if constexpr (kRuns) wd = run_wd(runs, r, i + k, a.wd);
+    adamw_update(p[k], mm[k], vv[k], g[k], a, wd);
+  }
+  w.template store<V>(i, p);
+  store_vec<V>(m + i, mm);
+  store_vec<V>(v + i, vv);
 }
 
-template <bool kRuns, typename CT>
-void launch_adamw(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy,
+template <int VEC, typename W, bool kRuns>
+__global__ void adamw_step_kernel(W w, float* m, float* v, const float* grad, int64_t n, AdamWParams a,
+                                  const __grid_constant__ DecayTable runs) {
+  const int64_t chunks = n / VEC, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t c = tid; c < chunks; c += stride) update_at<VEC, W, kRuns>(w, m, v, grad, c * VEC, a, runs);
+  for (int64_t i = chunks * VEC + tid; i < n; i += stride) update_at<1, W, kRuns>(w, m, v, grad, i, a, runs);
+}
+
+template <bool kRuns, typename W>
+void launch_adamw(const W& w, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a,
                   const DecayTable& runs) {
   constexpr int kThreads = 256;
   cudaStream_t s = current_stream();
-  if (aligned(param, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grad, 16) && aligned(copy, 8))
-    adamw_step_kernel<4, CT, kRuns><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a,
-                                                                                          copy, runs);
+  if (w.vectorizable() && aligned(m, 16) && aligned(v, 16) && aligned(grad, 16))
+    adamw_step_kernel<4, W, kRuns><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(w, m, v, grad, n, a, runs);
   else
-    adamw_step_kernel<1, CT, kRuns><<<grid_for(n, kThreads), kThreads, 0, s>>>(param, m, v, grad, n, a, copy, runs);
+    adamw_step_kernel<1, W, kRuns><<<grid_for(n, kThreads), kThreads, 0, s>>>(w, m, v, grad, n, a, runs);
 }
 
 // One launch per kMaxRuns runs at most (a launch per span without a table); a launch ends, where it can, before a
-// run starting at a multiple of 4 elements, so that the next one keeps the 16-byte vectors.
-template <typename CT>
-void launch_adamw_runs(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a, CT* copy,
+// run starting at a multiple of 4 elements, so that the next one keeps the vectors.
+template <typename W>
+void launch_adamw_runs(const W& w, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a,
                        const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
   DecayTable t{};
-  if (runs == 0) return launch_adamw<false>(param, m, v, grad, n, a, copy, t);
+  if (runs == 0) return launch_adamw<false>(w, m, v, grad, n, a, t);
   for (int64_t r0 = 0, r1 = 0; r0 < runs; r0 = r1) {
     r1 = std::min(runs, r0 + kMaxRuns);
     for (int64_t c = r1; r1 < runs && c > r0 + 1; --c)
@@ -136,8 +183,15 @@ void launch_adamw_runs(float* param, float* m, float* v, const float* grad, int6
       t.start[r - r0] = run_starts[r] - b;
       t.decay[r - r0] = run_decay[r];
     }
-    launch_adamw<true>(param + b, m + b, v + b, grad + b, e - b, a, copy ? copy + b : copy, t);
+    launch_adamw<true>(w.at(b), m + b, v + b, grad + b, e - b, a, t);
   }
+}
+
+AdamWParams adamw_params(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                         double grad_scale) {
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  return {lr, beta1, beta2, eps, weight_decay, grad_scale, 1.0 / bc1, 1.0 / std::sqrt(bc2)};
 }
 
 }  // namespace
@@ -146,16 +200,25 @@ void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_
                      double beta2, double eps, double weight_decay, int64_t step, double grad_scale, void* copy,
                      bool copy_f16, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
   if (n <= 0) return;
-  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const AdamWParams a{lr, beta1, beta2, eps, weight_decay, grad_scale, 1.0 / bc1, 1.0 / std::sqrt(bc2)};
+  const AdamWParams a = adamw_params(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
   if (!copy)
-    launch_adamw_runs<float>(param, m, v, grad, n, a, nullptr, run_starts, run_decay, runs);
+    launch_adamw_runs(Fp32Weights<float>{param, nullptr}, m, v, grad, n, a, run_starts, run_decay, runs);
   else if (!copy_f16)
-    launch_adamw_runs(param, m, v, grad, n, a, static_cast<__nv_bfloat16*>(copy), run_starts, run_decay, runs);
+    launch_adamw_runs(Fp32Weights<__nv_bfloat16>{param, static_cast<__nv_bfloat16*>(copy)}, m, v, grad, n, a,
+                      run_starts, run_decay, runs);
   else
-    launch_adamw_runs(param, m, v, grad, n, a, static_cast<__half*>(copy), run_starts, run_decay, runs);
+    launch_adamw_runs(Fp32Weights<__half>{param, static_cast<__half*>(copy)}, m, v, grad, n, a, run_starts, run_decay,
+                      runs);
   MT_CUDA_CHECK_LAUNCH("adamw_step_cuda");
+}
+
+void adamw_step_halves_cuda(uint16_t* hi, uint16_t* lo, float* m, float* v, const float* grad, int64_t n, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                            double grad_scale, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
+  if (n <= 0) return;
+  const AdamWParams a = adamw_params(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+  launch_adamw_runs(HalfWeights{hi, lo}, m, v, grad, n, a, run_starts, run_decay, runs);
+  MT_CUDA_CHECK_LAUNCH("adamw_step_halves_cuda");
 }
 
 }  // namespace mt::ops::cuda

@@ -208,5 +208,13 @@ void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_
                      double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
                      void* copy = nullptr, bool copy_f16 = false, const int64_t* run_starts = nullptr,
                      const uint8_t* run_decay = nullptr, int64_t runs = 0);
+// The same update of master weights held as halves (core/master_halves.h): hi = the bf16 values' bits, lo = the low
+// halves, both updated in place (no fp32 copy, no separate compute copy).
+void adamw_step_halves_cuda(uint16_t* hi, uint16_t* lo, float* m, float* v, const float* grad, int64_t n, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                            double grad_scale, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs);
+// master (fp32) -> halves: hi = the bf16 values' bits, lo (optional) the low halves; and back (core/master_halves.h).
+void split_master_cuda(uint16_t* hi, uint16_t* lo, const float* master, int64_t n);
+void join_master_cuda(float* master, const uint16_t* hi, const uint16_t* lo, int64_t n);
 
 }  // namespace mt::ops::cuda

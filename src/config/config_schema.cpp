@@ -221,7 +221,7 @@ std::vector<ConfigField> build_schema() {
           .megatron({"skip_train"}),
       MT_CONFIG_KEY(training, seed).doc("random seed (initialization, data order, dropout)"),
       MT_CONFIG_KEY(training, precision).one_of({"fp32", "bf16", "fp16"})
-          .doc("compute precision (master weights and optimizer state stay fp32); the CPU backend runs fp32")
+          .doc("compute precision (master weights and optimizer state stay fp32; bf16 keeps the master weights exactly as the bf16 values plus 16-bit low halves); the CPU backend runs fp32")
           .megatron({"bf16", "fp16"}),
       MT_CONFIG_KEY(training, device).one_of({"auto", "cpu", "cuda"}).doc("auto = cuda when a GPU is present, else cpu"),
       MT_CONFIG_KEY(training, deterministic)

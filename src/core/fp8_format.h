@@ -12,7 +12,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
+
+#include "core/float_bits.h"
 
 #if defined(__CUDACC__)
 #define MT_FP8_HD __host__ __device__ __forceinline__
@@ -28,25 +29,6 @@ inline constexpr float kE4M3Max = 448.0f;
 inline constexpr float kE5M2Max = 57344.0f;
 
 MT_FP8_HD float fp8_max(Fp8Dtype t) { return t == Fp8Dtype::E4M3 ? 448.0f : 57344.0f; }
-
-MT_FP8_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-MT_FP8_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
 
 // float -> code, round to nearest even, saturating. E exponent bits, M mantissa bits, bias B = 2^(E-1) - 1;
 // max_code: the largest finite magnitude's code; nan_code: the NaN magnitude.

@@ -10,6 +10,7 @@
 #include "runtime/communicator.h"
 #include "runtime/cuda/cuda_runtime.h"
 
+#include "tensor/master_halves_ops.h"
 #include "tensor/ops.h"
 
 namespace mt {
@@ -196,18 +197,20 @@ bool AdamW::would_overflow(double grad_norm) {
 }
 
 void AdamW::step(double lr, double grad_scale, double grad_norm) {
-  shard_master();  // (the trainer calls it before the first step; a no-op from then on)
+  take_master();  // (the trainer calls it before the first step; a no-op from then on)
   ++step_;
   if (grad_norm < 0 || v_bound_ < 0)
     v_bound_ = -1;
   else
     v_bound_ = cfg_.adam_beta2 * v_bound_ + (1.0 - cfg_.adam_beta2) * grad_norm * grad_norm;
-  // The master weights: the store's (full-size, at flat offsets) or, once sharded, master_ (at state offsets).
-  Tensor master = master_.defined() ? master_ : store_->flat_master();
+  // The master weights: bf16's as halves (the store's values and lo_, at state offsets); else the store's (full-size,
+  // at flat offsets) or, once sharded, master_ (at state offsets).
+  const bool halves = lo_.defined();
+  Tensor master = halves ? Tensor() : master_.defined() ? master_ : store_->flat_master();
   Tensor& grads = store_->flat_grads();
-  // On the GPU the update also writes the compute copy (bf16 / fp16) of the weights it changed, in the same pass
+  // On the GPU the update also writes the compute copy (fp16) of the weights it changed, in the same pass
   // (as sync_values_from_master would: bit for bit); `written` collects those runs of the flat buffer.
-  const bool fused_copy = store_->has_separate_master() && master.device() == Device::CUDA;
+  const bool fused_copy = !halves && store_->has_separate_master() && master.device() == Device::CUDA;
   std::vector<std::pair<int64_t, int64_t>> written;
   // One update per span (spans_): one launch on a GPU for a whole shard range.
   ops::AdamWArgs a;
@@ -234,10 +237,19 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   [[maybe_unused]] int marks = 0;
   for (size_t i : order) {
     const UpdateSpan& span = spans_[i];
-    Tensor p = master.slice(master_.defined() ? span.state_begin : span.flat_begin, span.length);
     Tensor m = m_.slice(span.state_begin, span.length);
     Tensor v = v_.slice(span.state_begin, span.length);
     const Tensor g = grads.slice(span.flat_begin, span.length);
+    if (halves) {
+      Tensor hi = store_->flat_values().slice(span.flat_begin, span.length);
+      Tensor lo = lo_.slice(span.state_begin, span.length);
+      ops::adamw_step_halves(hi, lo, m, v, g, a, &span.decay);
+#if defined(MEGATRAIN_HAVE_CUDA)
+      if (overlap_) cuda::update_mark(mark_of_[i] = marks++);
+#endif
+      continue;
+    }
+    Tensor p = master.slice(master_.defined() ? span.state_begin : span.flat_begin, span.length);
     if (fused_copy) {
       Tensor copy = store_->flat_values().slice(span.flat_begin, span.length);
       ops::adamw_step(p, m, v, g, a, &copy, &span.decay);
@@ -249,10 +261,11 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
     if (overlap_) cuda::update_mark(mark_of_[i] = marks++);
 #endif
   }
-  // The compute copy of the rest of the shard (with the fused copy: only the padding between regions).
+  // The compute copy of the rest of the shard (with the fused copy: only the padding between regions; with halves,
+  // none: the values are the master weights' high halves, the padding's zero).
   std::sort(written.begin(), written.end());
   int64_t r_state = 0;
-  for (const ShardRange& r : shard_) {
+  for (const ShardRange& r : halves ? std::vector<ShardRange>{} : shard_) {
     int64_t at = r.begin;
     for (const auto& [b, e] : written) {
       if (e <= at || b >= r.end) continue;
@@ -279,8 +292,8 @@ void AdamW::full_moments(Tensor& m, Tensor& v) const {
 void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
                                  const std::function<bool(bool)>& keep) const {
   MT_INTERNAL_ASSERT(distributed_, "gather_state_to_host: the optimizer state is not sharded");
-  MT_INTERNAL_ASSERT(master_.defined() || !store_->has_separate_master(),
-                     "gather_state_to_host before shard_master: the store's master weights are current only in this "
+  MT_INTERNAL_ASSERT(master_.defined() || lo_.defined() || !store_->has_separate_master(),
+                     "gather_state_to_host before take_master: the store's master weights are current only in this "
                      "rank's shard");
   // Host buffers only on a rank that saves some region (the others take part in the gathers only).
   bool any = false;
@@ -288,38 +301,47 @@ void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
   const int64_t N = store_->padded_numel();
   m = any ? Tensor::zeros({N}, m_.dtype()) : Tensor();
   v = any ? Tensor::zeros({N}, v_.dtype()) : Tensor();
-  master = any && master_.defined() ? Tensor::zeros({N}, master_.dtype()) : Tensor();
+  master = any && (master_.defined() || lo_.defined()) ? Tensor::zeros({N}, DType::F32) : Tensor();
   const std::vector<ShardRange> buckets = grad_buckets(*store_, ps_->dp_size, ps_->expert_dp_size);
   // This rank's state: the regions one after the other, in each its chunk of every bucket in bucket order.
   int64_t offset = 0;
-  Tensor whole_buf;  // one bucket gathered, on the state's device
+  Tensor whole_buf;   // one bucket gathered, on the state's device
+  Tensor joined_buf;  // this rank's chunk of a bucket's master weights joined from their halves
   for (const FlatRegion& r : store_->regions()) {
     const ReduceGroup g = reduce_group(*store_, *ps_, r.begin);
     const bool kept = keep(r.expert);
     for (const ShardRange& b : buckets) {
       if (b.begin < r.begin || b.begin >= r.end) continue;
       const int64_t n = b.size() / g.size;
-      auto one = [&](const Tensor& state, Tensor& host) {
-        const Tensor mine = state.slice(offset, n);
+      auto one = [&](const Tensor& mine, Tensor& host) {
         Tensor whole = mine;
         if (g.comm) {  // chunk q of the bucket from rank q: the bucket's flat range in order (bucket_chunk)
           if (!whole_buf.defined() || whole_buf.numel() < b.size())
-            whole_buf = Tensor::empty({b.size()}, state.dtype(), state.device());
+            whole_buf = Tensor::empty({b.size()}, mine.dtype(), mine.device());
           whole = whole_buf.slice(0, b.size());
           g.comm->all_gather(whole, mine);
         }
         if (kept) host.slice(b.begin, b.size()).copy_from(whole);
       };
-      one(m_, m);
-      one(v_, v);
-      if (master_.defined()) one(master_, master);
+      one(m_.slice(offset, n), m);
+      one(v_.slice(offset, n), v);
+      if (master_.defined()) one(master_.slice(offset, n), master);
+      if (lo_.defined()) {
+        const ShardRange flat = bucket_chunk(b, g.size, g.rank);  // (this rank's values are current in its chunk)
+        if (!joined_buf.defined() || joined_buf.numel() < n) joined_buf = Tensor::empty({n}, DType::F32, lo_.device());
+        Tensor joined = joined_buf.slice(0, n);
+        ops::join_master(joined, store_->flat_values().slice(flat.begin, n), lo_.slice(offset, n));
+        one(joined, master);
+      }
       offset += n;
     }
   }
 }
 
-void AdamW::shard_master() {
-  if (!distributed_ || !store_->has_separate_master() || master_.defined()) return;
+void AdamW::take_master() {
+  if (!store_->has_separate_master() || master_.defined() || lo_.defined()) return;
+  if (store_->flat_values().dtype() == DType::BF16) return take_master_halves();
+  if (!distributed_) return;  // fp16: the store's fp32 master weights, updated where they are
   // Through host memory: the shard and the full-size copy are never on the device together (that would raise the
   // run's peak by the shard).
   const Tensor& full = store_->flat_master();
@@ -330,6 +352,54 @@ void AdamW::shard_master() {
   store_->release_master();
   master_ = Tensor::empty({shard_numel_}, dtype, device);
   master_.copy_from(host);
+}
+
+void AdamW::take_master_halves() {
+  // The high halves: every value, from the full master weights every rank holds (replicas round alike), in place.
+  Tensor& values = store_->flat_values();
+  Tensor full = store_->flat_master();  // (a handle, let go of below with the store's, before lo_ exists)
+  const Device device = full.device();
+  ops::split_master(values, nullptr, full);
+  // The low halves of this rank's shard, staged in host memory a piece at a time, so that the full fp32 copy and the
+  // halves are never on the device together.
+  constexpr int64_t kPiece = int64_t{16} << 20;
+  Tensor host = Tensor::empty({shard_numel_}, DType::U16);
+  Tensor piece_buf = Tensor::empty({std::min(kPiece, shard_numel_)}, DType::U16, device);
+  int64_t offset = 0;
+  for (const ShardRange& r : shard_)
+    for (int64_t b = r.begin; b < r.end; b += kPiece) {
+      const int64_t n = std::min(kPiece, r.end - b);
+      Tensor hi = values.slice(b, n), lo = piece_buf.slice(0, n);
+      ops::split_master(hi, &lo, full.slice(b, n));  // (hi again, the same bits)
+      host.slice(offset, n).copy_from(lo);
+      offset += n;
+    }
+  piece_buf = Tensor();
+  full = Tensor();
+  store_->release_master();
+  lo_ = Tensor::empty({shard_numel_}, DType::U16, device);
+  lo_.copy_from(host);
+}
+
+Tensor AdamW::master_to_host(const std::function<bool(bool)>& keep) const {
+  MT_INTERNAL_ASSERT(lo_.defined() && !distributed_, "master_to_host: the master weights are not unsharded halves");
+  bool any = false;
+  for (const FlatRegion& r : store_->regions()) any = any || keep(r.expert);
+  if (!any) return Tensor();
+  constexpr int64_t kPiece = int64_t{16} << 20;
+  Tensor host = Tensor::zeros({store_->padded_numel()}, DType::F32);
+  Tensor piece_buf = Tensor::empty({std::min(kPiece, store_->padded_numel())}, DType::F32, lo_.device());
+  Tensor& values = store_->flat_values();
+  for (const FlatRegion& r : store_->regions()) {
+    if (!keep(r.expert)) continue;
+    for (int64_t b = r.begin; b < r.end; b += kPiece) {  // (unsharded: state offsets are flat offsets)
+      const int64_t n = std::min(kPiece, r.end - b);
+      Tensor piece = piece_buf.slice(0, n);
+      ops::join_master(piece, values.slice(b, n), lo_.slice(b, n));
+      host.slice(b, n).copy_from(piece);
+    }
+  }
+  return host;
 }
 
 void AdamW::values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state) {

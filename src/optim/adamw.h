@@ -69,20 +69,31 @@ class AdamW {
   bool distributed() const { return distributed_; }
   // The moments as full-size flat buffers: the state itself (without the distributed optimizer only).
   void full_moments(Tensor& m, Tensor& v) const;
-  // For checkpoints under the distributed optimizer: m, v and (once sharded) the fp32 master weights as full-size
-  // flat HOST buffers, gathered over the data (expert-data) groups one bucket at a time, so that the device holds
-  // one bucket beyond the shards (full-size device copies of all three took 12 bytes a parameter at every save).
+  // For checkpoints under the distributed optimizer: m, v and (once taken) the fp32 master weights as full-size flat
+  // HOST buffers, gathered over the data (expert-data) groups one bucket at a time, so that the device holds one
+  // bucket beyond the shards (full-size device copies of all three took 12 bytes a parameter at every save).
   // Only the regions for which keep(region.expert) holds are copied to the host (the rest stays zero: this rank
   // saves none of it; with none, nothing is allocated and all three stay undefined); master is left undefined when
-  // not sharded (the store's values are the master weights then). A collective: call it on every rank.
+  // the store's values are the master weights (fp32). A collective: call it on every rank.
   void gather_state_to_host(Tensor& m, Tensor& v, Tensor& master, const std::function<bool(bool)>& keep) const;
+  // Whether this optimizer holds the master weights (take_master took them from the store): then the checkpoint
+  // takes them from gather_state_to_host or, without the distributed optimizer, master_to_host.
+  bool holds_master() const { return master_.defined() || lo_.defined(); }
+  // Without the distributed optimizer, bf16: the fp32 master weights joined from their halves into a full-size flat
+  // HOST buffer, a piece at a time (regions for which keep(region.expert) holds; undefined when none).
+  Tensor master_to_host(const std::function<bool(bool)>& keep) const;
   // Sets the moments from full-size flat buffers (keeping this rank's shard).
   void set_full_moments(const Tensor& m, const Tensor& v);
-  // With the distributed optimizer and separate master weights (bf16 / fp16): keeps this rank's shard of the fp32
-  // master weights beside m and v and frees the store's full-size copy (each rank updates only its shard; the
-  // compute copies of the others arrive by GradSync::gather_params). Call it once, after any checkpoint load and
-  // before the first step; otherwise nothing.
-  void shard_master();
+  // Takes the master weights from the parameter store when they are separate from the values (bf16 / fp16) and frees
+  // the store's full-size fp32 copy. Call it once, after any checkpoint load and before the first step (step calls
+  // it too; then it does nothing).
+  // - bf16: as halves (core/master_halves.h). The values become the high halves (the fp32 weights rounded, ties away
+  //   from zero), and this optimizer keeps the low halves of its shard (all of them without the distributed
+  //   optimizer): 2 bytes a parameter, and the update moves 28 bytes an element instead of 30.
+  // - fp16 with the distributed optimizer: this rank's shard of the fp32 master weights, beside m and v (each rank
+  //   updates only its shard; the compute copies of the others arrive by GradSync::gather_params).
+  // - fp16 without: nothing; the store's master weights stay where they are.
+  void take_master();
   // On a GPU without the distributed optimizer the update runs on a side stream (runtime/cuda/cuda_runtime.h
   // update_*), chunk by chunk in the order the last forward asked for their parameters, so that the next forward
   // starts at once: params_needed (the forward's hook, through GradSync) makes the compute stream wait for the
@@ -111,9 +122,11 @@ class AdamW {
   int64_t needs_ = 0;             // requests counted this step
   int all_mark_ = -1;             // the whole update's event, -1 when waited for
   Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
-  Tensor master_;  // the same for the fp32 master weights, once shard_master took them from the store
+  Tensor master_;  // the same for the fp32 master weights (fp16, distributed), once take_master took them
+  Tensor lo_;      // the same for the master weights' low halves (bf16), once take_master took them
+  void take_master_halves();
   // values = master (cast) over the flat range [begin, begin + n) inside shard range r, which starts at state
-  // offset r_state (from the store's master weights until shard_master, then from master_)
+  // offset r_state (from the store's master weights until take_master, then from master_)
   void values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state);
   // state (shard_numel_ elements: the shard's ranges end to end) = this rank's ranges of the full-size `full`
   void take_shard(Tensor& state, const Tensor& full) const;

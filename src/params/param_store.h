@@ -132,7 +132,7 @@ class ParamStore {
   // The fp32 master weights (the values themselves unless the values are bf16/fp16). Not after release_master.
   Tensor& flat_master();
   bool has_separate_master() const { return separate_master_; }
-  // Frees the separate master weights: the distributed optimizer keeps its shard of them (AdamW::shard_master).
+  // Frees the separate master weights: the optimizer holds them from then on (AdamW::take_master).
   void release_master();
   // The master weights of one parameter (a view).
   Tensor master(const Param& p);

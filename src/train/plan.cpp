@@ -265,6 +265,18 @@ int64_t fp8_layer_extra_bytes(const ModelConfig& m, const DerivedConfig& d, int 
   return bytes;
 }
 
+// Optimizer bytes a parameter (before the distributed optimizer's sharding): Adam's fp32 m and v, and the master
+// weights where they are separate from the values: bf16's low halves (2 B, optim/adamw.h take_master), fp16's fp32
+// copy (4 B).
+int64_t optimizer_bytes_per_param(DType values) {
+  return values == DType::BF16 ? 10 : values == DType::F16 ? 12 : 8;
+}
+const char* optimizer_bytes_text(DType values) {
+  return values == DType::BF16   ? "Adam m+v 8 + master low halves 2 = 10"
+         : values == DType::F16 ? "Adam m+v 8 + fp32 master 4 = 12"
+                                : "Adam m+v 8";
+}
+
 PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport& r, int s, const RankParams& rp) {
   const bool fp32 = r.activation_dtype == DType::F32, sp = r.sequence_parallel;
   const int64_t B = r.micro_batch_size, T = r.seq_length / r.cp;  // tokens of one micro-batch on one rank
@@ -319,7 +331,8 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   st.weight_bytes = st.params * (fp32 ? 4 : 2);
   st.grad_bytes = st.params * 4;
   st.optimizer_bytes = ((other + opt_shards - 1) / opt_shards +
-                        (st.expert_params + expert_shards - 1) / expert_shards) * (fp32 ? 8 : 12);
+                        (st.expert_params + expert_shards - 1) / expert_shards) *
+                       optimizer_bytes_per_param(r.activation_dtype);
   st.a2a_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.total;
   st.a2a_leaving_bytes = st.moe_layers * r.num_microbatches * r.moe_a2a.leaving;
   const bool has_layers = std::any_of(st.chunks.begin(), st.chunks.end(),
@@ -548,7 +561,7 @@ void format_moe(std::ostream& os, const PlanReport& r) {
   for (const PlanStage& st : r.stages)
     rows.push_back({std::to_string(st.stage), std::to_string(st.moe_layers), count(st.expert_params),
                     gib(st.expert_params * (fp32 ? 4 : 2)), gib(st.expert_params * 4),
-                    gib((st.expert_params + shards - 1) / shards * (fp32 ? 8 : 12)), gib(st.a2a_bytes),
+                    gib((st.expert_params + shards - 1) / shards * optimizer_bytes_per_param(r.activation_dtype)), gib(st.a2a_bytes),
                     gib(st.a2a_leaving_bytes)});
   os << table(rows)
      << "  GiB per rank, part of the memory table's weights / grads / optimizer"
@@ -635,7 +648,7 @@ std::string format_plan(const PlanReport& r) {
 
   const bool fp32 = r.activation_dtype == DType::F32;
   os << "Memory per rank, GiB (weights " << (fp32 ? "4" : "2") << " B/param, fp32 gradients 4 B/param, optimizer "
-     << (fp32 ? "Adam m+v 8" : "Adam m+v + fp32 master 12") << " B/param"
+     << optimizer_bytes_text(r.activation_dtype) << " B/param"
      << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context",
                                            r.moe_layers > 0 ? str_cat("; experts' / ", r.expert_dp, " over expert-data") : "",
                                            ")")

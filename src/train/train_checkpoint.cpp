@@ -64,14 +64,15 @@ std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const Par
   // (experts': expert-data) and gathered here into host memory a bucket at a time; this rank copies the regions it
   // saves (as the owner test below).
   Tensor m, v, master;
+  const auto saves = [&](bool expert) { return expert ? ps.expert_dp_rank == 0 : ps.dp_rank == 0; };
   if (opt.distributed()) {
-    opt.gather_state_to_host(m, v, master,
-                             [&](bool expert) { return expert ? ps.expert_dp_rank == 0 : ps.dp_rank == 0; });
+    opt.gather_state_to_host(m, v, master, saves);
     // fp32: the values are the master weights (all-gathered by GradSync before a save)
     if (!store.has_separate_master()) master = store.flat_master();
   } else {
     opt.full_moments(m, v);
-    master = store.flat_master();
+    // bf16: the optimizer holds the master weights as halves (joined into host memory for the save)
+    master = opt.holds_master() ? opt.master_to_host(saves) : store.flat_master();
   }
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank; an expert's by the

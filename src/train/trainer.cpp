@@ -429,8 +429,8 @@ TrainResult run_training(const Config& cfg) {
       last_checkpoint = ck.path;
     }
   }
-  // The distributed optimizer keeps only its shard of the fp32 master weights from here on (bf16 / fp16).
-  run.opt->shard_master();
+  // The optimizer holds the master weights from here on (bf16: as halves; fp16 distributed: its shard of them).
+  run.opt->take_master();
   // skip_train writes nothing, so an existing checkpoint directory is no reason to refuse.
   if (!cfg.checkpoint.dir.empty() && !cfg.training.skip_train) ckpt::refuse_overwrite(cfg.checkpoint.dir, iteration);
   const int64_t first_iteration = iteration, first_consumed = consumed;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cuda/cuda_ops.h"
+#include "tensor/master_halves_ops.h"
 #include "test_cuda_util.h"
 
 using namespace mt;
@@ -143,8 +144,8 @@ TEST_CASE("cuda op timings", "[.bench][cuda]") {
     report("sum_squares fp32 1e8 (incl. sync)", median_ms([&] { (void)ops::sum_squares(grad); }, 20), 4.0 * P);
   }
 }
-// AdamW over 3e8 fp32 parameters with the bf16 copy (30 bytes per element), as the trainer runs it on one flat
-// buffer. Run with: mt_test_cuda "[adamw-bw]".
+// AdamW over 3e8 fp32 parameters with the bf16 copy (30 bytes per element), and over master weights as halves (28), as
+// the trainer runs it on one flat buffer. Run with: mt_test_cuda "[adamw-bw]".
 TEST_CASE("cuda adamw bandwidth", "[.bench][adamw-bw]") {
   init();
   const int64_t P = 300000000;
@@ -156,6 +157,10 @@ TEST_CASE("cuda adamw bandwidth", "[.bench][adamw-bw]") {
   a.lr = 1e-4;
   a.weight_decay = 0.1;
   report("adamw_step fp32 3e8 + bf16 copy", median_ms([&] { ops::adamw_step(p, m, v, grad, a, &copy); }, 10), 30.0 * P);
+  // the trainer's bf16 path: the master weights as halves (the bf16 values and their low halves, 28 bytes an element)
+  Tensor lo = Tensor::empty({P}, DType::U16, Device::CUDA);
+  ops::split_master(copy, &lo, p);
+  report("adamw_step_halves 3e8", median_ms([&] { ops::adamw_step_halves(copy, lo, m, v, grad, a); }, 10), 28.0 * P);
 }
 
 // Every cuDNN engine configuration for one attention shape, timed (cuda_ops.h cudnn_attention_sweep); a

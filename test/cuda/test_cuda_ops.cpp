@@ -10,6 +10,7 @@
 
 #include "optim/adamw.h"
 #include "params/param_store.h"
+#include "tensor/master_halves_ops.h"
 #include "test_cuda_util.h"
 #include "tensor/scalar_read.h"
 
@@ -712,12 +713,16 @@ TEST_CASE("cuda adamw beside the compute stream: reads after params_needed see t
   ops::AdamWArgs a;
   a.lr = 1e-3, a.beta1 = cfg.adam_beta1, a.beta2 = cfg.adam_beta2, a.eps = cfg.adam_eps;
   a.weight_decay = cfg.weight_decay, a.step = 1;
-  Tensor p_ref = store.flat_master().clone(), m_ref = Tensor::zeros(p_ref.shape(), DType::F32, Device::CUDA),
-         v_ref = m_ref.clone(), copy_ref = Tensor::empty(p_ref.shape(), DType::BF16, Device::CUDA);
-  ops::adamw_step(p_ref, m_ref, v_ref, store.flat_grads(), a, &copy_ref);
+  // (the optimizer holds bf16 master weights as halves: the values are the high halves)
+  const Tensor& master = store.flat_master();
+  Tensor hi_ref = Tensor::empty(master.shape(), DType::BF16, Device::CUDA),
+         lo_ref = Tensor::empty(master.shape(), DType::U16, Device::CUDA),
+         m_ref = Tensor::zeros(master.shape(), DType::F32, Device::CUDA), v_ref = m_ref.clone();
+  ops::split_master(hi_ref, &lo_ref, master);
+  ops::adamw_step_halves(hi_ref, lo_ref, m_ref, v_ref, store.flat_grads(), a);
   const int64_t N = int64_t{80} << 20;  // the two parameters (not the padding after them)
   Tensor want_dev = Tensor::empty({N}, DType::F32, Device::CUDA);
-  ops::cast(want_dev, copy_ref.slice(0, N));
+  ops::cast(want_dev, hi_ref.slice(0, N));
   const Tensor want = to_host(want_dev);
   ParallelState ps;
   AdamW opt(store, cfg, ps, false);
@@ -802,6 +807,76 @@ TEST_CASE("cuda adamw with the weights' bf16 / fp16 copy written in the same pas
         CHECK(bitwise_equal(v, vr));
         CHECK(bitwise_equal(copy, ref));
       }
+}
+
+// The master weights as halves (core/master_halves.h) on the GPU: split and join equal the CPU's bit for bit (every
+// kind of fp32 bit pattern; vector-unfriendly offsets), and the update of the halves is the fp32 update.
+TEST_CASE("cuda master halves: split and join equal the CPU bit for bit", "[cuda][adamw][master_halves]") {
+  init();
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                                0xff800000u, 0x7fc00000u, 0x7f800001u, 0x7fff8000u, 0xffffffffu, 0x3f808000u,
+                                0x3f818000u, 0xbf808000u, 0x3f807fffu};
+  std::mt19937 gen(31);
+  for (int i = 0; i < 100003; ++i) bits.push_back(i % 7 ? gen() : (gen() & 0xffff0000u) | 0x8000u);
+  const auto n = static_cast<int64_t>(bits.size());
+  Tensor master = Tensor::empty({n}, DType::F32);
+  std::memcpy(master.raw(), bits.data(), bits.size() * 4);
+  Tensor hi = Tensor::empty({n}, DType::BF16), lo = Tensor::empty({n}, DType::U16), joined = master.clone();
+  ops::split_master(hi, &lo, master);
+  ops::join_master(joined, hi, lo);
+  for (int64_t shift : {int64_t(0), int64_t(1)}) {
+    INFO("shift " << shift);
+    const Tensor master_d = to_device_shifted(master, DType::F32, shift);
+    Tensor hi_d = to_device_shifted(Tensor::zeros({n}, DType::BF16), DType::BF16, shift);
+    Tensor lo_d = to_device_shifted(Tensor::zeros({n}, DType::U16), DType::U16, shift);
+    ops::split_master(hi_d, &lo_d, master_d);
+    CHECK(bitwise_equal(hi_d, hi));
+    CHECK(bitwise_equal(lo_d, lo));
+    Tensor joined_d = to_device_shifted(Tensor::zeros({n}, DType::F32), DType::F32, shift);
+    ops::join_master(joined_d, hi_d, lo_d);
+    CHECK(bitwise_equal(joined_d, joined));
+  }
+}
+
+TEST_CASE("cuda adamw on master halves is the fp32 update bit for bit", "[cuda][adamw][master_halves]") {
+  init();
+  ops::DecayRuns runs;
+  for (int64_t r = 0; r < 300; ++r) {
+    runs.starts.push_back(r * 333 + (r ? 1 : 0));
+    runs.decay.push_back(r % 3 != 1);
+  }
+  for (int64_t n : {int64_t(3), int64_t(100003)})
+    for (int64_t shift : {int64_t(0), int64_t(1)}) {
+      INFO("n " << n << " shift " << shift);
+      const Tensor p0 = rounded(randn64({n}, 5 + n, 0.02), DType::F32);
+      const Tensor zero = Tensor::zeros({n}, DType::F64);
+      Tensor p = to_device(p0, DType::F32), m = to_device(zero, DType::F32), v = to_device(zero, DType::F32);
+      Tensor mh = to_device_shifted(zero, DType::F32, shift), vh = to_device_shifted(zero, DType::F32, shift);
+      Tensor hi = to_device_shifted(zero, DType::BF16, shift), lo = Tensor::empty({n}, DType::U16, Device::CUDA);
+      ops::split_master(hi, &lo, p);
+      ops::DecayRuns r;
+      for (size_t i = 0; i < runs.starts.size() && runs.starts[i] < n; ++i) {
+        r.starts.push_back(runs.starts[i]);
+        r.decay.push_back(runs.decay[i]);
+      }
+      ops::AdamWArgs a;
+      a.lr = 1e-3;
+      a.weight_decay = 0.1;
+      for (a.step = 1; a.step <= 3; ++a.step) {
+        const Tensor g = to_device(rounded(randn64({n}, 4000 * a.step + n), DType::F32), DType::F32);
+        ops::adamw_step_halves(hi, lo, mh, vh, g, a, &r);
+        ops::adamw_step(p, m, v, g, a, nullptr, &r);
+      }
+      Tensor joined = Tensor::empty({n}, DType::F32, Device::CUDA);
+      ops::join_master(joined, hi, lo);
+      CHECK(bitwise_equal(joined, p));
+      CHECK(bitwise_equal(mh, m));
+      CHECK(bitwise_equal(vh, v));
+      Tensor hi_ref = Tensor::empty({n}, DType::BF16, Device::CUDA);
+      ops::split_master(hi_ref, nullptr, p);
+      CHECK(bitwise_equal(hi, hi_ref));
+      CHECK(!bitwise_equal(p, to_device(p0, DType::F32)));
+    }
 }
 
 TEST_CASE("cuda cross-entropy combine (rescale, finish) and sum_accumulate match the CPU", "[cuda][cross_entropy]") {

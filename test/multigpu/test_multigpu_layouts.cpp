@@ -188,8 +188,9 @@ TEST_CASE("FP8 tensorwise under tensor 2 (sequence parallel) matches 1 GPU", "[m
   check_layout("tp2sp", 2, "--set parallel.tensor=2 --set parallel.sequence_parallel=true", kFp8);
 }
 
-// The distributed optimizer with separate fp32 master weights (bf16): each data rank keeps and updates only its shard
-// of the master weights (AdamW::shard_master), and a checkpoint gathers all of them. Stopped at iteration 4 and
+// The distributed optimizer with separate master weights (bf16: as halves, core/master_halves.h): each data rank keeps
+// and updates only its shard of the master weights' low halves (AdamW::take_master), and a checkpoint joins and
+// gathers all of them. Stopped at iteration 4 and
 // resumed, the run continues the uninterrupted one, with the synchronous save and with the asynchronous snapshot: a
 // shard saved stale (as it was loaded) would set those weights back and move the loss (it did: 6.111 against 6.068
 // one step after the resume, before the master weights were gathered for the save). The MoE model: dense parameters

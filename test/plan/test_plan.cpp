@@ -264,12 +264,14 @@ TEST_CASE("plan: memory per rank, distributed optimizer divides optimizer state 
   const PlanStage &a = plain.stages[0], &b = dist.stages[0];
   CHECK(a.weight_bytes == a.params * 2);  // bf16 compute copy
   CHECK(a.grad_bytes == a.params * 4);    // fp32 main gradients
-  CHECK(a.optimizer_bytes == a.params * 12);  // Adam m, v and the fp32 master
+  CHECK(a.optimizer_bytes == a.params * 10);  // Adam m, v and the master weights' low halves (bf16)
   CHECK(b.weight_bytes == a.weight_bytes);
   CHECK(b.grad_bytes == a.grad_bytes);
-  CHECK(b.optimizer_bytes == (a.params + 3) / 4 * 12);
+  CHECK(b.optimizer_bytes == (a.params + 3) / 4 * 10);
   CHECK(b.activation[0] == a.activation[0]);
 
+  cfg.training.precision = "fp16";  // a separate fp32 master
+  CHECK(make_plan(cfg, 4).stages[0].optimizer_bytes == (a.params + 3) / 4 * 12);
   cfg.training.precision = "fp32";
   cfg.parallel.distributed_optimizer = false;
   const PlanReport f32 = make_plan(cfg, 1);
