@@ -249,9 +249,10 @@ std::vector<ConfigField> build_schema() {
           .doc("full recompute: uniform = every chunk of recompute_num_layers layers, block = the first recompute_num_layers layers of each stage"),
       MT_CONFIG_KEY(training, recompute_num_layers).min(1).doc("full recompute: layers per chunk (uniform) or recomputed layers per stage (block)"),
       MT_CONFIG_KEY(training, recompute_norm_act)
-          .doc("true = each layer's two norm outputs and llama's SwiGLU output are recomputed in backward from what "
-               "is kept anyway (the same bits); false = kept instead: faster, (2 x hidden + ffn) x 2 more bytes per "
-               "token per layer in bf16 (gpt2: 2 x hidden, its GELU output is always kept)"),
+          .doc("true = each layer's two norm outputs and llama's SwiGLU output (an MoE layer: its experts' permuted "
+               "input rows) are recomputed in backward from what is kept anyway (the same bits); false = kept "
+               "instead: faster, (2 x hidden + ffn) x 2 more bytes per token per layer in bf16 (gpt2: 2 x hidden, "
+               "its GELU output is always kept; an MoE layer: (2 + topk) x hidden)"),
       MT_CONFIG_KEY(training, nan_policy).one_of({"stop", "skip"})
           .doc("a NaN/Inf loss or gradient norm: stop = exit with an error, skip = drop that step's update and go on"),
       MT_CONFIG_KEY(training, nan_max_skips).min(1)

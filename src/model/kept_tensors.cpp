@@ -45,6 +45,7 @@ std::vector<KeptTensor> mlp_kept(MLPKind kind, Activation activation, const Laye
       m.shared_ffn = d.shared_ffn;
       m.recv_rows = d.rows * d.topk;
       m.swiglu = activation == Activation::SwiGLU;
+      m.keep_input = keep_norm_act;
       m.capacity = d.capacity;
       return moe_kept(m, d);
     }
@@ -61,6 +62,7 @@ std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d) {
       {"mlp.router.choice", N * m.topk, false, true}, {"mlp.router.weights", N * m.topk, true},
       {"mlp.slot_of_row", T * m.topk, false, true},  {"mlp.row_of_slot", T * m.topk, false, true},
       {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)}, {"mlp.yp", R * d.hidden}};
+  if (m.keep_input) out.push_back({"mlp.xp", R * d.hidden});
   if (m.ep > 1) {  // the send map; the received tokens (permuted again in backward) and their weights
     out.push_back({"mlp.send_slot", N * m.ep, false, true});
     out.push_back({"mlp.row_of_send", N * m.ep, false, true});
@@ -85,7 +87,9 @@ std::vector<KeptTensor> moe_layer_kept(const TransformerLayerSpec& spec, Activat
   for (KeptTensor& t : layer_kept(spec, activation, d, mode, keep_norm_act))
     if (t.name.rfind("mlp.", 0) != 0) out.push_back(std::move(t));
   if (mode == RecomputePolicy::Mode::Full) return out;
-  for (KeptTensor& t : moe_kept(m, d)) out.push_back(std::move(t));
+  MoEDims mk = m;
+  mk.keep_input = keep_norm_act;
+  for (KeptTensor& t : moe_kept(mk, d)) out.push_back(std::move(t));
   return out;
 }
 

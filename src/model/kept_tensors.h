@@ -49,6 +49,8 @@ struct MoEDims {
   int64_t ep = 1;           // parallel.expert
   int64_t recv_tokens = 0;  // EP > 1: the tokens that carry them (one per token and rank; kept for the backward)
   bool swiglu = true;       // fc1 is [gate; up] (2 x ffn wide)
+  bool keep_input = false;  // the experts' permuted input rows kept (training.recompute_norm_act false), else permuted
+                            // again in backward
   bool capacity = false;    // moe_expert_capacity_factor set: the choice after the drop is a second (N, k) map
   bool aux_loss = false, z_loss = false;  // the balancing losses' values (1 element each)
 };

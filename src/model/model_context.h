@@ -18,8 +18,9 @@ class Fp8Context;  // tensor/fp8/fp8_recipe.h
 //   full/uniform: the layers in groups of `num_layers`, keeping only each group's input;
 //   full/block: the first `num_layers` layers of each model chunk, each keeping only its input.
 // Independent of the mode, norm_act (training.recompute_norm_act): each layer's two norm outputs and the
-// SwiGLU output are not kept but recomputed in backward from the norm inputs / the fc1 output (the same kernels
-// on the same inputs: the same bits); false keeps them.
+// SwiGLU output (an MoE layer: its experts' permuted input rows) are not kept but recomputed in backward from the
+// norm inputs / the fc1 output / the layer's input (the same kernels on the same inputs: the same bits); false keeps
+// them.
 struct RecomputePolicy {
   enum class Mode { None, Selective, Full } mode = Mode::None;
   bool block = false;  // full: block (else uniform)

@@ -1,6 +1,8 @@
 // The MoE layer on one rank (fp64): equal to a direct computation (every token through its k experts, weighted
 // and summed, + the shared expert) to 1e-12, and its backward (with the balancing losses' gradients) equal to
 // finite differences of  L = <dy, y> + aux/seq-aux loss + z-loss  w.r.t. the input and every parameter.
+#include <cstring>
+
 #include "catch.h"
 #include "moe/moe_fixture.h"
 #include "ops/gradcheck.h"
@@ -112,6 +114,17 @@ TEST_CASE("moe layer backward matches finite differences, balancing losses inclu
     const Tensor dx = fx.layer->backward(dy, s, x);
     check_grad("dx", dx, x, L, 1e-7);
     const Tensor grads = fx.store->flat_grads().clone();
+    {  // the experts' permuted input kept (training.recompute_norm_act false) instead of permuted again: the same bits
+      fx.ctx.recompute.norm_act = false;
+      MoELayer::Saved sk;
+      fx.layer->forward(sk, x);
+      CHECK(sk.xp.defined());
+      fx.store->zero_grads();
+      const Tensor dx_kept = fx.layer->backward(dy, sk, x);
+      CHECK(std::memcmp(dx_kept.raw(), dx.raw(), dx.nbytes()) == 0);
+      CHECK(std::memcmp(fx.store->flat_grads().raw(), grads.raw(), grads.nbytes()) == 0);
+      fx.ctx.recompute.norm_act = true;  // (the gradients are as before, bit for bit, for the checks below)
+    }
     check_grad("parameters", grads, fx.store->flat_values(), L, 1e-7);
     // each parameter on its own (a wrong one would hide in the norm of the whole)
     for (Param* p : fx.store->params()) {

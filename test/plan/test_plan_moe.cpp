@@ -26,7 +26,7 @@ static_assert(sizeof(Experts::Saved) == sizeof(std::vector<int64_t>) + 2 * sizeo
 static_assert(sizeof(MoELayer::Saved) == sizeof(Router::Saved) + sizeof(std::vector<int64_t>) + 2 * sizeof(Tensor) +
                                              sizeof(TokenDispatcher::Plan) + 4 * sizeof(Tensor) +
                                              sizeof(int64_t) +  // the padded flag (aligned)
-                                             sizeof(Experts::Saved) + 3 * sizeof(Tensor));
+                                             sizeof(Experts::Saved) + 4 * sizeof(Tensor));
 
 Config tiny_moe();
 
@@ -223,7 +223,7 @@ TEST_CASE("plan moe: activation bytes of an MoE layer equal what a real forward 
                            (s.router.indices.raw() == s.router.choice.raw() ? 0 : nb(s.router.indices)) +
                            nb(s.router.weights) + nb(s.router.aux_loss) + nb(s.router.z_loss) + nb(s.send_slot) +
                            nb(s.row_of_send) + nb(s.tokens) + nb(s.local_weights) + nb(s.slot_of_row) +
-                           nb(s.row_of_slot) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) + nb(s.shared_h) +
+                           nb(s.row_of_slot) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) + nb(s.xp) + nb(s.shared_h) +
                            nb(s.shared_a);
       // the plan's description: one rank, single sequence of N rows (B = 1, T = N)
       LayerDims d;

@@ -121,7 +121,8 @@ Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& cho
   }
   Tensor xp = ops::moe_rows_empty({M, C}, c.dtype, tokens.device());
   ops::moe_permute_forward(xp, tokens, s.slot_of_row, k);
-  s.yp = experts_.forward(s.experts, xp, s.padded ? regions : counts);  // xp: permuted again in backward (memory)
+  s.yp = experts_.forward(s.experts, xp, s.padded ? regions : counts);
+  if (!c.recompute.norm_act) s.xp = xp;  // (else permuted again in backward)
   xp = Tensor();
   Tensor out = ops::moe_rows_empty({T, C}, c.dtype, tokens.device());
   ops::moe_unpermute_forward(out, s.yp, weights, s.row_of_slot, residual);
@@ -140,8 +141,11 @@ Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& toke
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
   Tensor dh = experts_.backward_fc2(dyp, s.experts);
   dyp = Tensor();
-  Tensor xl = ops::moe_rows_empty({rows, tokens.size(1)}, c.dtype, tokens.device());  // the experts' input rows again
-  ops::moe_permute_forward(xl, tokens, s.slot_of_row, k);
+  Tensor xl = std::move(s.xp);
+  if (!xl.defined()) {  // the experts' input rows again
+    xl = ops::moe_rows_empty({rows, tokens.size(1)}, c.dtype, tokens.device());
+    ops::moe_permute_forward(xl, tokens, s.slot_of_row, k);
+  }
   Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
   dh = xl = Tensor();
   Tensor dtokens = ops::moe_rows_empty(tokens.shape(), c.dtype, tokens.device());

@@ -55,6 +55,8 @@ class MoELayer {
     bool padded = false;              // the experts' rows in the padded layout (ops::moe_padded_regions)
     Experts::Saved experts;
     Tensor yp;                        // the experts' outputs (M, C) in their rows' order
+    Tensor xp;                        // their inputs (M, C), kept unless training.recompute_norm_act (then permuted
+                                      // again in backward: the same bits)
     Tensor shared_h, shared_a;        // shared expert: fc1 output, activation output
   };
   // x (N, C) -> y (N, C) [+ *residual].
