@@ -70,8 +70,10 @@ void CheckpointSnapshot::ensure(size_t bytes, Device device) {
 
 size_t CheckpointSnapshot::reserve(ParamStore& store, const AdamW& opt, const ParallelState& ps,
                                    const std::vector<StateBuffer>& buffers) {
-  const std::vector<SavedBox> boxes = saved_boxes(store, opt, ps, nullptr, buffers);
-  ensure(total_bytes(boxes), device_of(boxes));
+  // The sizes only (gathering the state here would cost a whole save's device-to-host traffic at start-up); the
+  // buffers are page-locked when the model is on a GPU.
+  const std::vector<SavedBox> boxes = saved_boxes(store, opt, ps, nullptr, buffers, /*shapes_only=*/true);
+  ensure(total_bytes(boxes), store.flat_values().device());
   return capacity_;
 }
 

@@ -58,14 +58,17 @@ const char* kSuffix[3] = {"", "/exp_avg", "/exp_avg_sq"};
 
 std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const ParallelState& ps,
                                   std::vector<Tensor>* keep,
-                                  const std::vector<StateBuffer>& buffers) {
+                                  const std::vector<StateBuffer>& buffers, bool shapes_only) {
   std::vector<SavedBox> out;
   // The optimizer state and master weights, full-size. Under the distributed optimizer they are sharded over data
   // (experts': expert-data) and gathered here into host memory a bucket at a time; this rank copies the regions it
   // saves (as the owner test below).
   Tensor m, v, master;
   const auto saves = [&](bool expert) { return expert ? ps.expert_dp_rank == 0 : ps.dp_rank == 0; };
-  if (opt.distributed()) {
+  if (shapes_only) {  // fp32 (the values' dtype when they are the master weights), as the branches below give them
+    const DType dt = store.has_separate_master() ? DType::F32 : store.flat_values().dtype();
+    m = v = master = Tensor::empty({store.padded_numel()}, dt, Device::Meta);
+  } else if (opt.distributed()) {
     opt.gather_state_to_host(m, v, master, saves);
     // fp32: the values are the master weights (all-gathered by GradSync before a save)
     if (!store.has_separate_master()) master = store.flat_master();

@@ -32,9 +32,11 @@ struct SavedBox {
 // What a rank saves, in shard order: every parameter box it owns (the fp32 master value, exp_avg, exp_avg_sq;
 // replicas are written by one rank). `keep` (optional) receives the tensors the moments' views point into (under
 // the distributed optimizer fresh buffers gathered over DP): keep them alive while the views are read.
+// shapes_only: the parameter boxes' sources are meta tensors of the shapes and dtypes a save writes (no data, no
+// gathers, no collectives): for sizing the snapshot's buffers.
 std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const ParallelState& ps,
                                   std::vector<Tensor>* keep,
-                                  const std::vector<StateBuffer>& buffers = {});
+                                  const std::vector<StateBuffer>& buffers = {}, bool shapes_only = false);
 
 // The synchronous save's request: saved_boxes as host tensors (views of host state on the CPU, copies from a
 // GPU). Training must not change them until the save returns (checkpoint.async_save: train/checkpoint_snapshot.h).
