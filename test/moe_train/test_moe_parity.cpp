@@ -7,7 +7,8 @@
 // micro-batch (and an expert-parallel rank may get none). A checkpoint saved under EP4 (distributed optimizer)
 // resumes under EP2, EP1 and EP2 x expert-data 2 and continues the uninterrupted loss curve.
 // TP2 (sequence parallel) x EP2: each TP rank routes its own rows; the aux loss counts the micro-batch's tokens
-// per expert over both (as one rank does) and the z-loss is the mean over both.
+// per expert over both (as one rank does) and the z-loss is the mean over both. With training.recompute_norm_act false
+// (the experts' permuted input kept for the backward) EP4 matches the single-rank run that permutes again.
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -149,7 +150,11 @@ TEST_CASE("moe experts and ranks without tokens: 64 experts top-1 on 32-token mi
   check_layouts("configs/ci/moe-tiny-8x-top2.yaml",
                 "--set model.num_experts=64 --set model.moe_router_topk=1 --set training.micro_batch_size=1 "
                 "--set model.moe_ffn_hidden_size=8",
-                "moe64", {{"ep4-distopt", 4, "--set parallel.expert=4 --set parallel.distributed_optimizer=true"}},
+                "moe64",
+                {{"ep4-distopt", 4, "--set parallel.expert=4 --set parallel.distributed_optimizer=true"},
+                 // the experts' permuted input kept for the backward (none on a rank without tokens) instead of
+                 // permuted again: the same numbers
+                 {"ep4-keep-input", 4, "--set parallel.expert=4 --set training.recompute_norm_act=false"}},
                 64, 8 * 32);
 }
 
