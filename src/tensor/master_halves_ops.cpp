@@ -80,10 +80,7 @@ void adamw_step_halves(Tensor& hi, Tensor& lo, Tensor& m, Tensor& v, const Tenso
     for (const Tensor* t : std::initializer_list<const Tensor*>{&m, &v, &grad})
       HALVES_ASSERT(t->dtype() == DType::F32 && t->numel() == n && t->device() == Device::CUDA, t->str(),
                     " should be fp32 of ", n, " elements on cuda");
-    const int64_t runs = decay ? static_cast<int64_t>(decay->starts.size()) : 0;
-    if (decay)  // (the checks of adamw_step, which the CPU path runs)
-      HALVES_ASSERT(runs >= 1 && decay->decay.size() == decay->starts.size() && decay->starts[0] == 0,
-                    "decay runs: ", runs, " starts and ", decay->decay.size(), " flags");
+    const int64_t runs = check_decay_runs(op, decay, n);
     const cuda::OpTimer timer(op, n);  // MT_OP_PROFILE
     cuda::adamw_step_halves_cuda(bits(hi), bits(lo), m.data<float>(), v.data<float>(), grad.data<float>(), n, a.lr,
                                  a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale,

@@ -1065,6 +1065,18 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed,
 
 // ---------------------------------------------------------------- optimizer
 
+int64_t check_decay_runs(const char* op, const DecayRuns* decay, int64_t n) {
+  const int64_t runs = decay ? static_cast<int64_t>(decay->starts.size()) : 0;
+  if (!decay) return 0;
+  OP_ASSERT(runs >= 1 && decay->decay.size() == decay->starts.size() && decay->starts[0] == 0, "decay runs: ", runs,
+            " starts and ", decay->decay.size(), " flags, the first at ", runs ? decay->starts[0] : -1,
+            " (should be 0)");
+  for (int64_t r = 1; r < runs; ++r)
+    OP_ASSERT(decay->starts[r] > decay->starts[r - 1] && decay->starts[r] < n, "decay run ", r, " starts at ",
+              decay->starts[r], " (after ", decay->starts[r - 1], ", before ", n, ")");
+  return runs;
+}
+
 void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& a, Tensor* param_copy,
                 const DecayRuns* decay) {
   const char* op = "adamw_step";
@@ -1073,15 +1085,7 @@ void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const A
   like_numel(op, param, v, "v", param.numel());
   like_numel(op, param, grad, "grad", param.numel());
   OP_ASSERT(a.step >= 1, "step ", a.step, " should be >= 1");
-  const int64_t runs = decay ? static_cast<int64_t>(decay->starts.size()) : 0;
-  if (decay) {
-    OP_ASSERT(runs >= 1 && decay->decay.size() == decay->starts.size() && decay->starts[0] == 0,
-              "decay runs: ", runs, " starts and ", decay->decay.size(), " flags, the first at ",
-              runs ? decay->starts[0] : -1, " (should be 0)");
-    for (int64_t r = 1; r < runs; ++r)
-      OP_ASSERT(decay->starts[r] > decay->starts[r - 1] && decay->starts[r] < param.numel(), "decay run ", r,
-                " starts at ", decay->starts[r], " (after ", decay->starts[r - 1], ", before ", param.numel(), ")");
-  }
+  const int64_t runs = check_decay_runs(op, decay, param.numel());
   if (param_copy)
     OP_ASSERT(param_copy->numel() == param.numel() && param_copy->device() == param.device() &&
                   (param_copy->dtype() == DType::BF16 || param_copy->dtype() == DType::F16),

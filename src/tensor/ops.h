@@ -201,5 +201,7 @@ struct DecayRuns {
 };
 void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const AdamWArgs& args,
                 Tensor* param_copy = nullptr, const DecayRuns* decay = nullptr);
+// Checks decay (optional) for an update of n elements as above (op names the caller in the error); its run count.
+int64_t check_decay_runs(const char* op, const DecayRuns* decay, int64_t n);
 
 }  // namespace mt::ops
