@@ -130,8 +130,8 @@ AdamW::AdamW(ParamStore& store, const OptimizerConfig& cfg, const ParallelState&
   shard_ = optimizer_shard(store, ps, distributed_);
   for (const ShardRange& r : shard_) shard_numel_ += r.size();
   const Tensor& flat = store.flat_master();
-  m_ = Tensor::zeros({shard_numel_}, flat.dtype(), flat.device());
-  v_ = Tensor::zeros({shard_numel_}, flat.dtype(), flat.device());
+  state_dtype_ = flat.dtype();
+  state_device_ = flat.device();
   for (Param* p : store.params()) {
     switch (p->spec.kind) {
       case ParamKind::Weight: p->weight_decay = true; break;
@@ -185,7 +185,19 @@ void AdamW::wait_update() {
   std::fill(mark_of_.begin(), mark_of_.end(), -1);
 }
 
+void AdamW::moments_ready() const {
+  if (m_.defined()) return;
+  m_ = Tensor::zeros({shard_numel_}, state_dtype_, state_device_);
+  v_ = Tensor::zeros({shard_numel_}, state_dtype_, state_device_);
+  if (loaded_m_.defined()) {
+    take_shard(m_, loaded_m_);
+    take_shard(v_, loaded_v_);
+    loaded_m_ = loaded_v_ = Tensor();
+  }
+}
+
 bool AdamW::would_overflow(double grad_norm) {
+  moments_ready();
   if (v_bound_ < 0) {
     // sqrt of the sum of squares (fp64) >= the largest element; Inf or NaN in v stays non-finite.
     double local = shard_numel_ > 0 ? std::sqrt(ops::sum_squares(v_)) : 0.0;
@@ -285,6 +297,7 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
 
 void AdamW::full_moments(Tensor& m, Tensor& v) const {
   MT_INTERNAL_ASSERT(!distributed_, "full_moments: sharded moments are gathered by gather_state_to_host");
+  moments_ready();
   m = m_;
   v = v_;
 }
@@ -292,6 +305,7 @@ void AdamW::full_moments(Tensor& m, Tensor& v) const {
 void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
                                  const std::function<bool(bool)>& keep) const {
   MT_INTERNAL_ASSERT(distributed_, "gather_state_to_host: the optimizer state is not sharded");
+  moments_ready();
   MT_INTERNAL_ASSERT(master_.defined() || lo_.defined() || !store_->has_separate_master(),
                      "gather_state_to_host before take_master: the store's master weights are current only in this "
                      "rank's shard");
@@ -339,6 +353,11 @@ void AdamW::gather_state_to_host(Tensor& m, Tensor& v, Tensor& master,
 }
 
 void AdamW::take_master() {
+  take_master_weights();
+  moments_ready();  // after the master weights' full-size fp32 copy is gone (bf16, fp16 distributed)
+}
+
+void AdamW::take_master_weights() {
   if (!store_->has_separate_master() || master_.defined() || lo_.defined()) return;
   if (store_->flat_values().dtype() == DType::BF16) return take_master_halves();
   if (!distributed_) return;  // fp16: the store's fp32 master weights, updated where they are
@@ -419,6 +438,10 @@ void AdamW::take_shard(Tensor& state, const Tensor& full) const {
 
 void AdamW::set_full_moments(const Tensor& m, const Tensor& v) {
   v_bound_ = -1;  // recomputed from the loaded state by the next would_overflow
+  if (!m_.defined()) {  // before take_master: kept (host buffers from a resume) until the moments exist
+    loaded_m_ = m, loaded_v_ = v;
+    return;
+  }
   take_shard(m_, m);
   take_shard(v_, v);
 }

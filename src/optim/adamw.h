@@ -82,11 +82,12 @@ class AdamW {
   // Without the distributed optimizer, bf16: the fp32 master weights joined from their halves into a full-size flat
   // HOST buffer, a piece at a time (regions for which keep(region.expert) holds; undefined when none).
   Tensor master_to_host(const std::function<bool(bool)>& keep) const;
-  // Sets the moments from full-size flat buffers (keeping this rank's shard).
+  // Sets the moments from full-size flat buffers (keeping this rank's shard; before take_master, the buffers are
+  // kept until it).
   void set_full_moments(const Tensor& m, const Tensor& v);
   // Takes the master weights from the parameter store when they are separate from the values (bf16 / fp16) and frees
-  // the store's full-size fp32 copy. Call it once, after any checkpoint load and before the first step (step calls
-  // it too; then it does nothing).
+  // the store's full-size fp32 copy; then allocates m and v. Call it once, after any checkpoint load and before the
+  // first step (step calls it too; then it does nothing).
   // - bf16: as halves (core/master_halves.h). The values become the high halves (the fp32 weights rounded, ties away
   //   from zero), and this optimizer keeps the low halves of its shard (all of them without the distributed
   //   optimizer): 2 bytes a parameter, and the update moves 28 bytes an element instead of 30.
@@ -121,7 +122,15 @@ class AdamW {
   std::vector<int64_t> need_at_;  // the order of the last forward's first request of span i (-1: none)
   int64_t needs_ = 0;             // requests counted this step
   int all_mark_ = -1;             // the whole update's event, -1 when waited for
-  Tensor m_, v_;  // (shard_numel_): the shard's ranges end to end
+  // (shard_numel_): the shard's ranges end to end. Allocated by moments_ready, from take_master on (or earlier if
+  // asked for), so that they and the store's full-size fp32 master weights are never on the device together (bf16:
+  // 18 bytes a parameter at start-up against 16 in training); moments a resume set before that wait in loaded_m_ /
+  // loaded_v_ (host buffers).
+  mutable Tensor m_, v_, loaded_m_, loaded_v_;
+  DType state_dtype_ = DType::F32;
+  Device state_device_ = Device::CPU;
+  void moments_ready() const;
+  void take_master_weights();
   Tensor master_;  // the same for the fp32 master weights (fp16, distributed), once take_master took them
   Tensor lo_;      // the same for the master weights' low halves (bf16), once take_master took them
   void take_master_halves();

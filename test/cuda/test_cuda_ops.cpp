@@ -739,6 +739,36 @@ TEST_CASE("cuda adamw beside the compute stream: reads after params_needed see t
   CHECK(std::memcmp(to_host(all).data<float>(), want.data<float>(), size_t(N) * sizeof(float)) == 0);
 }
 
+// AdamW on a bf16 store allocates m and v only once take_master has split the store's fp32 master weights into halves
+// and freed them: the device never holds the fp32 copy beside m and v (18 bytes a parameter at start-up against 16 in
+// training, where `megatrain plan` counts 16). The peak over the store's allocation, take_master and a step: values 2
+// + grads 4 + low halves 2 + m and v 8 bytes a parameter, within the split's 32 MiB staging piece.
+TEST_CASE("cuda adamw on a bf16 store: start-up holds at most the training's 16 bytes a parameter",
+          "[cuda][adamw][master_halves]") {
+  init();
+  const size_t before = mt::cuda::allocator_stats().allocated;
+  mt::cuda::reset_peak_allocated();
+  ParamStore store{0, 1};
+  ParamSpec s;
+  s.name = "w.weight";
+  s.global_shape = {64 << 20};
+  store.add(s);
+  store.allocate(DType::BF16, Device::CUDA);
+  store.initialize(7, 0.02, 1);
+  const size_t N = static_cast<size_t>(store.padded_numel());
+  OptimizerConfig cfg;
+  ParallelState ps;
+  AdamW opt(store, cfg, ps, false);
+  opt.take_master();
+  ops::fill_(store.flat_grads(), 1e-3);
+  opt.step(1e-3, 1.0);
+  opt.wait_update();
+  const size_t peak = mt::cuda::allocator_stats().peak_allocated - before;
+  INFO("peak " << peak << " bytes for " << N << " parameters");
+  CHECK(peak >= 16 * N);
+  CHECK(peak <= 16 * N + (size_t{32} << 20));
+}
+
 // Weight decay by element range in one update: the same bits as one update per run (runs of 1 to 1031 elements,
 // boundaries inside 4-float vectors, more runs than one launch's table holds), with and without the bf16 copy.
 TEST_CASE("cuda adamw with decay runs equals one update per run", "[cuda][adamw]") {
