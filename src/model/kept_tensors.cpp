@@ -63,11 +63,11 @@ std::vector<KeptTensor> moe_kept(const MoEDims& m, const LayerDims& d) {
       {"mlp.slot_of_row", T * m.topk, false, true},  {"mlp.row_of_slot", T * m.topk, false, true},
       {"mlp.experts.h", R * m.ffn * (m.swiglu ? 2 : 1)}, {"mlp.yp", R * d.hidden}};
   if (m.keep_input) out.push_back({"mlp.xp", R * d.hidden});
-  if (m.ep > 1) {  // the send map; the received tokens (the experts' input rows, unless kept, are permuted from
-                   // them again in backward) and their weights
+  if (m.ep > 1) {  // the send map; the received tokens (unless the experts' input rows are kept: they are permuted
+                   // from them again in backward) and their weights
     out.push_back({"mlp.send_slot", N * m.ep, false, true});
     out.push_back({"mlp.row_of_send", N * m.ep, false, true});
-    out.push_back({"mlp.tokens", T * d.hidden});
+    if (!m.keep_input) out.push_back({"mlp.tokens", T * d.hidden});
     out.push_back({"mlp.local_weights", T * m.topk, true});
   }
   // SwiGLU experts recompute a = swiglu(h) in their backward (experts.h); GELU ones keep it

@@ -81,6 +81,7 @@ Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) cons
     s.tokens = dispatcher_.finish(rows);
     // this rank's experts on what arrived; their partial sums back to the tokens' ranks, added up there
     const Tensor out = local_forward(s, s.tokens, local_choices, s.local_weights, &s.plan.local_counts, nullptr, {});
+    if (s.xp.defined()) s.tokens = Tensor();  // (the backward permutes nothing from them then)
     const Tensor back = dispatcher_.exchange(s.plan, out, Dir::Back);
     y = c.empty({N, C});
     ops::moe_permute_backward(y, back, s.row_of_send, P);
@@ -135,7 +136,7 @@ Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& toke
   const int64_t k = opt_.topk;
   // buffers released as soon as read (fewer of them alive at once)
   const int64_t rows = s.yp.size(0);
-  Tensor dyp = ops::moe_rows_empty(s.yp.shape(), c.dtype, tokens.device());
+  Tensor dyp = ops::moe_rows_empty(s.yp.shape(), c.dtype, dout.device());
   ops::moe_unpermute_backward(dyp, dweights, dout, s.yp, weights, s.row_of_slot);
   s.yp = Tensor();
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
@@ -148,7 +149,7 @@ Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& toke
   }
   Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
   dh = xl = Tensor();
-  Tensor dtokens = ops::moe_rows_empty(tokens.shape(), c.dtype, tokens.device());
+  Tensor dtokens = ops::moe_rows_empty(dout.shape(), c.dtype, dout.device());  // (the tokens' shape)
   ops::moe_permute_backward(dtokens, dxl, s.row_of_slot, k);
   return dtokens;
 }

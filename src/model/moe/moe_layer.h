@@ -49,7 +49,8 @@ class MoELayer {
     Tensor send_slot, row_of_send;    // (N * EP) int32
     TokenDispatcher::Plan plan;
     // the local routing (of the layer's input with EP 1, of the received tokens with expert parallelism)
-    Tensor tokens;                    // EP > 1: the received tokens (T, C) (EP 1: the layer's input, not kept here)
+    Tensor tokens;                    // EP > 1: the received tokens (T, C) unless xp is kept (EP 1: the layer's input,
+                                      // not kept here)
     Tensor local_weights;             // EP > 1: their weights (T, k), router dtype, 0 off this rank
     Tensor slot_of_row, row_of_slot;  // the routing map over this rank's experts; padded: slot_of_row padded
     bool padded = false;              // the experts' rows in the padded layout (ops::moe_padded_regions)
@@ -83,7 +84,8 @@ class MoELayer {
   Tensor local_forward(Saved& s, const Tensor& tokens, const Tensor& choices, const Tensor& weights,
                        const std::vector<int64_t>* known_counts, const Tensor* residual,
                        const std::function<void()>& while_counts_read) const;
-  // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice).
+  // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice). tokens: read only
+  // when s.xp was not kept (may be undefined otherwise).
   Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
                         Tensor& dweights) const;
   // The shared expert's fc1 and activation (into s.shared_h, s.shared_a), and its whole backward (dL/dx).
