@@ -381,13 +381,12 @@ void AdamW::take_master_halves() {
   ops::split_master(values, nullptr, full);
   // The low halves of this rank's shard, staged in host memory a piece at a time, so that the full fp32 copy and the
   // halves are never on the device together.
-  constexpr int64_t kPiece = int64_t{16} << 20;
   Tensor host = Tensor::empty({shard_numel_}, DType::U16);
-  Tensor piece_buf = Tensor::empty({std::min(kPiece, shard_numel_)}, DType::U16, device);
+  Tensor piece_buf = Tensor::empty({std::min(kHostPiece, shard_numel_)}, DType::U16, device);
   int64_t offset = 0;
   for (const ShardRange& r : shard_)
-    for (int64_t b = r.begin; b < r.end; b += kPiece) {
-      const int64_t n = std::min(kPiece, r.end - b);
+    for (int64_t b = r.begin; b < r.end; b += kHostPiece) {
+      const int64_t n = std::min(kHostPiece, r.end - b);
       Tensor hi = values.slice(b, n), lo = piece_buf.slice(0, n);
       ops::split_master(hi, &lo, full.slice(b, n));  // (hi again, the same bits)
       host.slice(offset, n).copy_from(lo);
@@ -405,14 +404,13 @@ Tensor AdamW::master_to_host(const std::function<bool(bool)>& keep) const {
   bool any = false;
   for (const FlatRegion& r : store_->regions()) any = any || keep(r.expert);
   if (!any) return Tensor();
-  constexpr int64_t kPiece = int64_t{16} << 20;
   Tensor host = Tensor::zeros({store_->padded_numel()}, DType::F32);
-  Tensor piece_buf = Tensor::empty({std::min(kPiece, store_->padded_numel())}, DType::F32, lo_.device());
+  Tensor piece_buf = Tensor::empty({std::min(kHostPiece, store_->padded_numel())}, DType::F32, lo_.device());
   Tensor& values = store_->flat_values();
   for (const FlatRegion& r : store_->regions()) {
     if (!keep(r.expert)) continue;
-    for (int64_t b = r.begin; b < r.end; b += kPiece) {  // (unsharded: state offsets are flat offsets)
-      const int64_t n = std::min(kPiece, r.end - b);
+    for (int64_t b = r.begin; b < r.end; b += kHostPiece) {  // (unsharded: state offsets are flat offsets)
+      const int64_t n = std::min(kHostPiece, r.end - b);
       Tensor piece = piece_buf.slice(0, n);
       ops::join_master(piece, values.slice(b, n), lo_.slice(b, n));
       host.slice(b, n).copy_from(piece);

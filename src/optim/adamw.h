@@ -134,6 +134,9 @@ class AdamW {
   Tensor master_;  // the same for the fp32 master weights (fp16, distributed), once take_master took them
   Tensor lo_;      // the same for the master weights' low halves (bf16), once take_master took them
   void take_master_halves();
+  // Elements a piece when the master weights go through host memory (take_master_halves, master_to_host): the
+  // device holds one piece beside the state (16M elements: 32 MiB of low halves, 64 MiB of joined fp32).
+  static constexpr int64_t kHostPiece = int64_t{16} << 20;
   // values = master (cast) over the flat range [begin, begin + n) inside shard range r, which starts at state
   // offset r_state (from the store's master weights until take_master, then from master_)
   void values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state);
