@@ -39,12 +39,15 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
   opt.seq_length = 1;
   const int64_t C = 4;
   const ParallelState ps = expert_group(*world);
-  // free routing, blocked routing, and free routing with a single token on rank 0
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool blocked = variant == 1;
+  // free routing, blocked routing, free routing with a single token on rank 0, and free routing with the experts'
+  // permuted input kept (training.recompute_norm_act false: the received tokens are then dropped after the forward)
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool blocked = variant == 1, keep_input = variant == 3;
     const int64_t N = variant == 2 && rank == 0 ? 1 : 12 + 3 * rank;  // a different number of tokens on each rank
-    INFO((blocked ? "blocked routing" : "free routing") << ", " << N << " tokens on " << P << " rank(s), rank " << rank);
+    INFO((blocked ? "blocked routing" : "free routing") << (keep_input ? ", input kept" : "") << ", " << N
+                                                        << " tokens on " << P << " rank(s), rank " << rank);
     MoEFixture ep(opt, C, &ps), one(opt, C);
+    ep.ctx.recompute.norm_act = !keep_input;
     const int64_t El = opt.num_experts / P;
     for (MoEFixture* fx : {&ep, &one}) {
       Tensor& b = fx->layer->router().expert_bias();
@@ -61,6 +64,8 @@ TEST_CASE("moe layer under expert parallelism equals one rank", "[moe][mpi]") {
     for (int64_t c : se.plan.local_counts) received += c;
     if (blocked && P > 1 && rank == 1) CHECK(received == 0);
     if (blocked) CHECK(se.counts[0] == 0);
+    CHECK(se.xp.defined() == keep_input);
+    if (P > 1) CHECK(se.tokens.defined() == !keep_input);
     ep.store->zero_grads();
     one.store->zero_grads();
     const Tensor dxe = ep.layer->backward(dy, se, x), dxo = one.layer->backward(dy, so, x);
