@@ -399,24 +399,9 @@ void AdamW::take_master_halves() {
   lo_.copy_from(host);
 }
 
-Tensor AdamW::master_to_host(const std::function<bool(bool)>& keep) const {
-  MT_INTERNAL_ASSERT(lo_.defined() && !distributed_, "master_to_host: the master weights are not unsharded halves");
-  bool any = false;
-  for (const FlatRegion& r : store_->regions()) any = any || keep(r.expert);
-  if (!any) return Tensor();
-  Tensor host = Tensor::zeros({store_->padded_numel()}, DType::F32);
-  Tensor piece_buf = Tensor::empty({std::min(kHostPiece, store_->padded_numel())}, DType::F32, lo_.device());
-  Tensor& values = store_->flat_values();
-  for (const FlatRegion& r : store_->regions()) {
-    if (!keep(r.expert)) continue;
-    for (int64_t b = r.begin; b < r.end; b += kHostPiece) {  // (unsharded: state offsets are flat offsets)
-      const int64_t n = std::min(kHostPiece, r.end - b);
-      Tensor piece = piece_buf.slice(0, n);
-      ops::join_master(piece, values.slice(b, n), lo_.slice(b, n));
-      host.slice(b, n).copy_from(piece);
-    }
-  }
-  return host;
+const Tensor& AdamW::master_low_halves() const {
+  static const Tensor none;
+  return lo_.defined() && !distributed_ ? lo_ : none;
 }
 
 void AdamW::values_from_master(int64_t begin, int64_t n, const ShardRange& r, int64_t r_state) {

@@ -77,11 +77,12 @@ class AdamW {
   // the store's values are the master weights (fp32). A collective: call it on every rank.
   void gather_state_to_host(Tensor& m, Tensor& v, Tensor& master, const std::function<bool(bool)>& keep) const;
   // Whether this optimizer holds the master weights (take_master took them from the store): then the checkpoint
-  // takes them from gather_state_to_host or, without the distributed optimizer, master_to_host.
+  // takes them from gather_state_to_host or, without the distributed optimizer, from the halves (bf16: the store's
+  // values and master_low_halves).
   bool holds_master() const { return master_.defined() || lo_.defined(); }
-  // Without the distributed optimizer, bf16: the fp32 master weights joined from their halves into a full-size flat
-  // HOST buffer, a piece at a time (regions for which keep(region.expert) holds; undefined when none).
-  Tensor master_to_host(const std::function<bool(bool)>& keep) const;
+  // Without the distributed optimizer, bf16: the master weights' low halves (U16), a full-size flat buffer (state
+  // offsets are flat offsets); the fp32 master weights are ops::join_master(values, these). Undefined otherwise.
+  const Tensor& master_low_halves() const;
   // Sets the moments from full-size flat buffers (keeping this rank's shard; before take_master, the buffers are
   // kept until it).
   void set_full_moments(const Tensor& m, const Tensor& v);
@@ -134,8 +135,8 @@ class AdamW {
   Tensor master_;  // the same for the fp32 master weights (fp16, distributed), once take_master took them
   Tensor lo_;      // the same for the master weights' low halves (bf16), once take_master took them
   void take_master_halves();
-  // Elements a piece when the master weights go through host memory (take_master_halves, master_to_host): the
-  // device holds one piece beside the state (16M elements: 32 MiB of low halves, 64 MiB of joined fp32).
+  // Elements a piece when take_master_halves stages the low halves through host memory: the device holds one piece
+  // beside the state (16M elements: 32 MiB).
   static constexpr int64_t kHostPiece = int64_t{16} << 20;
   // values = master (cast) over the flat range [begin, begin + n) inside shard range r, which starts at state
   // offset r_state (from the store's master weights until take_master, then from master_)

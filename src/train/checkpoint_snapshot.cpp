@@ -1,10 +1,12 @@
 #include "train/checkpoint_snapshot.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
 #include "runtime/cuda/cuda_runtime.h"
+#include "tensor/master_halves_ops.h"
 #include "train/train_checkpoint.h"
 
 namespace mt {
@@ -13,9 +15,14 @@ namespace {
 constexpr size_t kAlign = 256;  // each box starts on a 256-byte boundary of the host buffer
 size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// Bytes of what box b saves: its source's, or fp32 for master weights joined from their halves.
+size_t saved_bytes(const SavedBox& b) {
+  return b.lo.defined() ? static_cast<size_t>(b.source.numel()) * sizeof(float) : b.source.nbytes();
+}
+
 size_t total_bytes(const std::vector<SavedBox>& boxes) {
   size_t n = 0;
-  for (const SavedBox& b : boxes) n += aligned(b.source.nbytes());
+  for (const SavedBox& b : boxes) n += aligned(saved_bytes(b));
   return n;
 }
 
@@ -91,13 +98,34 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (gpu) cuda::snapshot_begin();
 #endif
+  // The master weights held as halves (SavedBox::lo): joined on the device a piece at a time into one buffer, each
+  // piece copied out on the side stream before the next overwrites it (the stream orders them), kept until the next
+  // take(); on the CPU, joined straight into the host buffer.
+  int64_t join_rows = 0;
+  for (const SavedBox& b : boxes)
+    if (b.lo.defined() && b.source.device() != Device::CPU) join_rows = std::max(join_rows, b.source.numel());
+  const Tensor join_buf = join_rows ? Tensor::empty({std::min(kJoinPiece, join_rows)}, DType::F32, device) : Tensor();
   size_t pos = 0;
   for (SavedBox& b : boxes) {
     const bool on_host = b.source.device() == Device::CPU;
     MT_INTERNAL_ASSERT(on_host || b.source.device() == device, "checkpoint tensor '", b.name, "' on another device");
     void* dst = static_cast<char*>(host_) + pos;
-    const size_t n = b.source.nbytes();
-    if (n) {
+    const size_t n = saved_bytes(b);
+    const DType dtype = b.lo.defined() ? DType::F32 : b.source.dtype();
+    if (b.lo.defined()) {
+      const int64_t count = b.source.numel();
+      const Tensor hi = b.source.view({count}), lo = b.lo.view({count});
+      Tensor out = Tensor::from_blob(dst, {count}, DType::F32);
+      if (on_host) ops::join_master(out, hi, lo);
+#if defined(MEGATRAIN_HAVE_CUDA)
+      for (int64_t i = 0; !on_host && i < count; i += kJoinPiece) {
+        const int64_t k = std::min(kJoinPiece, count - i);
+        Tensor piece = join_buf.slice(0, k);
+        ops::join_master(piece, hi.slice(i, k), lo.slice(i, k));  // on the side stream (snapshot_begin)
+        cuda::snapshot_copy(static_cast<float*>(dst) + i, piece.raw(), static_cast<size_t>(k) * sizeof(float));
+      }
+#endif
+    } else if (n) {
 #if defined(MEGATRAIN_HAVE_CUDA)
       if (!on_host) cuda::snapshot_copy(dst, b.source.raw(), n);
 #endif
@@ -108,7 +136,7 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
     st.global_shape = std::move(b.global_shape);
     st.offset = std::move(b.offset);
     st.owner = true;
-    st.data = Tensor::from_blob(dst, b.source.shape(), b.source.dtype());
+    st.data = Tensor::from_blob(dst, b.source.shape(), dtype);
     req.tensors.push_back(std::move(st));
     pos += aligned(n);
   }
@@ -119,6 +147,7 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
     req.wait_ready = [] { cuda::snapshot_wait_host(); };
   }
 #endif
+  if (join_buf.defined()) keep_.push_back(join_buf);
   if (!gpu) keep_.clear();  // copied already
   std::erase_if(keep_, [](const Tensor& t) { return t.device() == Device::CPU; });  // so were the boxes in host memory
   return req;

@@ -4,7 +4,9 @@
 // asynchronously) and reused by every later save. On a GPU the copies run on a side stream (runtime/cuda):
 //   - take() enqueues them after the compute stream's work so far (the optimizer step and parameter gather that
 //     produced the saved values) and returns at once; the compute stream goes on with the next iterations'
-//     forward and backward, which only read the fp32 master weights and never touch the Adam moments;
+//     forward and backward, which only read the weights and never touch the Adam moments. bf16's master weights,
+//     held as halves (SavedBox::lo), are joined into fp32 on the side stream too, a piece at a time through one
+//     device buffer, each piece copied out before the next is joined;
 //   - before_update() must be called before anything overwrites a saved value, i.e. before every optimizer step:
 //     it makes the compute stream wait (on the device; the host is not blocked) until the copies are done, so
 //     that the step cannot overwrite master weights or moments that are still being copied. A snapshot of ~15 GB

@@ -5,6 +5,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "tensor/master_halves_ops.h"
+
 namespace mt {
 
 namespace {
@@ -74,23 +76,27 @@ std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const Par
     if (!store.has_separate_master()) master = store.flat_master();
   } else {
     opt.full_moments(m, v);
-    // bf16: the optimizer holds the master weights as halves (joined into host memory for the save)
-    master = opt.holds_master() ? opt.master_to_host(saves) : store.flat_master();
+    // bf16: the optimizer holds the master weights as halves, joined when saved (SavedBox::lo)
+    if (!opt.holds_master()) master = store.flat_master();
   }
+  const Tensor lo = shapes_only ? Tensor() : opt.master_low_halves();
   for (Param* p : store.params()) {
     // Replicas (over TP, over DP, the tied copy on the last stage) are written by one rank; an expert's by the
     // first expert-data rank of the expert-parallel rank holding it (saved by its global name: reshards over EP).
     const bool first_replica = p->spec.expert_parallel ? ps.expert_dp_rank == 0 : ps.dp_rank == 0;
     const bool owner = first_replica && (p->spec.partition_dim >= 0 || ps.tp_rank == 0) && !p->spec.tied_copy;
     if (!owner) continue;  // the save writes owned boxes only
-    const Tensor sources[3] = {param_view(master, *p), param_view(m, *p), param_view(v, *p)};
+    const bool halves = lo.defined();
+    const Tensor sources[3] = {param_view(halves ? store.flat_values() : master, *p), param_view(m, *p),
+                               param_view(v, *p)};
     for (int k = 0; k < 3; ++k) {
       for (const ParamBox& b : p->boxes)
-        out.push_back({p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, box_view(sources[k], b)});
+        out.push_back({p->spec.name + kSuffix[k], p->spec.global_shape, b.global_offset, box_view(sources[k], b),
+                       k == 0 && halves ? box_view(param_view(lo, *p), b) : Tensor()});
     }
   }
   if (ps.dp_rank == 0 && ps.tp_rank == 0)
-    for (const StateBuffer& sb : buffers) out.push_back({sb.name, sb.tensor->shape(), Shape(1, 0), *sb.tensor});
+    for (const StateBuffer& sb : buffers) out.push_back({sb.name, sb.tensor->shape(), Shape(1, 0), *sb.tensor, Tensor()});
   if (keep) *keep = {m, v, master};
   return out;
 }
@@ -107,10 +113,29 @@ ckpt::SaveRequest training_save_request(const std::string& dir, int64_t iteratio
     st.global_shape = std::move(b.global_shape);
     st.offset = std::move(b.offset);
     st.owner = true;
-    st.data = on_host(b.source);
+    st.data = b.lo.defined() ? joined_to_host(b) : on_host(b.source);
     req.tensors.push_back(std::move(st));
   }
   return req;
+}
+
+Tensor joined_to_host(const SavedBox& b) {
+  Tensor out = Tensor::empty(b.source.shape(), DType::F32);
+  const int64_t n = b.source.numel();
+  Tensor flat = out.view({n});
+  const Tensor hi = b.source.view({n}), lo = b.lo.view({n});
+  if (hi.device() == Device::CPU) {
+    ops::join_master(flat, hi, lo);
+    return out;
+  }
+  Tensor piece_buf = Tensor::empty({std::min(kJoinPiece, n)}, DType::F32, hi.device());
+  for (int64_t i = 0; i < n; i += kJoinPiece) {
+    const int64_t k = std::min(kJoinPiece, n - i);
+    Tensor piece = piece_buf.slice(0, k);
+    ops::join_master(piece, hi.slice(i, k), lo.slice(i, k));
+    flat.slice(i, k).copy_from(piece);
+  }
+  return out;
 }
 
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,

@@ -28,7 +28,15 @@ struct SavedBox {
   std::string name;
   Shape global_shape, offset;
   Tensor source;
+  // Defined for the fp32 master weights held as halves (bf16 without the distributed optimizer): source is then the
+  // box's high halves (the store's bf16 values) and lo its low halves (U16); what is saved is their join, fp32
+  // (joined_to_host, or the snapshot joining on its side stream).
+  Tensor lo;
 };
+// A host fp32 tensor of box b's master weights joined from its halves (b.lo defined), through a device buffer of at
+// most kJoinPiece elements when they are on a GPU.
+Tensor joined_to_host(const SavedBox& b);
+inline constexpr int64_t kJoinPiece = int64_t{16} << 20;
 // What a rank saves, in shard order: every parameter box it owns (the fp32 master value, exp_avg, exp_avg_sq;
 // replicas are written by one rank). `keep` (optional) receives the tensors the moments' views point into (under
 // the distributed optimizer fresh buffers gathered over DP): keep them alive while the views are read.

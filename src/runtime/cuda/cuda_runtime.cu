@@ -265,7 +265,7 @@ bool device_memory(size_t* free_bytes, size_t* total_bytes) {
 // on it while the training thread needs the CPU.
 namespace {
 struct SnapshotStream {
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr, compute = nullptr;
   cudaEvent_t compute_mark = nullptr, done = nullptr;
   bool recorded = false;  // "done" was recorded at least once
   int device = 0;
@@ -342,8 +342,10 @@ void update_wait(int i) {
 
 void snapshot_begin() {
   SnapshotStream& s = snapshot_stream();
-  MT_CUDA_CHECK(cudaEventRecord(s.compute_mark, current_stream()));
+  s.compute = current_stream();
+  MT_CUDA_CHECK(cudaEventRecord(s.compute_mark, s.compute));
   MT_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.compute_mark, 0));
+  set_current_stream(s.stream);
 }
 
 void snapshot_copy(void* host_dst, const void* device_src, size_t bytes) {
@@ -354,6 +356,7 @@ void snapshot_end() {
   SnapshotStream& s = snapshot_stream();
   MT_CUDA_CHECK(cudaEventRecord(s.done, s.stream));
   s.recorded = true;
+  set_current_stream(s.compute);
 }
 
 void snapshot_wait_on_compute() {

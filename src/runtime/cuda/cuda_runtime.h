@@ -34,9 +34,10 @@ bool device_memory(size_t* free_bytes, size_t* total_bytes);
 // checkpoint.async_save's device->host snapshot (train/checkpoint_snapshot.h): page-locked host memory and one
 // side stream for the copies, ordered against the compute stream by two events:
 //   snapshot_begin   the side stream waits for everything enqueued on the compute stream so far (the optimizer
-//                    step that produced the values);
+//                    step that produced the values); kernel launches go to the side stream until snapshot_end
+//                    (what a snapshot computes before copying: the master weights joined from their halves);
 //   snapshot_copy    a device->pinned-host copy on the side stream (the compute stream runs on meanwhile);
-//   snapshot_end     records "copies done";
+//   snapshot_end     records "copies done"; launches go to the compute stream again;
 //   snapshot_wait_on_compute  the compute stream waits (on the device, the host does not block) for "copies
 //                    done": called before anything overwrites a snapshot's source;
 //   snapshot_wait_host        the calling thread (the checkpoint writer) blocks until "copies done".

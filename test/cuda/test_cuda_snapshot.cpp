@@ -1,0 +1,73 @@
+// checkpoint.async_save on a GPU with the bf16 master weights held as halves (optim/adamw.h take_master): the
+// snapshot joins them on its side stream, kJoinPiece elements at a time through one device buffer, and copies each
+// piece out before the next overwrites it (train/checkpoint_snapshot.h). Its data equals, bit for bit, the
+// synchronous save's (joined through a device piece into host memory) and the halves joined on the CPU, with an
+// optimizer step enqueued behind it (ordered after the copies by before_update).
+#include "catch.h"
+
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include <cstring>
+#include <string>
+
+#include "optim/adamw.h"
+#include "params/param_store.h"
+#include "tensor/master_halves_ops.h"
+#include "test_cuda_util.h"
+#include "train/checkpoint_snapshot.h"
+#include "train/train_checkpoint.h"
+
+using namespace mt;
+using namespace mt::gpu_test;
+
+TEST_CASE("cuda async snapshot of bf16 master halves equals the synchronous save",
+          "[cuda][checkpoint][master_halves]") {
+  init();
+  ParamStore store{0, 1};
+  for (const auto& [name, shape] : {std::pair<const char*, Shape>{"layers.0.big", {kJoinPiece + 4099}},
+                                    std::pair<const char*, Shape>{"layers.0.small", {33, 17}}}) {
+    ParamSpec s;
+    s.name = name;
+    s.global_shape = shape;
+    store.add(s);
+  }
+  store.allocate(DType::BF16, Device::CUDA);
+  store.initialize(5, 0.02, 1);
+  OptimizerConfig cfg;
+  ParallelState ps;
+  AdamW opt(store, cfg, ps, false);
+  opt.take_master();
+  const int64_t n = store.padded_numel();
+  auto step = [&](uint64_t seed) {
+    store.flat_grads().copy_from(to_device(rounded(randn64({n}, seed, 0.01), DType::F32), DType::F32));
+    opt.step(1e-3, 1.0);
+    opt.wait_update();
+  };
+  step(31);
+  Tensor want = Tensor::empty({n}, DType::F32);
+  ops::join_master(want, to_host(store.flat_values()), to_host(opt.master_low_halves()));
+
+  const ckpt::SaveRequest sync = training_save_request("/tmp/unused", 1, 0, store, opt, ps, {}, "");
+  CheckpointSnapshot snap;
+  ckpt::SaveRequest async = snap.take("/tmp/unused", 1, 0, store, opt, ps, {}, "");
+  snap.before_update();
+  step(32);  // behind the snapshot's copies
+  if (async.wait_ready) async.wait_ready();
+  REQUIRE(sync.tensors.size() == async.tensors.size());
+  int masters = 0;
+  for (size_t i = 0; i < sync.tensors.size(); ++i) {
+    const ckpt::ShardTensor &a = sync.tensors[i], &b = async.tensors[i];
+    INFO(a.name);
+    REQUIRE(a.name == b.name);
+    REQUIRE(a.data.nbytes() == b.data.nbytes());
+    CHECK(std::memcmp(a.data.raw(), b.data.raw(), a.data.nbytes()) == 0);
+    if (a.name.find('/') != std::string::npos) continue;  // exp_avg, exp_avg_sq
+    ++masters;
+    const Param* p = store.find(a.name);
+    REQUIRE(p != nullptr);
+    REQUIRE(a.data.dtype() == DType::F32);
+    CHECK(std::memcmp(a.data.raw(), want.data<float>() + p->flat_offset, a.data.nbytes()) == 0);
+  }
+  CHECK(masters == 2);
+}
+
+#endif  // MEGATRAIN_HAVE_CUDA
