@@ -113,17 +113,16 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
     const size_t n = saved_bytes(b);
     const DType dtype = b.lo.defined() ? DType::F32 : b.source.dtype();
     if (b.lo.defined()) {
-      const int64_t count = b.source.numel();
-      const Tensor hi = b.source.view({count}), lo = b.lo.view({count});
-      Tensor out = Tensor::from_blob(dst, {count}, DType::F32);
-      if (on_host) ops::join_master(out, hi, lo);
-#if defined(MEGATRAIN_HAVE_CUDA)
-      for (int64_t i = 0; !on_host && i < count; i += kJoinPiece) {
-        const int64_t k = std::min(kJoinPiece, count - i);
-        Tensor piece = join_buf.slice(0, k);
-        ops::join_master(piece, hi.slice(i, k), lo.slice(i, k));  // on the side stream (snapshot_begin)
-        cuda::snapshot_copy(static_cast<float*>(dst) + i, piece.raw(), static_cast<size_t>(k) * sizeof(float));
+      if (on_host) {
+        const int64_t count = b.source.numel();
+        Tensor out = Tensor::from_blob(dst, {count}, DType::F32);
+        ops::join_master(out, b.source.view({count}), b.lo.view({count}));
       }
+#if defined(MEGATRAIN_HAVE_CUDA)
+      if (!on_host)  // joined and copied out on the side stream (snapshot_begin)
+        join_box_pieces(b, join_buf, [&](int64_t i, const Tensor& piece) {
+          cuda::snapshot_copy(static_cast<float*>(dst) + i, piece.raw(), piece.nbytes());
+        });
 #endif
     } else if (n) {
 #if defined(MEGATRAIN_HAVE_CUDA)

@@ -96,7 +96,8 @@ std::vector<SavedBox> saved_boxes(ParamStore& store, const AdamW& opt, const Par
     }
   }
   if (ps.dp_rank == 0 && ps.tp_rank == 0)
-    for (const StateBuffer& sb : buffers) out.push_back({sb.name, sb.tensor->shape(), Shape(1, 0), *sb.tensor, Tensor()});
+    for (const StateBuffer& sb : buffers)
+      out.push_back({sb.name, sb.tensor->shape(), Shape(1, 0), *sb.tensor, Tensor()});
   if (keep) *keep = {m, v, master};
   return out;
 }
@@ -128,14 +129,20 @@ Tensor joined_to_host(const SavedBox& b) {
     ops::join_master(flat, hi, lo);
     return out;
   }
-  Tensor piece_buf = Tensor::empty({std::min(kJoinPiece, n)}, DType::F32, hi.device());
+  const Tensor buf = Tensor::empty({std::min(kJoinPiece, n)}, DType::F32, hi.device());
+  join_box_pieces(b, buf, [&](int64_t i, const Tensor& piece) { flat.slice(i, piece.numel()).copy_from(piece); });
+  return out;
+}
+
+void join_box_pieces(const SavedBox& b, const Tensor& buf, const std::function<void(int64_t, const Tensor&)>& out) {
+  const int64_t n = b.source.numel();
+  const Tensor hi = b.source.view({n}), lo = b.lo.view({n});
   for (int64_t i = 0; i < n; i += kJoinPiece) {
     const int64_t k = std::min(kJoinPiece, n - i);
-    Tensor piece = piece_buf.slice(0, k);
+    Tensor piece = buf.slice(0, k);
     ops::join_master(piece, hi.slice(i, k), lo.slice(i, k));
-    flat.slice(i, k).copy_from(piece);
+    out(i, piece);
   }
-  return out;
 }
 
 std::string save_training_checkpoint(const std::string& dir, int64_t iteration, int keep_last, ParamStore& store,

@@ -2,6 +2,8 @@
 // saves (every parameter box it holds: value, exp_avg, exp_avg_sq) and how it restores them.
 #pragma once
 
+#include <functional>
+
 #include <string>
 #include <vector>
 
@@ -37,6 +39,10 @@ struct SavedBox {
 // most kJoinPiece elements when they are on a GPU.
 Tensor joined_to_host(const SavedBox& b);
 inline constexpr int64_t kJoinPiece = int64_t{16} << 20;
+// Box b's master weights (b.lo defined, on a GPU) joined a piece of at most kJoinPiece elements at a time into buf
+// (fp32 on their device, min(kJoinPiece, numel) elements or more, launches on the current stream): out(first element,
+// piece) after each piece, which must copy it out before the next piece overwrites buf (the same stream, or at once).
+void join_box_pieces(const SavedBox& b, const Tensor& buf, const std::function<void(int64_t, const Tensor&)>& out);
 // What a rank saves, in shard order: every parameter box it owns (the fp32 master value, exp_avg, exp_avg_sq;
 // replicas are written by one rank). `keep` (optional) receives the tensors the moments' views point into (under
 // the distributed optimizer fresh buffers gathered over DP): keep them alive while the views are read.
