@@ -240,10 +240,10 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
   if (overlap_) {
     auto key = [&](size_t i) { return need_at_[i] < 0 ? int64_t{1} << 62 : need_at_[i]; };
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
-#if defined(MEGATRAIN_HAVE_CUDA)
-    cuda::update_begin();
-#endif
   }
+#if defined(MEGATRAIN_HAVE_CUDA)
+  cuda::SideStreamScope side_stream(cuda::SideStreamScope::kUpdate, overlap_);
+#endif
   std::fill(need_at_.begin(), need_at_.end(), -1);
   needs_ = 0;
   [[maybe_unused]] int marks = 0;
@@ -288,10 +288,8 @@ void AdamW::step(double lr, double grad_scale, double grad_norm) {
     r_state += r.size();
   }
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (overlap_) {
-    cuda::update_mark(all_mark_ = marks);
-    cuda::update_end();
-  }
+  if (overlap_) cuda::update_mark(all_mark_ = marks);
+  side_stream.end();
 #endif
 }
 
@@ -374,13 +372,24 @@ void AdamW::take_master_weights() {
 }
 
 void AdamW::take_master_halves() {
-  // The high halves: every value, from the full master weights every rank holds (replicas round alike), in place.
+  // The high halves are every value: outside this rank's shard (the distributed optimizer's other ranks' parts) from
+  // the full master weights every rank holds (replicas round alike), in place; inside it with the low halves below.
   Tensor& values = store_->flat_values();
   Tensor full = store_->flat_master();  // (a handle, let go of below with the store's, before lo_ exists)
   const Device device = full.device();
-  ops::split_master(values, nullptr, full);
-  // The low halves of this rank's shard, staged in host memory a piece at a time, so that the full fp32 copy and the
-  // halves are never on the device together.
+  int64_t outside = 0;
+  auto high_halves = [&](int64_t end) {
+    if (end <= outside) return;
+    Tensor hi = values.slice(outside, end - outside);
+    ops::split_master(hi, nullptr, full.slice(outside, end - outside));
+  };
+  for (const ShardRange& r : shard_) {
+    high_halves(r.begin);
+    outside = std::max(outside, r.end);
+  }
+  high_halves(values.numel());
+  // The low halves of this rank's shard (and its high halves), staged in host memory a piece at a time, so that the
+  // full fp32 copy and the halves are never on the device together.
   Tensor host = Tensor::empty({shard_numel_}, DType::U16);
   Tensor piece_buf = Tensor::empty({std::min(kHostPiece, shard_numel_)}, DType::U16, device);
   int64_t offset = 0;
@@ -388,7 +397,7 @@ void AdamW::take_master_halves() {
     for (int64_t b = r.begin; b < r.end; b += kHostPiece) {
       const int64_t n = std::min(kHostPiece, r.end - b);
       Tensor hi = values.slice(b, n), lo = piece_buf.slice(0, n);
-      ops::split_master(hi, &lo, full.slice(b, n));  // (hi again, the same bits)
+      ops::split_master(hi, &lo, full.slice(b, n));
       host.slice(offset, n).copy_from(lo);
       offset += n;
     }

@@ -1066,8 +1066,8 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed,
 // ---------------------------------------------------------------- optimizer
 
 int64_t check_decay_runs(const char* op, const DecayRuns* decay, int64_t n) {
-  const int64_t runs = decay ? static_cast<int64_t>(decay->starts.size()) : 0;
   if (!decay) return 0;
+  const int64_t runs = static_cast<int64_t>(decay->starts.size());
   OP_ASSERT(runs >= 1 && decay->decay.size() == decay->starts.size() && decay->starts[0] == 0, "decay runs: ", runs,
             " starts and ", decay->decay.size(), " flags, the first at ", runs ? decay->starts[0] : -1,
             " (should be 0)");

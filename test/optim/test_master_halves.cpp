@@ -1,6 +1,7 @@
 // The master weights of bf16 parameters as two 16-bit halves (core/master_halves.h, tensor/master_halves_ops.h): the
 // halves give the fp32 weights back bit for bit, the high half is the bf16 value rounded to nearest (ties away from
 // zero), and the optimizer's update of the halves is the fp32 update.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -162,4 +163,38 @@ TEST_CASE("AdamW on a bf16 store holds the master weights as halves and saves th
   opt.full_moments(m, v);
   CHECK(std::memcmp(m.raw(), m_ref.raw(), size_t(n) * 4) == 0);
   CHECK(std::memcmp(v.raw(), v_ref.raw(), size_t(n) * 4) == 0);
+}
+
+// take_master on a bf16 store makes every value the high half of its master weight: under the distributed optimizer
+// (here either rank of 2, its shard one half of each bucket) the other rank's ranges too, which it does not update
+// but computes with until the next parameter gather. The values are zeroed first, so a range left out shows.
+TEST_CASE("take_master on a bf16 store writes every high half, inside and outside the rank's shard",
+          "[optim][master_halves]") {
+  for (const int rank : {-1, 0, 1}) {  // -1: not distributed
+    const bool distributed = rank >= 0;
+    INFO("data-parallel rank " << rank);
+    ParamStore store{0, 1};
+    for (const char* name : {"layers.0.w", "layers.1.w", "layers.2.w"}) {
+      ParamSpec s;
+      s.name = name;
+      s.global_shape = {41, 23};
+      store.add(s);
+    }
+    store.allocate(DType::BF16, Device::CPU, 2);  // padded for 2 data-parallel shards
+    store.initialize(13, 0.02, 3);
+    const int64_t n = store.padded_numel();
+    Tensor hi_ref = Tensor::empty({n}, DType::BF16);
+    ops::split_master(hi_ref, nullptr, store.flat_master());
+    std::memset(store.flat_values().raw(), 0, size_t(n) * 2);
+    ParallelState ps;
+    ps.dp_size = distributed ? 2 : 1;
+    ps.dp_rank = std::max(rank, 0);
+    OptimizerConfig cfg;
+    AdamW opt(store, cfg, ps, distributed);
+    int64_t shard = 0;
+    for (const ShardRange& r : opt.shard()) shard += r.size();
+    if (distributed) REQUIRE(shard < n);  // the shard leaves ranges outside it
+    opt.take_master();
+    CHECK(std::memcmp(store.flat_values().raw(), hi_ref.raw(), size_t(n) * 2) == 0);
+  }
 }
