@@ -96,7 +96,7 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
   ensure(total_bytes(boxes), device);
   const bool gpu = device != Device::CPU;
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (gpu) cuda::snapshot_begin();
+  cuda::SideStreamScope side_stream(cuda::SideStreamScope::kSnapshot, gpu);
 #endif
   // The master weights held as halves (SavedBox::lo): joined on the device a piece at a time into one buffer, each
   // piece copied out on the side stream before the next overwrites it (the stream orders them), kept until the next
@@ -141,7 +141,7 @@ ckpt::SaveRequest CheckpointSnapshot::take(const std::string& dir, int64_t itera
   }
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (gpu) {
-    cuda::snapshot_end();
+    side_stream.end();
     in_flight_ = true;
     req.wait_ready = [] { cuda::snapshot_wait_host(); };
   }

@@ -7,10 +7,13 @@
 
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
+#include "cuda/cuda_context.h"
 #include "optim/adamw.h"
 #include "params/param_store.h"
+#include "runtime/cuda/cuda_runtime.h"
 #include "tensor/master_halves_ops.h"
 #include "test_cuda_util.h"
 #include "train/checkpoint_snapshot.h"
@@ -68,6 +71,34 @@ TEST_CASE("cuda async snapshot of bf16 master halves equals the synchronous save
     CHECK(std::memcmp(a.data.raw(), want.data<float>() + p->flat_offset, a.data.nbytes()) == 0);
   }
   CHECK(masters == 2);
+}
+
+// The snapshot's and the update's side-stream scopes (runtime/cuda/cuda_runtime.h SideStreamScope): launches go to the
+// side stream inside, and to the compute stream again after end(), and after an exception that left the scope early.
+TEST_CASE("cuda side-stream scopes give the compute stream back, also when an exception leaves them",
+          "[cuda][checkpoint][adamw]") {
+  init();
+  const cudaStream_t compute = mt::cuda::current_stream();
+  for (const auto kind : {cuda::SideStreamScope::kSnapshot, cuda::SideStreamScope::kUpdate}) {
+    INFO("kind " << kind);
+    {
+      cuda::SideStreamScope scope(kind, true);
+      CHECK(mt::cuda::current_stream() != compute);
+      scope.end();
+      CHECK(mt::cuda::current_stream() == compute);
+    }
+    CHECK(mt::cuda::current_stream() == compute);
+    try {
+      const cuda::SideStreamScope scope(kind, true);
+      throw std::runtime_error("a failure between begin and end");
+    } catch (const std::runtime_error&) {
+    }
+    CHECK(mt::cuda::current_stream() == compute);
+    {
+      const cuda::SideStreamScope off(kind, false);
+      CHECK(mt::cuda::current_stream() == compute);
+    }
+  }
 }
 
 #endif  // MEGATRAIN_HAVE_CUDA

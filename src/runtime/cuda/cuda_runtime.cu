@@ -359,6 +359,22 @@ void snapshot_end() {
   set_current_stream(s.compute);
 }
 
+SideStreamScope::SideStreamScope(Kind kind, bool on) : kind_(kind), on_(on) {
+  if (on_ && kind_ == kSnapshot) snapshot_begin();
+  if (on_ && kind_ == kUpdate) update_begin();
+}
+
+void SideStreamScope::end() {
+  if (!on_) return;
+  on_ = false;
+  if (kind_ == kSnapshot) snapshot_end();
+  else update_end();
+}
+
+SideStreamScope::~SideStreamScope() {
+  if (on_) set_current_stream(kind_ == kSnapshot ? snapshot_stream().compute : update_stream().compute);
+}
+
 void snapshot_wait_on_compute() {
   SnapshotStream& s = snapshot_stream();
   if (s.recorded) MT_CUDA_CHECK(cudaStreamWaitEvent(current_stream(), s.done, 0));

@@ -64,4 +64,21 @@ void update_mark(int i);
 void update_end();
 void update_wait(int i);
 
+// One of the two scopes above as an object: begun by the constructor (when on); end() ends it as snapshot_end /
+// update_end do; a scope left without end() (an exception between) sends launches to the compute stream again in its
+// destructor, recording nothing (it cannot fail).
+class SideStreamScope {
+ public:
+  enum Kind { kSnapshot, kUpdate };
+  SideStreamScope(Kind kind, bool on);
+  ~SideStreamScope();
+  void end();
+  SideStreamScope(const SideStreamScope&) = delete;
+  SideStreamScope& operator=(const SideStreamScope&) = delete;
+
+ private:
+  Kind kind_;
+  bool on_;
+};
+
 }  // namespace mt::cuda
