@@ -1,10 +1,13 @@
 // AdamW step on CUDA over one long flat buffer of master weights, per element:
 //   g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= lr * ((m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps) + wd * p)
-// (decoupled weight decay on the old p), as tensor/cpu/adamw.cpp. Arithmetic in fp64 like the
-// reference (the kernel is memory-bound); the bias corrections are computed once on the host. Grid-stride over
-// 4-element vectors when every buffer is aligned for them. Optionally the weight decay by element range (a table of
-// runs): one launch for parameters with and without decay.
+// (decoupled weight decay on the old p), as tensor/cpu/adamw.cpp. Arithmetic in fp32, as PyTorch's fused AdamW, every
+// operation rounded explicitly; the CPU reference computes in fp64 and the GPU agrees within fp32 rounding (tests).
+// The kernel is memory-bound either way, but fp64's divisions and square roots draw power that, with the GPU at its
+// power cap, the GEMMs running beside the update lose in clock (H200, moe-8x-top2: -0.7 ms a step in fp32;
+// benchmarks/RESULTS.md session 34). The bias corrections are computed once on the host. Grid-stride over 4-element
+// vectors when every buffer is aligned for them. Optionally the weight decay by element range (a table of runs): one
+// launch for parameters with and without decay.
 // The master weights, one of (the kernel's Weights policy):
 // - fp32 (Fp32Weights), optionally with the compute copy (bf16 / fp16) written rounded, as cast_cuda would: 2 more
 //   bytes an element here instead of a separate cast pass of 6. 28 bytes an element, 30 with the copy.
@@ -23,10 +26,10 @@ using namespace ::mt::cuda;
 
 namespace {
 
-// inv_bc1 = 1 / (1 - b1^step), inv_sqrt_bc2 = 1 / sqrt(1 - b2^step), from the host: one fp64 division per element
-// instead of three (the fp64 pipe, with the conversions, held the kernel below the memory rate).
+// The step's constants in fp32, from the host's fp64: c1 = 1 - b1, c2 = 1 - b2, inv_bc1 = 1 / (1 - b1^step),
+// inv_sqrt_bc2 = 1 / sqrt(1 - b2^step) (one division per element instead of three).
 struct AdamWParams {
-  double lr, beta1, beta2, eps, wd, grad_scale, inv_bc1, inv_sqrt_bc2;
+  float lr, beta1, c1, beta2, c2, eps, wd, grad_scale, inv_bc1, inv_sqrt_bc2;
 };
 
 // Weight decay by element range over one launch (decaying matrices and non-decaying norms in one pass): run r holds
@@ -50,24 +53,21 @@ __device__ __forceinline__ int run_of(const DecayTable& t, int64_t i) {
 }
 
 // wd of element i + k, r the run of element i (advanced past the runs that end at or before i + k)
-__device__ __forceinline__ double run_wd(const DecayTable& t, int& r, int64_t i, double wd) {
+__device__ __forceinline__ float run_wd(const DecayTable& t, int& r, int64_t i, float wd) {
   while (r + 1 < t.count && i >= t.start[r + 1]) ++r;
-  return t.decay[r] ? wd : 0.0;
+  return t.decay[r] ? wd : 0.0f;
 }
 
-// Every fp64 operation rounded explicitly (no fma contraction, which the compiler may choose differently in each
-// instantiation of the kernel: the table's variant gave other bits in m than the plain one before this).
+// Every operation rounded explicitly (no fma contraction, which the compiler may choose differently in each
+// instantiation of the kernel: the table's variant and the one writing a compute copy must give the same bits).
 __device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float grad, const AdamWParams& a,
-                                             double wd) {
-  const double g = __dmul_rn(static_cast<double>(grad), a.grad_scale);
-  const double mi = __dadd_rn(__dmul_rn(a.beta1, static_cast<double>(m)), __dmul_rn(1.0 - a.beta1, g));
-  const double vi = __dadd_rn(__dmul_rn(a.beta2, static_cast<double>(v)), __dmul_rn(__dmul_rn(1.0 - a.beta2, g), g));
-  const double pd = static_cast<double>(p);
-  m = static_cast<float>(mi);
-  v = static_cast<float>(vi);
-  const double den = __dadd_rn(__dmul_rn(__dsqrt_rn(vi), a.inv_sqrt_bc2), a.eps);
-  const double step = __dadd_rn(__ddiv_rn(__dmul_rn(mi, a.inv_bc1), den), __dmul_rn(wd, pd));
-  p = static_cast<float>(__dsub_rn(pd, __dmul_rn(a.lr, step)));
+                                             float wd) {
+  const float g = __fmul_rn(grad, a.grad_scale);
+  m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(a.c1, g));
+  v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(__fmul_rn(a.c2, g), g));
+  const float den = __fadd_rn(__fmul_rn(__fsqrt_rn(v), a.inv_sqrt_bc2), a.eps);
+  const float step = __fadd_rn(__fdiv_rn(__fmul_rn(m, a.inv_bc1), den), __fmul_rn(wd, p));
+  p = __fsub_rn(p, __fmul_rn(a.lr, step));
 }
 
 // The fp32 master weights and (CT != float) their compute copy, written rounded.
@@ -134,7 +134,7 @@ __device__ __forceinline__ void update_at(const W& w, float* m, float* v, const 
   int r = kRuns ? run_of(runs, i) : 0;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    double wd = a.wd;
+    float wd = a.wd;
     if constexpr (kRuns) wd = run_wd(runs, r, i + k, a.wd);
     adamw_update(p[k], mm[k], vv[k], g[k], a, wd);
   }
@@ -191,7 +191,9 @@ AdamWParams adamw_params(double lr, double beta1, double beta2, double eps, doub
                          double grad_scale) {
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  return {lr, beta1, beta2, eps, weight_decay, grad_scale, 1.0 / bc1, 1.0 / std::sqrt(bc2)};
+  auto f = [](double x) { return static_cast<float>(x); };
+  return {f(lr),         f(beta1), f(1.0 - beta1),    f(beta2), f(1.0 - beta2), f(eps), f(weight_decay),
+          f(grad_scale), f(1.0 / bc1), f(1.0 / std::sqrt(bc2))};
 }
 
 }  // namespace
