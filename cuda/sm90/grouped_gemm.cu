@@ -10,7 +10,9 @@
 // (64 x 256) into a ring of kStages stages; warpgroups 1 and 2 each run wgmma m64n256k16 over their 64 rows of the
 // tile, releasing a stage once the MMAs that read it are done. bf16
 // tiles of 128 full rows leave through shared memory and TMA stores, which run on under the next tile's main
-// loop; a last tile of an expert with fewer rows is written row by row (the rows past it are another expert's).
+// loop; of a last tile of an expert with fewer rows, each consumer's 64 rows leave that way if all are the expert's,
+// row by row if some are (the rows past them are another expert's), and not at all if none are: that consumer then
+// skips the tile's MMAs too (the MoE layer pads each expert to a multiple of 64 rows: such tiles are of 64 rows).
 // Every output element is one fp32 dot product over K in k order: results do not depend on the tiling or grid.
 // A fourth kernel (grouped_dx_swiglu) is dx on 128 x 128 tiles with the SwiGLU backward as its epilogue, a fifth
 // (grouped_forward_swiglu) fc1's forward with the SwiGLU forward in its epilogue (Epi).
@@ -237,22 +239,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (++j == kIds) j = 0, id_phase ^= 1;
           if (done > 0) {
             mbar_wait(out_full, (done - 1) & 1);
-            if (prev.mvalid == kBM) {  // (a last, shorter tile went to global memory from the consumers' registers)
-              for (int c = 0; c < 2; ++c)
+            // each consumer's 64 full rows (a last, shorter half went to global memory from its registers)
+            for (int c = 0; c < 2; ++c)
+              if (prev.mvalid >= 64 * (c + 1))
                 for (int b = 0; b < 2; ++b) {
                   const int o = c * kStageC + b * kBox, col = prev.n + 64 * b, row = prev.out_m + 64 * c;
                   tma_store_2d(&map_h, sG + o, col, row);
                   tma_store_2d(&map_h, sU + o, so.F + col, row);
                 }
-              bulk_commit();
-              bulk_wait_read_all();  // the buffers may take the next tile
-            }
+            bulk_commit();
+            bulk_wait_read_all();  // the buffers may take the next tile
           }
           if (t < 0) break;
           prev = tile_of<TB, C::TN>(g, t);
           ++done;
-          mbar_expect_tx(gu_full, 4 * kStageC);
-          for (int c = 0; c < 2; ++c)
+          const int halves = prev.mvalid > 64 ? 2 : 1;  // g and u of the consumers with rows
+          mbar_expect_tx(gu_full, halves * 2 * kStageC);
+          for (int c = 0; c < halves; ++c)
             for (int b = 0; b < 2; ++b) {
               tma_load_2d(sG + c * kStageC + b * kBox, &map_h, gu_full, prev.n + 64 * b, prev.out_m + 64 * c);
               tma_load_2d(sU + c * kStageC + b * kBox, &map_h, gu_full, so.F + prev.n + 64 * b, prev.out_m + 64 * c);
@@ -329,9 +332,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (++j == kIds) j = 0, id_phase ^= 1;
       if (t < 0) break;
       const Tile tl = tile_of<TB, C::TN>(g, t);
+      // this warpgroup's rows of the tile: 64 all of them; <= 0 none (an expert's last tile of at most 64 rows:
+      // its MMAs are skipped, the slices go back unread)
+      const int mine = tl.mvalid - 64 * c;
       int prev = -1;
       for (int kb = 0; kb < tl.kblocks; ++kb) {
         mbar_wait(&full[s], phase);
+        if (mine <= 0) {
+          if constexpr (C::kStaged)
+            if (kb % 2 == 0 && step < C::kSteps) epi_step(step++);
+          if (tid == 0) mbar_arrive(&empty[s]);
+          if (++s == kStages) s = 0, phase ^= 1;
+          continue;
+        }
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -383,9 +396,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(gu_full, done & 1);
         ++done;
         uint8_t *sG = sC + c * kStageC, *sU = sC + 2 * kStageC + c * kStageC;
-        const bool full_tile = tl.mvalid == kBM;
+        const bool full_half = mine >= 64;  // through shared memory and the mover; else from registers
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < 16 && mine > 0; ++j) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int r = r_lo + 8 * i, off = swizzled_pair(j, r, lane);
@@ -397,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             swiglu_grads<__nv_bfloat16>(__high2float(dv), __high2float(gv), __high2float(uv), dg1, du1, a1);
             const __nv_bfloat162 dg = __floats2bfloat162_rn(dg0, dg1), du = __floats2bfloat162_rn(du0, du1),
                                  av = __floats2bfloat162_rn(a0, a1);
-            if (full_tile) {
+            if (full_half) {
               *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
               *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
               const int64_t row = tl.out_m + c * 64 + r;
@@ -411,13 +424,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
-        if (full_tile) fence_proxy_async_smem();  // the mover's TMA stores read what this thread wrote
+        if (full_half) fence_proxy_async_smem();  // the mover's TMA stores read what this thread wrote
         mbar_arrive(out_full);
-      } else if (tl.mvalid == kBM) {  // deferred: the steps run under the next tile's first slices
+      } else if (mine >= 64) {  // deferred: the steps run under the next tile's first slices
 #pragma unroll
         for (int q = 0; q < BN / 4; ++q) pk[q] = bf16_pair(d[2 * q], d[2 * q + 1]);
         pend = tl, step = 0;
-      } else {  // a last, shorter tile: its rows straight to global memory (the rows past it are another expert's)
+      } else if (mine > 0) {  // a last, shorter tile: its rows straight to global memory (the rows past it are another
+                              // expert's)
         __nv_bfloat16* o = EPI == kSwigluFwd ? so.h : static_cast<__nv_bfloat16*>(out);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {

@@ -147,10 +147,14 @@ inline constexpr double kGroupedTflops = 260, kPerGroupTflops = 500, kBatchedTfl
 // spread over two orders of magnitude) padded 131,072 rows to 147-193K (e2e op profile, session 10); the cut into
 // up to 16 runs pads a simulated such routing by 8-13% instead of 40-63% (the estimate picks 9-12 runs).
 inline constexpr int64_t kPadBuckets = 16, kPadRows = 128;
+// Where our own Hopper kernels run the experts, each count rounded up to this: whole 64-row slices of K for the
+// weight gradients, and an expert's last 128-row output tile either full or of 64 rows, whose second consumer
+// warpgroup skips its MMAs (cuda/sm90/grouped_gemm.cu): 32 padding rows an expert on average instead of 64.
+inline constexpr int64_t kSm90PadRows = 64;
 // The region sizes (E) of the padded layout for these counts, or empty when the exact groups are estimated faster.
 // Where our own grouped GEMMs run the experts' forward and dx (bf16 on a Hopper GPU, IC a multiple of 256, OC of
 // 256: cuda/sm90/grouped_gemm.h), one kernel per product takes any sizes: each expert gets its own region, its
-// count rounded up to kPadRows (full 128-row output tiles, and whole 64-row slices of K for the weight gradients).
+// count rounded up to kSm90PadRows.
 std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::vector<int64_t>& counts, int64_t IC,
                                         int64_t OC);
 void moe_grouped_linear_forward(Tensor& out, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts);

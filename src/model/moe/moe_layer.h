@@ -12,7 +12,7 @@
 //            -> permute: rows grouped by local expert (ops::moe_routing_map, moe_permute_forward)
 //               [padded layout when ops::moe_padded_regions estimates it faster: each expert's rows start a
 //               region (a few distinct sizes for cuBLAS's batched calls; on a Hopper GPU in bf16 each count
-//               rounded up to 128 for our own grouped kernels, cuda/sm90/grouped_gemm.h), padding rows 0, and
+//               rounded up to 64 for our own grouped kernels, cuda/sm90/grouped_gemm.h), padding rows 0, and
 //               their output gradients zeroed, so they add nothing to the weight gradients]
 //            -> experts: grouped GEMMs of this rank's experts (experts.h)
 //            -> unpermute: out[t] = sum_j w[t, j] * expert_{i[t, j]}(x[t]) over the token's local choices
