@@ -20,10 +20,17 @@ namespace {
 bool is_config_error(const std::string& msg) { return msg.rfind("config ", 0) == 0; }
 
 // `megatrain config` and `megatrain plan` check a configuration for --world-size ranks without
-// communicating: no MPI start-up (about a second for a lone process under Open MPI).
+// communicating, and a request for help or the version (`megatrain`, `megatrain --help`, `megatrain
+// convert import -h`, `megatrain --version`: subcommand names, then that one flag) only prints: no MPI
+// start-up for them (about half a second for a lone process under Open MPI).
 bool needs_mpi(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
-  return cmd != "config" && cmd != "plan";
+  if (cmd == "config" || cmd == "plan" || argc == 1) return false;
+  const std::string last = argv[argc - 1];
+  if (last != "-h" && last != "--help" && last != "--version") return true;
+  for (int i = 1; i < argc - 1; ++i)
+    if (argv[i][0] == '-') return true;  // other options: the command runs as written
+  return false;
 }
 
 }  // namespace
