@@ -296,8 +296,9 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
 }
 
 // bf16 experts whose sizes are multiples of 256 run on our own Hopper kernels (cuda/sm90/grouped_gemm.h): forward
-// and dx for any row counts (an expert's last tile of fewer than 128 rows written row by row, the rows of the next
-// expert untouched), the fp32 weight gradient's first write when every count is a multiple of 64 (else, and when
+// and dx for any row counts (of an expert's last tile of fewer than 128 rows, each consumer warpgroup's 64 rows
+// stored through TMA when all are the expert's, row by row when some are, the MMAs skipped when none are; the rows
+// of the next expert untouched), the fp32 weight gradient's first write when every count is a multiple of 64 (else, and when
 // accumulating, cuBLAS). Counted launches prove the path; more tiles than multiprocessors make each CTA run several.
 // The weight gradient also with an odd number of 128-row blocks per expert (OC 384).
 TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "[cuda][moe]") {
@@ -312,7 +313,8 @@ TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "
   };
   const std::vector<Case> cases = {
       {{256, 0, 384, 128, 64}, 256, 512, 3},         // counts multiples of 64: every product; a 64-row last tile
-      {{37, 0, 130, 1, 300}, 256, 512, 2},           // any counts: forward and dx (partial tiles), dW on cuBLAS
+      {{37, 0, 130, 1, 300, 200}, 256, 512, 2},      // any counts: forward and dx (partial tiles; 200: a last tile
+                                                     // of 72 rows, the first consumer's 64 through TMA), dW on cuBLAS
       {{128, 448, 0, 192}, 512, 256, 3},             // fc2-like: OC < IC
       {{1024, 2048, 640, 0, 1536}, 512, 1024, 3},    // 164 forward tiles: several per CTA, the ring wrapping around
       {{256, 0, 128, 64, 192}, 256, 384, 2},         // OC 384: dx, and dW's 3 row blocks per expert (cuBLAS forward)
@@ -344,7 +346,7 @@ TEST_CASE("cuda moe fc2 backward with the SwiGLU in the sm90 dx epilogue equals 
     int64_t F, OC;
   };
   const std::vector<Case> cases = {
-      {{256, 0, 300, 1, 130}, 256, 192},           // partial tiles, an empty expert, one row
+      {{256, 0, 300, 1, 130, 200}, 256, 192},      // partial tiles (200: 72 rows), an empty expert, one row
       {{37, 128, 0, 64}, 384, 128},                // 3 column tiles (the unfused dx runs on cuBLAS: CPU check only)
       {{1024, 2048, 640, 0, 1536}, 512, 1024},     // 5,248 rows x 4 column tiles: many tiles per CTA
       {{4096, 8192, 0, 4096}, 512, 256},           // 512 tiles of 4 K slices
@@ -394,7 +396,7 @@ TEST_CASE("cuda moe fc1 forward with the SwiGLU in the sm90 epilogue equals the 
     int64_t IC, F;
   };
   const std::vector<Case> cases = {
-      {{256, 0, 300, 1, 130}, 64, 256},           // partial tiles, an empty expert, one row; one K slice
+      {{256, 0, 300, 1, 130, 200}, 64, 256},      // partial tiles (200: 72 rows), an empty expert, one row; one K slice
       {{37, 128, 0, 64}, 192, 384},               // 3 column tiles, 3 K slices
       {{1024, 2048, 640, 0, 1536}, 1024, 512},    // 5,248 rows x 4 column tiles: many tiles per CTA
   };
