@@ -556,8 +556,8 @@ std::vector<int64_t> moe_padded_regions(Device device, DType dtype, const std::v
   if (M == 0) return {};
   if (sm90_grouped(dtype, E, IC, OC)) {
     std::vector<int64_t> regions(counts.size());
-    constexpr int64_t pad = kSm90PadRows;
-    for (size_t e = 0; e < counts.size(); ++e) regions[e] = (counts[e] + pad - 1) / pad * pad;
+    for (size_t e = 0; e < counts.size(); ++e)
+      regions[e] = (counts[e] + kSm90PadRows - 1) / kSm90PadRows * kSm90PadRows;
     return regions;
   }
   // seconds of one product (IC -> OC) for `rows` rows at `tflops`
