@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (kb % 2 == 0 && step < C::kSteps) epi_step(step++);
           if (tid == 0) mbar_arrive(&empty[s]);
           if (++s == kStages) s = 0, phase ^= 1;
-          continue;
+          continue;  // its own path: with the MMAs alone made conditional (fence, commit and wait outside them),
+                     // ptxas serializes every wgmma of the kernel (C7520, a compiler-inserted warpgroup.arrive)
         }
         wgmma_fence();
 #pragma unroll
@@ -397,30 +398,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         ++done;
         uint8_t *sG = sC + c * kStageC, *sU = sC + 2 * kStageC + c * kStageC;
         const bool full_half = mine >= 64;  // through shared memory and the mover; else from registers
+        if (mine > 0) {  // a warpgroup with no rows of the tile has nothing to compute
 #pragma unroll
-        for (int j = 0; j < 16 && mine > 0; ++j) {
+          for (int j = 0; j < 16; ++j) {
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int r = r_lo + 8 * i, off = swizzled_pair(j, r, lane);
-            const __nv_bfloat162 dv = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
-            const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(sG + off);
-            const __nv_bfloat162 uv = *reinterpret_cast<const __nv_bfloat162*>(sU + off);
-            float dg0, du0, a0, dg1, du1, a1;
-            swiglu_grads<__nv_bfloat16>(__low2float(dv), __low2float(gv), __low2float(uv), dg0, du0, a0);
-            swiglu_grads<__nv_bfloat16>(__high2float(dv), __high2float(gv), __high2float(uv), dg1, du1, a1);
-            const __nv_bfloat162 dg = __floats2bfloat162_rn(dg0, dg1), du = __floats2bfloat162_rn(du0, du1),
-                                 av = __floats2bfloat162_rn(a0, a1);
-            if (full_half) {
-              *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
-              *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
-              const int64_t row = tl.out_m + c * 64 + r;
-              *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + tl.n + 8 * j + 2 * (lane % 4)) = av;
-            } else if (c * 64 + r < tl.mvalid) {
-              const int64_t row = tl.out_m + c * 64 + r;
-              const int col = tl.n + 8 * j + 2 * (lane % 4);
-              *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + col) = dg;
-              *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + so.F + col) = du;
-              *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
+            for (int i = 0; i < 2; ++i) {
+              const int r = r_lo + 8 * i, off = swizzled_pair(j, r, lane);
+              const __nv_bfloat162 dv = __floats2bfloat162_rn(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+              const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(sG + off);
+              const __nv_bfloat162 uv = *reinterpret_cast<const __nv_bfloat162*>(sU + off);
+              float dg0, du0, a0, dg1, du1, a1;
+              swiglu_grads<__nv_bfloat16>(__low2float(dv), __low2float(gv), __low2float(uv), dg0, du0, a0);
+              swiglu_grads<__nv_bfloat16>(__high2float(dv), __high2float(gv), __high2float(uv), dg1, du1, a1);
+              const __nv_bfloat162 dg = __floats2bfloat162_rn(dg0, dg1), du = __floats2bfloat162_rn(du0, du1),
+                                   av = __floats2bfloat162_rn(a0, a1);
+              if (full_half) {
+                *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
+                *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
+                const int64_t row = tl.out_m + c * 64 + r;
+                *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + tl.n + 8 * j + 2 * (lane % 4)) = av;
+              } else if (c * 64 + r < tl.mvalid) {
+                const int64_t row = tl.out_m + c * 64 + r;
+                const int col = tl.n + 8 * j + 2 * (lane % 4);
+                *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + col) = dg;
+                *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + so.F + col) = du;
+                *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
+              }
             }
           }
         }
