@@ -94,7 +94,8 @@ struct Groups {
 };
 
 // The SwiGLU epilogues' outputs (unused by the other kernels): h (rows, 2F) = [g | u] (the backward writes dh over
-// it) and a (rows, F); the stores from registers use them (a last, shorter tile's, and the backward's a).
+// it) and a (rows, F); the stores from registers use them (a last, shorter tile's, and the backward's a). The
+// backward's act may be null: a kept from the forward, nothing to recompute it for.
 struct SwigluOut {
   __nv_bfloat16* h;
   __nv_bfloat16* act;
@@ -416,13 +417,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
                 *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
                 const int64_t row = tl.out_m + c * 64 + r;
-                *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + tl.n + 8 * j + 2 * (lane % 4)) = av;
+                if (so.act) *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + tl.n + 8 * j + 2 * (lane % 4)) = av;
               } else if (c * 64 + r < tl.mvalid) {
                 const int64_t row = tl.out_m + c * 64 + r;
                 const int col = tl.n + 8 * j + 2 * (lane % 4);
                 *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + col) = dg;
                 *reinterpret_cast<__nv_bfloat162*>(so.h + row * 2 * so.F + so.F + col) = du;
-                *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
+                if (so.act) *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
               }
             }
           }
@@ -667,7 +668,7 @@ bool grouped_dx_swiglu_takes(int64_t El, int64_t F, int64_t OC) {
 
 bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const mt::bf16* weight,
                        const int64_t* counts, int64_t El, int64_t F, int64_t OC) {
-  if (!grouped_dx_swiglu_takes(El, F, OC) || !aligned16(h) || !aligned16(act) || !aligned16(dout) ||
+  if (!grouped_dx_swiglu_takes(El, F, OC) || !aligned16(h) || (act && !aligned16(act)) || !aligned16(dout) ||
       !aligned16(weight))
     return false;
   Groups g{};

@@ -47,7 +47,7 @@ bool grouped_forward_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* x, const
 // becomes dh = [dgate | dup] for da = dout_e W_e (never stored; rounded to bf16 as a stored da would be), and
 // act (rows, F) = swiglu(g, u), the same bits as cuda/activation.cu's pass (cuda/swiglu_math.cuh). 128 x 128 tiles
 // (g and u of a tile in shared memory beside a 5-stage ring); the consumers run the math from their registers and
-// store a from them.
+// store a from them. act null: a is not stored (the caller kept the forward's).
 // OC % 64 == 0, F % 128 == 0
 bool grouped_dx_swiglu_takes(int64_t El, int64_t F, int64_t OC);
 bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const mt::bf16* weight,

@@ -49,6 +49,16 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
     output_ = std::make_unique<OutputLayer>(ctx, weight);
   }
   post_range_ = range_from(begin_post);
+  // Each MoE layer's experts keep their SwiGLU output in the previous MoE layer's expert gradients when the trainer
+  // allows it (ModelContext::gradients_free_until_backward; the first MoE layer of the chunk recomputes it).
+  if (ctx.gradients_free_until_backward) {
+    Experts* earlier = nullptr;
+    for (MoEMLP* m : moe_layers()) {
+      Experts& e = m->layer().experts();
+      e.keep_activation_in(earlier);
+      earlier = &e;
+    }
+  }
 }
 
 const std::vector<GPTModel::FlatRange>& GPTModel::ranges(const ModuleParams& m) const {

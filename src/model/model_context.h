@@ -38,6 +38,12 @@ struct ModelContext {
   ParamSyncHooks* hooks = nullptr;  // null: nobody listens (single rank, inference)
   bool tp_comm_overlap = false;     // parallel.tp_comm_overlap (column-parallel backward)
   Fp8Context* fp8 = nullptr;        // training.fp8: the recipe's state (null: no FP8)
+  // The trainer's promise that a layer's gradients hold nothing anyone reads from the optimizer's update of its
+  // parameters until its backward writes them: one micro-batch a step and no pipeline (each backward follows its own
+  // forward, nothing accumulates across micro-batches), every update done before the forward that reads its
+  // parameters. Then a layer may keep a forward activation in an EARLIER layer's gradient storage (its backward
+  // comes after this layer's): the MoE experts' SwiGLU output (Experts::keep_activation_in). False: nothing does.
+  bool gradients_free_until_backward = false;
   // The model's features, resolved once (config/model_features.h): the only thing model code asks.
   const ModelFeatures& features() const { return derived->features; }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }

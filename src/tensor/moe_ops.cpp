@@ -742,7 +742,7 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
 
 void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
                                         const Tensor& h, const std::vector<int64_t>& counts, GradMode dweight_mode,
-                                        Tensor* dweight_squares) {
+                                        Tensor* dweight_squares, const Tensor* kept_a) {
   if (dweight_squares) *dweight_squares = Tensor();
   const char* op = "moe_grouped_linear_backward_swiglu";
   check_2d(op, h, "h");
@@ -752,7 +752,8 @@ void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tenso
              h.str());
   check(op, dh, "dh", h, h.dtype(), h.shape());
   const Device dev = h.device();
-  Tensor a = Tensor::empty({M, F}, h.dtype(), dev);
+  if (kept_a) check(op, *kept_a, "kept_a", h, h.dtype(), {M, F});
+  Tensor a = kept_a ? *kept_a : Tensor::empty({M, F}, h.dtype(), dev);
   bool fused = false;
 #if defined(MEGATRAIN_HAVE_CUDA)
   // Hopper, bf16, in place: the SwiGLU backward runs in the dx GEMM's epilogue (no da, no separate pass)
@@ -762,24 +763,27 @@ void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tenso
     grouped_shapes(op, a, weight, counts);
     check(op, dout, "dout", h, h.dtype(), {M, weight.size(1)});
     const cuda::OpTimer timer("moe_grouped_linear_backward [sm90] dx + swiglu", dout.numel());  // MT_OP_PROFILE
-    fused = cuda::sm90::grouped_dx_swiglu(dh.data<bf16>(), a.data<bf16>(), dout.data<bf16>(), weight.data<bf16>(),
-                                          counts.data(), El, F, weight.size(1));
+    fused = cuda::sm90::grouped_dx_swiglu(dh.data<bf16>(), kept_a ? nullptr : a.data<bf16>(), dout.data<bf16>(),
+                                          weight.data<bf16>(), counts.data(), El, F, weight.size(1));
   }
 #endif
   if (!fused) {
     Tensor da = Tensor::empty({M, F}, h.dtype(), dev);  // back to the cache before the weight-gradient GEMMs
     moe_grouped_linear_backward(&da, nullptr, dout, a, weight, counts);  // a: shape only (dx alone reads no x)
+    bool recomputed = false;
 #if defined(MEGATRAIN_HAVE_CUDA)
-    if (on_cuda(h)) {
+    if (!kept_a && on_cuda(h)) {  // a recomputed in the SwiGLU backward's pass
       any_float(op, h, [&](auto z) {
         using T = decltype(z);
         if constexpr (!std::is_same_v<T, double>)
           cuda::swiglu_backward_recompute_cuda<T>(dh.data<T>(), a.data<T>(), da.data<T>(), h.data<T>(), M, F);
       });
-    } else
+      recomputed = true;
+    }
 #endif
-    {  // the reference: swiglu forward, then swiglu backward (may overwrite h: read row by row before written)
-      swiglu_forward(a, h);
+    if (!recomputed) {  // swiglu forward (unless a is kept), then swiglu backward (may overwrite h: read row by row
+                        // before written)
+      if (!kept_a) swiglu_forward(a, h);
       swiglu_backward(dh, da, h);
     }
   }

@@ -175,9 +175,11 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
 // The backward of the grouped linear that follows a SwiGLU (the experts' fc2), through the SwiGLU, without its
 // input (as linear_backward_swiglu for the dense MLP): a = swiglu(h) (M, F) is recomputed in the SwiGLU
 // backward's pass, so the forward need not keep it. dh (M, 2F) (=) = swiglu'(h) . (dout @ weight[e]) per group;
-// dweight (El, OC, F) += (= with Overwrite) dout^T a per group. dh may alias h.
+// dweight (El, OC, F) += (= with Overwrite) dout^T a per group. dh may alias h. kept_a (optional): the forward's a
+// (M, F), kept: the weight gradient reads it and nothing recomputes a (the same bits either way).
 void moe_grouped_linear_backward_swiglu(Tensor& dh, Tensor* dweight, const Tensor& dout, const Tensor& weight,
                                         const Tensor& h, const std::vector<int64_t>& counts,
-                                        GradMode dweight_mode = GradMode::Accumulate, Tensor* dweight_squares = nullptr);
+                                        GradMode dweight_mode = GradMode::Accumulate, Tensor* dweight_squares = nullptr,
+                                        const Tensor* kept_a = nullptr);
 
 }  // namespace mt::ops

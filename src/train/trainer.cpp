@@ -365,6 +365,10 @@ TrainResult run_training(const Config& cfg) {
 #endif
   run.ctx.recompute = recompute_policy(cfg.training, d);
   run.ctx.tp_comm_overlap = cfg.parallel.tp_comm_overlap;
+  // One micro-batch a step without a pipeline: each backward follows its own forward, and every update (at the step's
+  // end, or beside the next forward, waited for before a layer's forward reads its parameters) is done before the
+  // forward that follows it (ModelContext::gradients_free_until_backward).
+  run.ctx.gradients_free_until_backward = d.num_microbatches == 1 && ps.pp_size == 1;
   run.fp8 = make_fp8_context(cfg, d, run.ctx, ps.world_rank == 0);
   run.store = std::make_unique<ParamStore>(ps.tp_rank, ps.tp_size);
   std::vector<const GPTModel*> chunk_ptrs;

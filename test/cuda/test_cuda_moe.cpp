@@ -377,6 +377,18 @@ TEST_CASE("cuda moe fc2 backward with the SwiGLU in the sm90 dx epilogue equals 
       CHECK(bitwise_equal(dh, dh_u));
       CHECK(bitwise_equal(dw, dw_u));
     }
+    // a kept from the forward (Experts::keep_activation_in): the fused kernel stores no a and the weight gradient
+    // reads the kept one; not in place, the unfused path's SwiGLU backward recomputes nothing. The same bits.
+    Tensor a = Tensor::empty({M, F}, bf, Device::CUDA);
+    ops::swiglu_forward(a, h);
+    Tensor dh_k = to_device(h64, bf), dw_k = poisoned({El, OC, F}, DType::F32);
+    ops::moe_grouped_linear_backward_swiglu(dh_k, &dw_k, dy, w, dh_k, c.counts, ops::GradMode::Overwrite, nullptr, &a);
+    CHECK(bitwise_equal(dh_k, dh));
+    CHECK(bitwise_equal(dw_k, dw));
+    Tensor dh_ku = poisoned({M, 2 * F}, bf), dw_ku = poisoned({El, OC, F}, DType::F32);
+    ops::moe_grouped_linear_backward_swiglu(dh_ku, &dw_ku, dy, w, h, c.counts, ops::GradMode::Overwrite, nullptr, &a);
+    CHECK(bitwise_equal(dh_ku, dh_u));
+    CHECK(bitwise_equal(dw_ku, dw_u));
   }
 }
 

@@ -134,6 +134,10 @@ TEST_CASE("qwen3-like features on the GPU match the CPU backend (fp32 1e-4, bf16
 TEST_CASE("MoE on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][moe]") {
   compare("configs/ci/moe-tiny-8x-top2.yaml", "--set model.moe_ffn_hidden_size=128", "moe8");
   compare("configs/ci/moe-tiny-shared-sigmoid.yaml", "--set model.moe_ffn_hidden_size=128", "moeshared");
+  // one micro-batch a step: each MoE layer after the first keeps its SwiGLU output in the previous one's gradients
+  // (ModelContext::gradients_free_until_backward), the update beside the next forward reading them first
+  compare("configs/ci/moe-tiny-8x-top2.yaml",
+          "--set model.moe_ffn_hidden_size=128 --set training.global_batch_size=2", "moe8one");
 }
 
 TEST_CASE("gpt2 features on the llama preset on the GPU match the CPU backend", "[cuda][training][features]") {

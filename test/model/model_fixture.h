@@ -35,13 +35,15 @@ struct TinyModel {
   std::unique_ptr<ParamStore> store;
   std::unique_ptr<GPTModel> model;
 
-  TinyModel(const Config& c, RecomputePolicy recompute = {}, uint64_t seed = 7) : cfg(c) {
+  // gradients_free: ModelContext::gradients_free_until_backward (the trainer's promise; the caller keeps it).
+  TinyModel(const Config& c, RecomputePolicy recompute = {}, uint64_t seed = 7, bool gradients_free = false) : cfg(c) {
     d = derive_config(cfg, 1);
     ctx.model = &cfg.model;
     ctx.derived = &d;
     ctx.ps = &ps;
     ctx.dtype = DType::F64;
     ctx.recompute = recompute;
+    ctx.gradients_free_until_backward = gradients_free;
     store = std::make_unique<ParamStore>(0, 1);
     model = std::make_unique<GPTModel>(ctx, *store, ModelChunkSpec{0, cfg.model.num_layers, true, true});
     store->allocate(DType::F64, Device::CPU);

@@ -1,5 +1,6 @@
 // Whole-model gradients against central finite differences in fp64, for the GPT-2 and the Llama
 // (grouped-query) variants, with and without dropout; full recompute gives identical gradients.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -158,6 +159,53 @@ TEST_CASE("the first gradient write of a step overwrites the previous step's val
     CHECK(std::memcmp(ref.store->flat_grads().raw(), m.store->flat_grads().raw(), m.store->flat_grads().nbytes()) ==
           0);
   }
+}
+
+// Under ModelContext::gradients_free_until_backward (one micro-batch a step, no pipeline: the trainer's case) each MoE
+// layer after the first keeps its experts' SwiGLU output in the previous MoE layer's expert gradients instead of
+// recomputing it in backward. Steps of forward, backward and an update that reads every gradient give the same
+// losses, gradients and weights, bit for bit, as without; the forward does write into the first layer's gradients
+// (so the path ran). Fails when a layer keeps its a in a LATER layer's gradients (written before its last read).
+TEST_CASE("MoE: the SwiGLU output kept in an earlier layer's gradients changes no step", "[model][moe]") {
+  Config c = tiny_config("llama");
+  c.model.num_layers = 3;
+  c.model.num_experts = 4;
+  c.model.moe_router_topk = 2;
+  c.model.moe_ffn_hidden_size = 10;
+  c.model.moe_aux_loss_coeff = 0.01;
+  TinyModel ref(c), m(c, {}, 7, true);
+  StepContext step;
+  const Param* first = m.store->find("decoder.layers.0.mlp.experts.0.linear_fc1.weight");
+  REQUIRE(first != nullptr);
+  const auto span_begin = static_cast<int64_t>(first->flat_offset);
+  for (int it = 0; it < 3; ++it) {
+    const Batch b = make_batch(ref, 40 + it);
+    double loss_ref = 0, loss = 0;
+    for (TinyModel* t : {&ref, &m}) {
+      t->store->zero_grads();
+      double* head = t->store->flat_grads().data<double>() + span_begin;  // (a starts within its first 256 bytes)
+      std::fill(head, head + 64, -7.0);  // a sentinel the forward must overwrite in m
+      GPTModel::MicroState st;
+      double& l = t == &ref ? loss_ref : loss;
+      t->model->forward(st, b.tokens.data(), b.labels.data(), b.B, b.T, Tensor(), step, &l);
+      const auto overwritten = std::count_if(head, head + 64, [](double v) { return v != -7.0; });
+      INFO("iteration " << it << (t == &ref ? ", reference" : ", kept"));
+      CHECK((overwritten == 0) == (t == &ref));
+      t->model->backward(st, Tensor(), 1.0, step);
+    }
+    INFO("iteration " << it);
+    CHECK(loss == loss_ref);
+    const Tensor &gr = ref.store->flat_grads(), &gm = m.store->flat_grads();
+    REQUIRE(gr.nbytes() == gm.nbytes());
+    CHECK(std::memcmp(gr.raw(), gm.raw(), gr.nbytes()) == 0);
+    for (TinyModel* t : {&ref, &m}) {  // an SGD step: reads every gradient before the next forward
+      double* v = t->store->flat_values().data<double>();
+      const double* g = t->store->flat_grads().data<double>();
+      for (int64_t i = 0; i < t->store->padded_numel(); ++i) v[i] -= 0.05 * g[i];
+    }
+  }
+  CHECK(std::memcmp(ref.store->flat_values().raw(), m.store->flat_values().raw(), m.store->flat_values().nbytes()) ==
+        0);
 }
 
 TEST_CASE("full recompute keeps only the group inputs", "[model][recompute]") {

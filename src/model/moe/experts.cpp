@@ -1,5 +1,7 @@
 #include "model/moe/experts.h"
 
+#include <cstdint>
+
 #include "core/check.h"
 #include "tensor/moe_ops.h"
 
@@ -43,13 +45,29 @@ ops::GradMode Experts::grad_mode(const std::vector<Param*>& ps) const {
   return m;
 }
 
+Tensor Experts::gradient_span() const {
+  const int64_t n1 = fc1_.front()->value.numel(), n2 = fc2_.front()->value.numel();
+  const auto n = static_cast<int64_t>(fc1_.size()) * n1 + static_cast<int64_t>(fc2_.size()) * n2;
+  MT_INTERNAL_ASSERT(fc2_.front()->flat_offset == fc1_.front()->flat_offset + fc1_.size() * static_cast<size_t>(n1),
+                     "an MoE layer's fc1 and fc2 expert weights are not consecutive in the parameter store");
+  return store_->flat_grads().slice(static_cast<int64_t>(fc1_.front()->flat_offset), n);
+}
+
 Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& counts) const {
   const ModelContext& c = *ctx_;
   const int64_t M = x.size(0), C = x.size(1);
   s.counts = counts;
   s.h = c.empty({M, ffn_ * (swiglu_ ? 2 : 1)});
-  Tensor a = c.empty({M, ffn_});
-  if (swiglu_) {  // a not kept: the backward recomputes it from h
+  Tensor a;
+  if (swiglu_ && a_home_ && c.gradients_free_until_backward) {
+    const Tensor home = a_home_->gradient_span();
+    const auto begin = reinterpret_cast<uintptr_t>(home.raw()), at = (begin + 255) / 256 * 256;  // (TMA: aligned)
+    if (at - begin + static_cast<size_t>(M * ffn_) * dtype_size(c.dtype) <= home.nbytes())
+      a = Tensor::from_blob(reinterpret_cast<void*>(at), {M, ffn_}, c.dtype, c.device);
+  }
+  const bool kept = a.defined() || !swiglu_;  // else the backward recomputes a from h
+  if (!a.defined()) a = c.empty({M, ffn_});
+  if (swiglu_) {
     ops::moe_grouped_linear_forward_swiglu(s.h, a, x, stacked(fc1_, false), counts);
   } else {
     ops::moe_grouped_linear_forward(s.h, x, stacked(fc1_, false), counts);
@@ -57,7 +75,7 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   }
   Tensor y = c.empty({M, C});
   ops::moe_grouped_linear_forward(y, a, stacked(fc2_, false), counts);
-  if (!swiglu_) s.a = a;
+  if (kept) s.a = a;
   return y;
 }
 
@@ -70,10 +88,10 @@ Tensor Experts::backward_fc2(Tensor dy, Saved& s) const {
   const ModelContext& c = *ctx_;
   Tensor dw2 = stacked(fc2_, true), squares;
   Tensor dh;
-  if (swiglu_) {  // through the SwiGLU, recomputing a = swiglu(h) in its pass; dh overwrites h
+  if (swiglu_) {  // through the SwiGLU, recomputing a = swiglu(h) in its pass unless kept; dh overwrites h
     dh = s.h;
     ops::moe_grouped_linear_backward_swiglu(dh, &dw2, dy, stacked(fc2_, false), s.h, s.counts, grad_mode(fc2_),
-                                            &squares);
+                                            &squares, s.a.defined() ? &s.a : nullptr);
   } else {
     Tensor da = c.empty(s.a.shape());
     ops::moe_grouped_linear_backward(&da, &dw2, dy, s.a, stacked(fc2_, false), s.counts, grad_mode(fc2_), &squares);

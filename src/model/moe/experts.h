@@ -26,8 +26,9 @@ class Experts {
           bool swiglu, const ModelContext& ctx, ParamStore& store);
   struct Saved {
     std::vector<int64_t> counts;  // rows of each local expert
-    Tensor h, a;                  // fc1 output (M, 2F or F); activation output (M, F), GELU only (SwiGLU's is
-                                  // recomputed in backward, as the dense llama MLP)
+    Tensor h, a;                  // fc1 output (M, 2F or F); activation output (M, F): GELU's; SwiGLU's when it
+                                  // lives in an earlier layer's gradients (keep_activation_in), else recomputed in
+                                  // backward, as the dense llama MLP
   };
   // x (M, C) grouped by local expert, counts[e] rows each -> (M, C).
   Tensor forward(Saved& s, const Tensor& x, const std::vector<int64_t>& counts) const;
@@ -38,6 +39,14 @@ class Experts {
   Tensor backward_fc2(Tensor dy, Saved& s) const;
   Tensor backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const;
   int64_t local_experts() const { return local_experts_; }
+  // SwiGLU: keep the forward's a (M, F) in `earlier`'s expert gradients, when it fits, instead of recomputing it in
+  // the SwiGLU backward (the fc2 dx kernel then stores no a: H200, moe-8x-top2, ~2.8 GB a step less written; no
+  // memory). Only under ModelContext::gradients_free_until_backward, with `earlier` a layer before this one in the
+  // same model chunk: its gradients are dead from its update (before its forward, so before this one's) to its
+  // backward (after this one's).
+  void keep_activation_in(const Experts* earlier) { a_home_ = earlier; }
+  // This layer's expert gradients as one flat fp32 span (fc1 then fc2 of every local expert: consecutive).
+  Tensor gradient_span() const;
 
  private:
   // The stacked (El, OC, IC) view of consecutive parameters' values or gradients.
@@ -51,6 +60,7 @@ class Experts {
   int64_t local_experts_, ffn_;
   bool swiglu_;
   std::vector<Param*> fc1_, fc2_;
+  const Experts* a_home_ = nullptr;  // keep_activation_in
 };
 
 }  // namespace mt

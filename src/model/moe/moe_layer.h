@@ -69,6 +69,7 @@ class MoELayer {
   Router& router() { return router_; }
   const Router& router() const { return router_; }
   const TokenDispatcher& dispatcher() const { return dispatcher_; }
+  Experts& experts() { return experts_; }
   // Metrics of the last forward: the balancing losses' values (0 when off; reads the device) and the slots this
   // rank routed to each global expert.
   // A balancing loss's value (s.router.aux_loss / z_loss; 0 when off). Reads the device: call once per step.
