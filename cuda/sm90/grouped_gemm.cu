@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (full_half) {
                 *reinterpret_cast<__nv_bfloat162*>(sG + off) = dg;
                 *reinterpret_cast<__nv_bfloat162*>(sU + off) = du;
-                const int64_t row = tl.out_m + c * 64 + r;
-                if (so.act) *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + tl.n + 8 * j + 2 * (lane % 4)) = av;
+                const int64_t row = tl.out_m + c * 64 + r, col = tl.n + 8 * j + 2 * (lane % 4);
+                if (so.act) *reinterpret_cast<__nv_bfloat162*>(so.act + row * so.F + col) = av;
               } else if (c * 64 + r < tl.mvalid) {
                 const int64_t row = tl.out_m + c * 64 + r;
                 const int col = tl.n + 8 * j + 2 * (lane % 4);
