@@ -298,8 +298,9 @@ TEST_CASE("cuda moe grouped GEMMs match the CPU, experts without rows included",
 // bf16 experts whose sizes are multiples of 256 run on our own Hopper kernels (cuda/sm90/grouped_gemm.h): forward
 // and dx for any row counts (of an expert's last tile of fewer than 128 rows, each consumer warpgroup's 64 rows
 // stored through TMA when all are the expert's, row by row when some are, the MMAs skipped when none are; the rows
-// of the next expert untouched), the fp32 weight gradient's first write when every count is a multiple of 64 (else, and when
-// accumulating, cuBLAS). Counted launches prove the path; more tiles than multiprocessors make each CTA run several.
+// of the next expert untouched), the fp32 weight gradient's first write when every count is a multiple of 64 (else,
+// and when accumulating, cuBLAS). Counted launches prove the path; more tiles than multiprocessors make each CTA run
+// several.
 // The weight gradient also with an odd number of 128-row blocks per expert (OC 384).
 TEST_CASE("cuda moe grouped GEMMs on our Hopper kernels (sm90) match the CPU", "[cuda][moe]") {
   init();

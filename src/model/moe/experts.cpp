@@ -59,7 +59,7 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   s.counts = counts;
   s.h = c.empty({M, ffn_ * (swiglu_ ? 2 : 1)});
   Tensor a;
-  if (swiglu_ && a_home_ && c.gradients_free_until_backward) {
+  if (swiglu_ && a_home_) {
     const Tensor home = a_home_->gradient_span();
     const auto begin = reinterpret_cast<uintptr_t>(home.raw()), at = (begin + 255) / 256 * 256;  // (TMA: aligned)
     if (at - begin + static_cast<size_t>(M * ffn_) * dtype_size(c.dtype) <= home.nbytes())

@@ -40,10 +40,10 @@ class Experts {
   Tensor backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const;
   int64_t local_experts() const { return local_experts_; }
   // SwiGLU: keep the forward's a (M, F) in `earlier`'s expert gradients, when it fits, instead of recomputing it in
-  // the SwiGLU backward (the fc2 dx kernel then stores no a: H200, moe-8x-top2, ~2.7 GB a step less written, -0.66 ms; no
-  // memory). Only under ModelContext::gradients_free_until_backward, with `earlier` a layer before this one in the
-  // same model chunk: its gradients are dead from its update (before its forward, so before this one's) to its
-  // backward (after this one's).
+  // the SwiGLU backward (the fc2 dx kernel then stores no a: H200, moe-8x-top2, ~2.7 GB a step less written,
+  // -0.66 ms; no memory). Set (by GPTModel) only under ModelContext::gradients_free_until_backward, with `earlier` a
+  // layer before this one in the same model chunk: its gradients are dead from its update (before its forward, so
+  // before this one's) to its backward (after this one's).
   void keep_activation_in(const Experts* earlier) { a_home_ = earlier; }
   // This layer's expert gradients as one flat fp32 span (fc1 then fc2 of every local expert: consecutive).
   Tensor gradient_span() const;
