@@ -49,13 +49,14 @@ GPTModel::GPTModel(const ModelContext& ctx, ParamStore& store, const ModelChunkS
     output_ = std::make_unique<OutputLayer>(ctx, weight);
   }
   post_range_ = range_from(begin_post);
-  // Each MoE layer's experts keep their SwiGLU output in the previous MoE layer's expert gradients when the trainer
-  // allows it (ModelContext::gradients_free_until_backward; the first MoE layer of the chunk recomputes it).
+  // Each MoE layer's experts keep their SwiGLU output in the earlier MoE layers' expert gradients when the trainer
+  // allows it (ModelContext::gradients_free_until_backward; the first MoE layer of the chunk recomputes it). Those
+  // spans are consecutive in the store's expert region, so the arena runs through them without a gap.
   if (ctx.gradients_free_until_backward) {
-    Experts* earlier = nullptr;
+    const Experts* earlier = nullptr;
     for (MoEMLP* m : moe_layers()) {
       Experts& e = m->layer().experts();
-      e.keep_activation_in(earlier);
+      e.keep_activation_in(&arena_, earlier == nullptr);
       earlier = &e;
     }
   }

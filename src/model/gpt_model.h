@@ -93,6 +93,7 @@ class GPTModel {
   std::vector<int> group_begin_, group_end_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<OutputLayer> output_;
+  ActivationArena arena_;  // the MoE layers' kept SwiGLU outputs (Experts::keep_activation_in)
 };
 
 }  // namespace mt

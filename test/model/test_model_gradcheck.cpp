@@ -162,35 +162,39 @@ TEST_CASE("the first gradient write of a step overwrites the previous step's val
 }
 
 // Under ModelContext::gradients_free_until_backward (one micro-batch a step, no pipeline: the trainer's case) each MoE
-// layer after the first keeps its experts' SwiGLU output in the previous MoE layer's expert gradients instead of
-// recomputing it in backward. Steps of forward, backward and an update that reads every gradient give the same
-// losses, gradients and weights, bit for bit, as without; the forward does write into the first layer's gradients
-// (so the path ran). Fails when a layer keeps its a in a LATER layer's gradients (written before its last read).
-TEST_CASE("MoE: the SwiGLU output kept in an earlier layer's gradients changes no step", "[model][moe]") {
-  Config c = tiny_config("llama");
-  c.model.num_layers = 3;
-  c.model.num_experts = 4;
-  c.model.moe_router_topk = 2;
-  c.model.moe_ffn_hidden_size = 10;
-  c.model.moe_aux_loss_coeff = 0.01;
-  TinyModel ref(c), m(c, {}, 7, true);
+// layer after the first keeps its experts' SwiGLU output in the earlier MoE layers' expert gradients (one arena through
+// them, Experts::keep_activation_in) instead of recomputing it in backward. Steps of forward, backward and an update
+// that reads every gradient give the same losses, gradients and weights, bit for bit, as without; the forward does
+// write into the gradients at each of `heads` (the first elements of those parameters' gradients: so the path ran).
+// Fails when a layer keeps its a in a LATER layer's gradients (written before its last read), or when two outputs
+// alive together overlap (the arena not moving on).
+void check_kept_swiglu_steps(const Config& c, RecomputePolicy recompute, const std::vector<std::string>& heads) {
+  TinyModel ref(c, recompute), m(c, recompute, 7, true);
   StepContext step;
-  const Param* first = m.store->find("decoder.layers.0.mlp.experts.0.linear_fc1.weight");
-  REQUIRE(first != nullptr);
-  const auto span_begin = static_cast<int64_t>(first->flat_offset);
+  std::vector<int64_t> at;
+  for (const std::string& name : heads) {
+    const Param* p = m.store->find(name);
+    REQUIRE(p != nullptr);
+    at.push_back(static_cast<int64_t>(p->flat_offset));
+  }
   for (int it = 0; it < 3; ++it) {
     const Batch b = make_batch(ref, 40 + it);
     double loss_ref = 0, loss = 0;
     for (TinyModel* t : {&ref, &m}) {
       t->store->zero_grads();
-      double* head = t->store->flat_grads().data<double>() + span_begin;  // (a starts within its first 256 bytes)
-      std::fill(head, head + 64, -7.0);  // a sentinel the forward must overwrite in m
+      for (int64_t a : at) {  // a sentinel the forward must overwrite in m (a starts within the first 256 bytes)
+        double* head = t->store->flat_grads().data<double>() + a;
+        std::fill(head, head + 64, -7.0);
+      }
       GPTModel::MicroState st;
       double& l = t == &ref ? loss_ref : loss;
       t->model->forward(st, b.tokens.data(), b.labels.data(), b.B, b.T, Tensor(), step, &l);
-      const auto overwritten = std::count_if(head, head + 64, [](double v) { return v != -7.0; });
-      INFO("iteration " << it << (t == &ref ? ", reference" : ", kept"));
-      CHECK((overwritten == 0) == (t == &ref));
+      for (size_t h = 0; h < at.size(); ++h) {
+        const double* head = t->store->flat_grads().data<double>() + at[h];
+        const auto overwritten = std::count_if(head, head + 64, [](double v) { return v != -7.0; });
+        INFO("iteration " << it << (t == &ref ? ", reference" : ", kept") << ", " << heads[h]);
+        CHECK((overwritten == 0) == (t == &ref));
+      }
       t->model->backward(st, Tensor(), 1.0, step);
     }
     INFO("iteration " << it);
@@ -206,6 +210,36 @@ TEST_CASE("MoE: the SwiGLU output kept in an earlier layer's gradients changes n
   }
   CHECK(std::memcmp(ref.store->flat_values().raw(), m.store->flat_values().raw(), m.store->flat_values().nbytes()) ==
         0);
+}
+
+Config kept_swiglu_config(int layers, int experts, int seq_length) {
+  Config c = tiny_config("llama");
+  c.model.num_layers = layers;
+  c.model.num_experts = experts;
+  c.model.moe_router_topk = 2;
+  c.model.moe_ffn_hidden_size = 10;
+  c.model.moe_aux_loss_coeff = 0.01;
+  c.model.seq_length = seq_length;
+  return c;
+}
+
+TEST_CASE("MoE: the SwiGLU output kept in an earlier layer's gradients changes no step", "[model][moe]") {
+  // 24 rows of a (1,920 bytes) a layer against 15,360 bytes of gradients: layers 1 and 2 both in layer 0's
+  check_kept_swiglu_steps(kept_swiglu_config(3, 4, 6), {}, {"decoder.layers.0.mlp.experts.0.linear_fc1.weight"});
+}
+
+TEST_CASE("MoE: kept SwiGLU outputs larger than a layer's gradients run through several layers", "[model][moe]") {
+  // 2 experts, 160 rows of a (12,800 bytes) a layer against 7,680 bytes of gradients: layer 1 recomputes, layer 2's a
+  // runs from layer 0's gradients into layer 1's, layer 3 recomputes (it would end past its own), layer 4's a runs
+  // from layer 1's into layer 3's
+  const Config c = kept_swiglu_config(5, 2, 40);
+  const std::vector<std::string> heads = {"decoder.layers.0.mlp.experts.0.linear_fc1.weight",
+                                          "decoder.layers.1.mlp.experts.0.linear_fc1.weight",
+                                          "decoder.layers.3.mlp.experts.0.linear_fc1.weight"};
+  SECTION("kept in full") { check_kept_swiglu_steps(c, {}, heads); }
+  // groups of two recomputed in backward: the recomputed forwards find the arena past their own gradients (the last
+  // group's first layer starts it again, with no earlier layer to keep a in) and recompute a in the SwiGLU backward
+  SECTION("full recompute") { check_kept_swiglu_steps(c, RecomputePolicy{RecomputePolicy::Mode::Full, false, 2}, heads); }
 }
 
 TEST_CASE("full recompute keeps only the group inputs", "[model][recompute]") {

@@ -59,11 +59,15 @@ Tensor Experts::forward(Saved& s, const Tensor& x, const std::vector<int64_t>& c
   s.counts = counts;
   s.h = c.empty({M, ffn_ * (swiglu_ ? 2 : 1)});
   Tensor a;
-  if (swiglu_ && a_home_) {
-    const Tensor home = a_home_->gradient_span();
-    const auto begin = reinterpret_cast<uintptr_t>(home.raw()), at = (begin + 255) / 256 * 256;  // (TMA: aligned)
-    if (at - begin + static_cast<size_t>(M * ffn_) * dtype_size(c.dtype) <= home.nbytes())
+  if (swiglu_ && arena_) {
+    char* const own = static_cast<char*>(gradient_span().raw());  // the arena ends where this layer's gradients start
+    if (arena_first_) arena_->next = own;
+    const auto at = (reinterpret_cast<uintptr_t>(arena_->next) + 255) / 256 * 256;  // (TMA: aligned)
+    const size_t bytes = static_cast<size_t>(M * ffn_) * dtype_size(c.dtype);
+    if (at + bytes <= reinterpret_cast<uintptr_t>(own)) {
       a = Tensor::from_blob(reinterpret_cast<void*>(at), {M, ffn_}, c.dtype, c.device);
+      arena_->next = reinterpret_cast<char*>(at + bytes);
+    }
   }
   const bool kept = a.defined() || !swiglu_;  // else the backward recomputes a from h
   if (!a.defined()) a = c.empty({M, ffn_});

@@ -20,6 +20,13 @@
 
 namespace mt {
 
+// The expert gradients of a model chunk's MoE layers as storage for their SwiGLU outputs (Experts::keep_activation_in):
+// `next` is where the next layer's output may start; the chunk's first MoE layer resets it to the start of its own
+// gradients.
+struct ActivationArena {
+  char* next = nullptr;
+};
+
 class Experts {
  public:
   Experts(const std::string& prefix, int64_t first_expert, int64_t local_experts, int64_t ffn_hidden_size,
@@ -27,7 +34,7 @@ class Experts {
   struct Saved {
     std::vector<int64_t> counts;  // rows of each local expert
     Tensor h, a;                  // fc1 output (M, 2F or F); activation output (M, F): GELU's; SwiGLU's when it
-                                  // lives in an earlier layer's gradients (keep_activation_in), else recomputed in
+                                  // lives in earlier layers' gradients (keep_activation_in), else recomputed in
                                   // backward, as the dense llama MLP
   };
   // x (M, C) grouped by local expert, counts[e] rows each -> (M, C).
@@ -39,13 +46,16 @@ class Experts {
   Tensor backward_fc2(Tensor dy, Saved& s) const;
   Tensor backward_fc1(const Tensor& dh, Saved& s, const Tensor& x) const;
   int64_t local_experts() const { return local_experts_; }
-  // SwiGLU: keep the forward's a (M, F) in `earlier`'s expert gradients, when it fits, instead of recomputing it in
-  // the SwiGLU backward (the fc2 dx kernel then stores no a: H200, moe-8x-top2, ~2.7 GB a step less written,
-  // -0.66 ms; no memory). Set (by GPTModel) only under ModelContext::gradients_free_until_backward, with `earlier` a
-  // layer before this one in the same model chunk: its gradients are dead from its update (before its forward, so
-  // before this one's) to its backward (after this one's).
-  void keep_activation_in(const Experts* earlier) { a_home_ = earlier; }
-  // This layer's expert gradients as one flat fp32 span (fc1 then fc2 of every local expert: consecutive).
+  // SwiGLU: keep the forward's a (M, F) in the expert gradients of the chunk's earlier MoE layers, when it fits,
+  // instead of recomputing it in the SwiGLU backward (the fc2 dx kernel then stores no a: H200, moe-8x-top2, ~2.7 GB
+  // a step less written, -0.66 ms; no memory). Set (by GPTModel, with one arena for the chunk's MoE layers in layer
+  // order; `first`: this is the chunk's first) only under ModelContext::gradients_free_until_backward: an earlier
+  // layer's gradients are dead from its update (before its forward, so before this one's) to its backward (after this
+  // one's). Each a goes at the arena's next 256-byte aligned address, if it ends before this layer's own gradients;
+  // the arena only moves forward within a step, so the outputs alive together never overlap (a recomputing group
+  // that holds the first layer starts it again: the layers after the group are done with theirs).
+  void keep_activation_in(ActivationArena* arena, bool first) { arena_ = arena, arena_first_ = first; }
+  // This layer's expert gradients as one flat span (fc1 then fc2 of every local expert: consecutive).
   Tensor gradient_span() const;
 
  private:
@@ -60,7 +70,8 @@ class Experts {
   int64_t local_experts_, ffn_;
   bool swiglu_;
   std::vector<Param*> fc1_, fc2_;
-  const Experts* a_home_ = nullptr;  // keep_activation_in
+  ActivationArena* arena_ = nullptr;  // keep_activation_in
+  bool arena_first_ = false;
 };
 
 }  // namespace mt
