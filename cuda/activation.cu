@@ -4,7 +4,8 @@
 // SwiGLU: inp (N, 2F) = [gate | up] per row, out (N, F) = silu(g) u, s = sigmoid(g):
 //   dgate = dout u s (1 + g (1 - s)),   dup = dout g s.   dinp (N, 2F) is overwritten.
 // linear_backward_swiglu: the llama MLP's fc2 backward without fc2's input a = swiglu(h): da = dout W (GEMM), then
-//   one pass over h writes dh and recomputes a (the forward's expression, so the same bits), then dW += dout^T a.
+//   one pass over h writes dh and recomputes a (the forward's expression, so the same bits), then dW += dout^T a
+//   (dW, db: fp32 or bf16, as linear_backward_cuda).
 //   a is never kept between forward and backward: the pass costs one extra write of (N, F).
 // Memory-bound: GELU through launch_map (16-byte accesses); SwiGLU by rows (swiglu_rows_kernel), 16-byte
 // chunks when F and the pointers allow, else one column at a time.
@@ -223,20 +224,20 @@ void swiglu_backward_recompute_cuda(T* dinp, T* out, const T* dout, const T* inp
   swiglu_backward_launch<T>("swiglu_backward_recompute_cuda", dinp, out, dout, inp, N, F);
 }
 
-template <typename T>
-void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
-                                 int64_t N, int64_t F, int64_t OC, bool accumulate_dweight) {
+template <typename T, typename G>
+void linear_backward_swiglu_cuda(T* dh, G* dweight, G* dbias, const T* dout, const T* weight, const T* h, int64_t N,
+                                 int64_t F, int64_t OC, bool accumulate_dweight) {
   if (N == 0 || F == 0) {
-    linear_backward_cuda<T>(nullptr, dweight, nullptr, dout, h, weight, N, F, OC, false, accumulate_dweight);
+    linear_backward_cuda<T, G>(nullptr, dweight, nullptr, dout, h, weight, N, F, OC, false, accumulate_dweight);
     return;
   }
   Scratch a(sizeof(T) * static_cast<size_t>(N * F));
   {
     Scratch da(sizeof(T) * static_cast<size_t>(N * F));  // back to the cache before the dweight GEMM
-    linear_backward_cuda<T>(da.as<T>(), nullptr, nullptr, dout, nullptr, weight, N, F, OC, false);
+    linear_backward_cuda<T, float>(da.as<T>(), nullptr, nullptr, dout, nullptr, weight, N, F, OC, false);
     swiglu_backward_launch<T>("linear_backward_swiglu_cuda", dh, a.as<T>(), da.as<T>(), h, N, F);
   }
-  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, a.as<T>(), weight, N, F, OC, false, accumulate_dweight);
+  linear_backward_cuda<T, G>(nullptr, dweight, dbias, dout, a.as<T>(), weight, N, F, OC, false, accumulate_dweight);
 }
 
 #define MT_INSTANTIATE(T)                                                          \
@@ -244,12 +245,15 @@ void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* d
   template void gelu_backward_cuda<T>(T*, const T*, const T*, int64_t);                                        \
   template void swiglu_forward_cuda<T>(T*, const T*, int64_t, int64_t, float*);                                \
   template void swiglu_backward_cuda<T>(T*, const T*, const T*, int64_t, int64_t, float*);                     \
-  template void swiglu_backward_recompute_cuda<T>(T*, T*, const T*, const T*, int64_t, int64_t);                \
-  template void linear_backward_swiglu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, \
-                                               int64_t, bool);
+  template void swiglu_backward_recompute_cuda<T>(T*, T*, const T*, const T*, int64_t, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
+#define MT_INSTANTIATE_GRAD(T, G)                                                                               \
+  template void linear_backward_swiglu_cuda<T, G>(T*, G*, G*, const T*, const T*, const T*, int64_t, int64_t,     \
+                                                  int64_t, bool);
+MT_CUDA_GRAD_TYPES(MT_INSTANTIATE_GRAD)
+#undef MT_INSTANTIATE_GRAD
 
 }  // namespace mt::ops::cuda

@@ -123,10 +123,12 @@ struct HalfWeights {
 
 // The update of elements [i, i + V) (one run table lookup for them). W: the master weights' policy (Fp32Weights<CT>
 // or HalfWeights). kRuns: weight decay from the table, else a.wd everywhere.
-template <int V, typename W, bool kRuns>
-__device__ __forceinline__ void update_at(const W& w, float* m, float* v, const float* grad, int64_t i,
+// G: the gradients' type, float or __nv_bfloat16 (parallel.grad_reduce_in_fp32: false).
+template <int V, typename W, typename G, bool kRuns>
+__device__ __forceinline__ void update_at(const W& w, float* m, float* v, const G* grad, int64_t i,
                                           const AdamWParams& a, const DecayTable& runs) {
-  float p[V], mm[V], vv[V], g[V];
+  float p[V], mm[V], vv[V];
+  G g[V];
   w.template load<V>(i, p);
   load_vec<V>(mm, m + i);
   load_vec<V>(vv, v + i);
@@ -136,37 +138,38 @@ __device__ __forceinline__ void update_at(const W& w, float* m, float* v, const 
   for (int k = 0; k < V; ++k) {
     float wd = a.wd;
     if constexpr (kRuns) wd = run_wd(runs, r, i + k, a.wd);
-    adamw_update(p[k], mm[k], vv[k], g[k], a, wd);
+    adamw_update(p[k], mm[k], vv[k], to_float(g[k]), a, wd);
   }
   w.template store<V>(i, p);
   store_vec<V>(m + i, mm);
   store_vec<V>(v + i, vv);
 }
 
-template <int VEC, typename W, bool kRuns>
-__global__ void adamw_step_kernel(W w, float* m, float* v, const float* grad, int64_t n, AdamWParams a,
+template <int VEC, typename W, typename G, bool kRuns>
+__global__ void adamw_step_kernel(W w, float* m, float* v, const G* grad, int64_t n, AdamWParams a,
                                   const __grid_constant__ DecayTable runs) {
   const int64_t chunks = n / VEC, stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t c = tid; c < chunks; c += stride) update_at<VEC, W, kRuns>(w, m, v, grad, c * VEC, a, runs);
-  for (int64_t i = chunks * VEC + tid; i < n; i += stride) update_at<1, W, kRuns>(w, m, v, grad, i, a, runs);
+  for (int64_t c = tid; c < chunks; c += stride) update_at<VEC, W, G, kRuns>(w, m, v, grad, c * VEC, a, runs);
+  for (int64_t i = chunks * VEC + tid; i < n; i += stride) update_at<1, W, G, kRuns>(w, m, v, grad, i, a, runs);
 }
 
-template <bool kRuns, typename W>
-void launch_adamw(const W& w, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a,
+template <bool kRuns, typename W, typename G>
+void launch_adamw(const W& w, float* m, float* v, const G* grad, int64_t n, const AdamWParams& a,
                   const DecayTable& runs) {
   constexpr int kThreads = 256;
   cudaStream_t s = current_stream();
-  if (w.vectorizable() && aligned(m, 16) && aligned(v, 16) && aligned(grad, 16))
-    adamw_step_kernel<4, W, kRuns><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(w, m, v, grad, n, a, runs);
+  if (w.vectorizable() && aligned(m, 16) && aligned(v, 16) && aligned(grad, 4 * sizeof(G)))
+    adamw_step_kernel<4, W, G, kRuns><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, s>>>(w, m, v, grad, n, a,
+                                                                                               runs);
   else
-    adamw_step_kernel<1, W, kRuns><<<grid_for(n, kThreads), kThreads, 0, s>>>(w, m, v, grad, n, a, runs);
+    adamw_step_kernel<1, W, G, kRuns><<<grid_for(n, kThreads), kThreads, 0, s>>>(w, m, v, grad, n, a, runs);
 }
 
 // One launch per kMaxRuns runs at most (a launch per span without a table); a launch ends, where it can, before a
 // run starting at a multiple of 4 elements, so that the next one keeps the vectors.
-template <typename W>
-void launch_adamw_runs(const W& w, float* m, float* v, const float* grad, int64_t n, const AdamWParams& a,
+template <typename W, typename G>
+void launch_adamw_runs(const W& w, float* m, float* v, const G* grad, int64_t n, const AdamWParams& a,
                        const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
   DecayTable t{};
   if (runs == 0) return launch_adamw<false>(w, m, v, grad, n, a, t);
@@ -196,30 +199,44 @@ AdamWParams adamw_params(double lr, double beta1, double beta2, double eps, doub
           f(grad_scale), f(1.0 / bc1), f(1.0 / std::sqrt(bc2))};
 }
 
+// f(typed gradient pointer): fp32, or bf16 main grads
+template <typename F>
+void with_grad(const void* grad, bool grad_bf16, F&& f) {
+  if (grad_bf16)
+    f(static_cast<const __nv_bfloat16*>(grad));
+  else
+    f(static_cast<const float*>(grad));
+}
+
 }  // namespace
 
-void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale, void* copy,
-                     bool copy_f16, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
+void adamw_step_cuda(float* param, float* m, float* v, const void* grad, bool grad_bf16, int64_t n, double lr,
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
+                     void* copy, bool copy_f16, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
   if (n <= 0) return;
   const AdamWParams a = adamw_params(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-  if (!copy)
-    launch_adamw_runs(Fp32Weights<float>{param, nullptr}, m, v, grad, n, a, run_starts, run_decay, runs);
-  else if (!copy_f16)
-    launch_adamw_runs(Fp32Weights<__nv_bfloat16>{param, static_cast<__nv_bfloat16*>(copy)}, m, v, grad, n, a,
-                      run_starts, run_decay, runs);
-  else
-    launch_adamw_runs(Fp32Weights<__half>{param, static_cast<__half*>(copy)}, m, v, grad, n, a, run_starts, run_decay,
-                      runs);
+  with_grad(grad, grad_bf16, [&](auto g) {
+    if (!copy)
+      launch_adamw_runs(Fp32Weights<float>{param, nullptr}, m, v, g, n, a, run_starts, run_decay, runs);
+    else if (!copy_f16)
+      launch_adamw_runs(Fp32Weights<__nv_bfloat16>{param, static_cast<__nv_bfloat16*>(copy)}, m, v, g, n, a,
+                        run_starts, run_decay, runs);
+    else
+      launch_adamw_runs(Fp32Weights<__half>{param, static_cast<__half*>(copy)}, m, v, g, n, a, run_starts, run_decay,
+                        runs);
+  });
   MT_CUDA_CHECK_LAUNCH("adamw_step_cuda");
 }
 
-void adamw_step_halves_cuda(uint16_t* hi, uint16_t* lo, float* m, float* v, const float* grad, int64_t n, double lr,
-                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                            double grad_scale, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs) {
+void adamw_step_halves_cuda(uint16_t* hi, uint16_t* lo, float* m, float* v, const void* grad, bool grad_bf16,
+                            int64_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                            int64_t step, double grad_scale, const int64_t* run_starts, const uint8_t* run_decay,
+                            int64_t runs) {
   if (n <= 0) return;
   const AdamWParams a = adamw_params(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-  launch_adamw_runs(HalfWeights{hi, lo}, m, v, grad, n, a, run_starts, run_decay, runs);
+  with_grad(grad, grad_bf16, [&](auto g) {
+    launch_adamw_runs(HalfWeights{hi, lo}, m, v, g, n, a, run_starts, run_decay, runs);
+  });
   MT_CUDA_CHECK_LAUNCH("adamw_step_halves_cuda");
 }
 

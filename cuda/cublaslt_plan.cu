@@ -23,7 +23,7 @@ void lt_set_layouts(LtPlan& p, cublasOperation_t opa, cublasOperation_t opb, int
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c_type, m, n, ldc));
 }
 
-void lt_choose_algorithm(LtPlan& p, uint32_t align_a, uint32_t align_b, uint32_t align_cd) {
+void lt_choose_algorithm(LtPlan& p, uint32_t align_a, uint32_t align_b, uint32_t align_cd, bool fp32_partials) {
   const ::mt::cuda::Context& ctx = ::mt::cuda::context();
   cublasLtMatmulPreference_t pref = nullptr;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -36,6 +36,11 @@ void lt_choose_algorithm(LtPlan& p, uint32_t align_a, uint32_t align_b, uint32_t
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_cd}};
   for (const auto& [attr, bytes] : aligns)
     if (bytes > 0) MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
+  if (fp32_partials) {
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                         sizeof schemes));
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   p.status = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);

@@ -27,7 +27,9 @@ void lt_set_layouts(LtPlan& p, cublasOperation_t opa, cublasOperation_t opb, int
                     int64_t ldc);
 // The heuristic's first algorithm for the plan within the context's cuBLASLt workspace, for operands whose addresses
 // are aligned to align_a, align_b and align_cd bytes (0: not stated, cuBLASLt assumes 256). Sets algo, usable and
-// status.
-void lt_choose_algorithm(LtPlan& p, uint32_t align_a = 0, uint32_t align_b = 0, uint32_t align_cd = 0);
+// status. fp32_partials: only algorithms that sum split-K partials in the compute type (fp32) or not at all, for a
+// 16-bit D whose in-place (output-type) reduction would round every partial (bf16 weight gradients: K = tokens).
+void lt_choose_algorithm(LtPlan& p, uint32_t align_a = 0, uint32_t align_b = 0, uint32_t align_cd = 0,
+                         bool fp32_partials = false);
 
 }  // namespace mt::ops::cuda

@@ -5,8 +5,11 @@
 // stream (cuda_context.h), checks its own launch, and returns without synchronizing.
 //
 // Mixed precision (Megatron style): statistics (mean, rstd, lse, cross-entropy partials) are fp32;
-// parameter gradients (dweight, dbias, dtable) are fp32 "main grads", accumulated (+=) whatever T
-// is; activation gradients have type T (= unless a GradMode asks for +=).
+// parameter gradients (dweight, dbias, dtable) are "main grads" of type G, accumulated (+=) whatever T
+// is: G = float, or mt::bf16 for 16-bit T (grad_reduce_in_fp32 false): each write is the fp32 result
+// (bf16 g + the fp32 sum for +=) rounded once to nearest even, except a bf16 dweight from cuBLASLt (bf16 T),
+// whose product is rounded to bf16 before the += (gemm.cu). Activation gradients have type T (= unless
+// a GradMode asks for +=).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,15 @@
 #include "core/rope_params.h"
 
 namespace mt::ops::cuda {
+
+// X(T, G) for every pair of activation type T and parameter-gradient type G the backward launchers are
+// instantiated for (bf16 gradients with 16-bit activations only).
+#define MT_CUDA_GRAD_TYPES(X) \
+  X(float, float)             \
+  X(mt::bf16, float)          \
+  X(mt::f16, float)           \
+  X(mt::bf16, mt::bf16)       \
+  X(mt::f16, mt::bf16)
 
 // ---------------------------------------------------------------- elementwise.cu
 template <typename T> void fill_cuda(T* x, int64_t n, double value);
@@ -40,18 +52,19 @@ void linear_forward_cuda(T* out, const T* inp, const T* weight, const T* bias, i
 // MoE router's logits without an fp32 copy of the activations)
 template <typename T>
 void linear_forward_f32out_cuda(float* out, const T* inp, const T* weight, int64_t N, int64_t IC, int64_t OC);
-// dinp (N, IC) bf16 (=) = dout @ weight and dweight (OC, IC) fp32 (+=, = unless accumulate_dweight) = dout^T @ inp
+// dinp (N, IC) bf16 (=) = dout @ weight and dweight (OC, IC) G (+=, = unless accumulate_dweight) = dout^T @ inp
 // for an fp32 dout (N, OC): dout split exactly into three bf16 parts (hi + mid + lo), the GEMMs run on the parts
 // (K = 3 OC for dinp; three stacked gradients summed in fp32 for dweight): fp32 sums of exact products, as an fp32
-// GEMM of upcast copies. The MoE router's backward. Null outputs are skipped.
-void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
+// GEMM of upcast copies. The MoE router's backward. Null outputs are skipped. G: float or mt::bf16.
+template <typename G>
+void linear_backward_wide_cuda(mt::bf16* dinp, G* dweight, const float* dout, const mt::bf16* inp,
                                const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight,
                                bool accumulate_dinp = false);
-// dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (fp32) += (= unless accumulate_dweight)
-// dout^T @ inp; dbias (fp32) += column sums of dout. Null outputs are skipped.
-template <typename T>
-void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight = true);
+// dinp (=, or += when accumulate_dinp) = dout @ weight; dweight (G) += (= unless accumulate_dweight)
+// dout^T @ inp; dbias (G) += column sums of dout. Null outputs are skipped. G: float; or mt::bf16 for 16-bit T.
+template <typename T, typename G>
+void linear_backward_cuda(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight, int64_t N,
+                          int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight = true);
 
 // pre = inp @ W^T + b, out = gelu(pre) (bf16/fp16: GELU in the GEMM's epilogue where cuBLASLt has one,
 // else linear_forward + gelu_forward). dpre (=) = gelu'(pre) * (dout @ W) (bf16/fp16: GELU gradient in the dinp
@@ -59,30 +72,31 @@ void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, 
 template <typename T>
 void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, const T* bias, int64_t N, int64_t IC,
                               int64_t OC);
-template <typename T>
-void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+template <typename T, typename G>
+void linear_backward_gelu_cuda(T* dpre, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                                const T* pre, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight);
 
 // ---------------------------------------------------------------- embedding.cu
 template <typename T>
 void embedding_forward_cuda(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t Vl, int64_t C,
                             int64_t vocab_start);
-// dtable (fp32) += scatter of dout rows; deterministic (tokens sorted stably, one owner per row).
-template <typename T>
-void embedding_backward_cuda(float* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t Vl, int64_t C,
+// dtable (G) += scatter of dout rows; deterministic (tokens sorted stably, one owner per row).
+template <typename T, typename G>
+void embedding_backward_cuda(G* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t Vl, int64_t C,
                              int64_t vocab_start);
 
 // ---------------------------------------------------------------- norm.cu
 template <typename T>
 void layernorm_forward_cuda(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int64_t N,
                             int64_t C, double eps);
-template <typename T>
-void layernorm_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+// dweight, dbias (G) += (rmsnorm: dweight); dinp =, or += when accumulate_dinp
+template <typename T, typename G>
+void layernorm_backward_cuda(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                              const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate_dinp);
 template <typename T>
 void rmsnorm_forward_cuda(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps);
-template <typename T>
-void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
+template <typename T, typename G>
+void rmsnorm_backward_cuda(T* dinp, G* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
                            int64_t N, int64_t C, bool accumulate_dinp);
 
 // ---------------------------------------------------------------- activation.cu
@@ -96,13 +110,13 @@ void swiglu_backward_cuda(T* dinp, const T* dout, const T* inp, int64_t N, int64
 // bits), so the forward need not keep it. dinp may alias inp.
 template <typename T>
 void swiglu_backward_recompute_cuda(T* dinp, T* out, const T* dout, const T* inp, int64_t N, int64_t F);
-// dh (=) = swiglu'(h) . (dout @ weight), dweight (fp32) += (= unless accumulate_dweight) dout^T @ swiglu(h), dbias
-// (fp32) += column sums of dout;
+// dh (=) = swiglu'(h) . (dout @ weight), dweight (G) += (= unless accumulate_dweight) dout^T @ swiglu(h), dbias
+// (G) += column sums of dout;
 // swiglu(h) is recomputed in the SwiGLU backward's pass (one extra write), never kept. dh may alias h.
 // h, dh (N, 2F); dout (N, OC); weight (OC, F).
-template <typename T>
-void linear_backward_swiglu_cuda(T* dh, float* dweight, float* dbias, const T* dout, const T* weight, const T* h,
-                                 int64_t N, int64_t F, int64_t OC, bool accumulate_dweight);
+template <typename T, typename G>
+void linear_backward_swiglu_cuda(T* dh, G* dweight, G* dbias, const T* dout, const T* weight, const T* h, int64_t N,
+                                 int64_t F, int64_t OC, bool accumulate_dweight);
 
 // ---------------------------------------------------------------- rope.cu
 template <typename T>
@@ -204,15 +218,17 @@ class OpTimer {
 // written in the same pass (the compute copy of the master weights, without re-reading them).
 // runs > 0: element i decays (weight_decay, else 0) iff run_decay[r] for the run r holding it, run r = [run_starts[r],
 // run_starts[r + 1]) (the last to n), run_starts[0] = 0, ascending (host arrays).
-void adamw_step_cuda(float* param, float* m, float* v, const float* grad, int64_t n, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
+// grad: n fp32 values, or bf16 with grad_bf16 (main grads in bf16: parallel.grad_reduce_in_fp32 false).
+void adamw_step_cuda(float* param, float* m, float* v, const void* grad, bool grad_bf16, int64_t n, double lr,
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step, double grad_scale,
                      void* copy = nullptr, bool copy_f16 = false, const int64_t* run_starts = nullptr,
                      const uint8_t* run_decay = nullptr, int64_t runs = 0);
 // The same update of master weights held as halves (core/master_halves.h): hi = the bf16 values' bits, lo = the low
 // halves, both updated in place (no fp32 copy, no separate compute copy).
-void adamw_step_halves_cuda(uint16_t* hi, uint16_t* lo, float* m, float* v, const float* grad, int64_t n, double lr,
-                            double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                            double grad_scale, const int64_t* run_starts, const uint8_t* run_decay, int64_t runs);
+void adamw_step_halves_cuda(uint16_t* hi, uint16_t* lo, float* m, float* v, const void* grad, bool grad_bf16,
+                            int64_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                            int64_t step, double grad_scale, const int64_t* run_starts, const uint8_t* run_decay,
+                            int64_t runs);
 // master (fp32) -> halves: hi = the bf16 values' bits, lo (optional) the low halves; and back (core/master_halves.h).
 void split_master_cuda(uint16_t* hi, uint16_t* lo, const float* master, int64_t n);
 void join_master_cuda(float* master, const uint16_t* hi, const uint16_t* lo, int64_t n);

@@ -1,13 +1,13 @@
 // Token embedding on CUDA, vocab-parallel ready. tokens int32 (N); table (Vl, C) holds global rows
 // [vocab_start, vocab_start + Vl).
 //   forward:  out[n, :] = table[tok[n] - vocab_start, :] if the token is in the slice, else 0.
-//   backward: dtable (fp32) [tok[n] - vocab_start, :] += dout[n, :] for tokens in the slice.
+//   backward: dtable (fp32, or bf16: see below) [tok[n] - vocab_start, :] += dout[n, :] for tokens in the slice.
 // The backward is deterministic with one owner per table row, no float atomics:
 //   1. key[n] = tok[n] - vocab_start (Vl for tokens outside the slice), value[n] = n;
 //   2. a stable radix sort of (key, value) pairs (cub), so equal tokens sit together in order of n;
 //   3. one block per sorted position i and column block: if i starts a run of equal keys (and the key
 //      is in the slice), the block sums dout rows of that run in order of n in fp32 and adds the sum to
-//      dtable's row once; other blocks exit at once.
+//      dtable's row once (a bf16 dtable: row + sum in fp32, rounded once); other blocks exit at once.
 // A run of r repeats costs one block r row reads; a very frequent token serializes on one block.
 // Memory-bound: VEC columns per thread (16 bytes of dout) when C and the pointers allow.
 #include <cub/device/device_radix_sort.cuh>
@@ -50,10 +50,10 @@ __global__ void embedding_backward_kernel_keys(int32_t* keys, int32_t* values, c
   values[n] = static_cast<int32_t>(n);
 }
 
-// grid (N, column blocks of kThreads * VEC).
-template <int VEC, typename D>
-__global__ void embedding_backward_kernel_runs(float* dtable, const D* dout, const int32_t* keys,
-                                               const int32_t* rows, int64_t N, int64_t Vl, int64_t C) {
+// grid (N, column blocks of kThreads * VEC). G: float or __nv_bfloat16.
+template <int VEC, typename D, typename G>
+__global__ void embedding_backward_kernel_runs(G* dtable, const D* dout, const int32_t* keys, const int32_t* rows,
+                                               int64_t N, int64_t Vl, int64_t C) {
   const int64_t i = blockIdx.x;
   const int32_t key = keys[i];
   if (key >= Vl || (i > 0 && keys[i - 1] == key)) return;  // outside the slice, or not a run start
@@ -66,16 +66,16 @@ __global__ void embedding_backward_kernel_runs(float* dtable, const D* dout, con
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[k] += to_float(g[k]);
   }
-  float* dst = dtable + static_cast<int64_t>(key) * C + c;
-  float cur[VEC];
+  G* dst = dtable + static_cast<int64_t>(key) * C + c;
+  G cur[VEC];
   if constexpr (VEC % 4 == 0) {
     load_vec<VEC>(cur, dst);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) cur[k] += acc[k];
+    for (int k = 0; k < VEC; ++k) cur[k] = from_float<G>(to_float(cur[k]) + acc[k]);
     store_vec<VEC>(dst, cur);
   } else {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dst[k] += acc[k];
+    for (int k = 0; k < VEC; ++k) dst[k] = from_float<G>(to_float(dst[k]) + acc[k]);
   }
 }
 
@@ -105,8 +105,8 @@ void embedding_forward_cuda(T* out, const int32_t* tokens, const T* table, int64
   MT_CUDA_CHECK_LAUNCH("embedding_forward_cuda");
 }
 
-template <typename T>
-void embedding_backward_cuda(float* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t Vl, int64_t C,
+template <typename T, typename G>
+void embedding_backward_cuda(G* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t Vl, int64_t C,
                              int64_t vocab_start) {
   using D = dev_t<T>;
   if (N == 0 || C == 0) return;
@@ -132,20 +132,24 @@ void embedding_backward_cuda(float* dtable, const T* dout, const int32_t* tokens
   constexpr int kVec = 16 / sizeof(D);
   if (C % kVec == 0 && aligned(dout, 16) && aligned(dtable, 16)) {
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(ceil_div(C, kThreads * kVec)));
-    embedding_backward_kernel_runs<kVec><<<grid, kThreads, 0, s>>>(dtable, dev(dout), keys_out, vals_out, N, Vl, C);
+    embedding_backward_kernel_runs<kVec><<<grid, kThreads, 0, s>>>(dev(dtable), dev(dout), keys_out, vals_out, N, Vl,
+                                                                   C);
   } else {
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(ceil_div(C, kThreads)));
-    embedding_backward_kernel_runs<1><<<grid, kThreads, 0, s>>>(dtable, dev(dout), keys_out, vals_out, N, Vl, C);
+    embedding_backward_kernel_runs<1><<<grid, kThreads, 0, s>>>(dev(dtable), dev(dout), keys_out, vals_out, N, Vl, C);
   }
   MT_CUDA_CHECK_LAUNCH("embedding_backward_kernel_runs");
 }
 
 #define MT_INSTANTIATE(T)                                                                                         \
-  template void embedding_forward_cuda<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t);     \
-  template void embedding_backward_cuda<T>(float*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);
+  template void embedding_forward_cuda<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)
 #undef MT_INSTANTIATE
+#define MT_INSTANTIATE_GRAD(T, G) \
+  template void embedding_backward_cuda<T, G>(G*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);
+MT_CUDA_GRAD_TYPES(MT_INSTANTIATE_GRAD)
+#undef MT_INSTANTIATE_GRAD
 
 }  // namespace mt::ops::cuda

@@ -6,6 +6,10 @@
 //                                                        first write of a step, see ParamStore::zero_grads)
 //             db(OC)     (fp32) += column sums of dout  (deterministic two-pass reduction: per-chunk
 //                                                        partials, then sum_rows_accumulate)
+//             dW and db may be bf16 for 16-bit operands (G = mt::bf16). db: the fp32 sum rounded once. dW, bf16
+//             operands: a bf16 C, where cuBLASLt rounds the product to bf16, then (+=) adds C and rounds again
+//             (measured: test_cuda_ops.cpp [grad_bf16]); fp16 operands: the fp32 product in a scratch, then
+//             added and rounded once (cuBLASLt has no fp16 x fp16 -> bf16 GEMM)
 // Row-major onto cuBLAS's column-major: a row-major (r, c) matrix is a column-major (c, r) one, so
 //   out^T(OC, N)  = W^T'(op T on the stored (IC, OC)) x inp^T (stored (IC, N))      m=OC n=N  k=IC
 //   dinp^T(IC, N) = W (stored (IC, OC)) x dout^T (stored (OC, N))                   m=IC n=N  k=OC
@@ -61,9 +65,9 @@ __global__ void column_sum_kernel_partials(float* partial, const D* x, int64_t N
 }
 
 
-// out(C) (fp32) += sum over rows of x(N, C).
-template <typename D>
-void column_sum_accumulate(float* out, const D* x, int64_t N, int64_t C) {
+// out(C) (fp32 or bf16) += sum over rows of x(N, C).
+template <typename G, typename D>
+void column_sum_accumulate(G* out, const D* x, int64_t N, int64_t C) {
   if (N == 0 || C == 0) return;
   constexpr int kVec = 16 / sizeof(D);
   const bool vec = C % kVec == 0 && aligned(x, 16);
@@ -105,9 +109,10 @@ struct GemmArgs {
   const void* aux = nullptr;
   int64_t aux_ld = 0;
   const void* c_in = nullptr;
+  bool fp32_partials = false;  // split-K partials summed in fp32 (lt_choose_algorithm): bf16 weight gradients
 };
 
-using GemmKey = std::array<int64_t, 17>;
+using GemmKey = std::array<int64_t, 18>;
 
 // usable false: cuBLASLt has no kernel for this epilogue (the caller falls back).
 LtPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
@@ -131,7 +136,7 @@ LtPlan make_plan(const char* what, const GemmArgs& g, const GemmKey& key) {
   }
   lt_set_layouts(p, ta, tb, g.m, g.n, g.k, g.ab_type, g.lda, g.ab_type, g.ldb, g.c_type, g.ldc);
   lt_choose_algorithm(p, static_cast<uint32_t>(key[11]), static_cast<uint32_t>(key[12]),
-                      static_cast<uint32_t>(key[13]));
+                      static_cast<uint32_t>(key[13]), g.fp32_partials);
   if (g.epilogue != GemmArgs::kPlain && !p.usable) return p;  // no fused kernel for this epilogue
   MT_CUBLAS_CHECK(p.status);
   MT_CHECK(p.usable, what, ": cuBLASLt has no algorithm for the GEMM m=", g.m, " n=", g.n, " k=", g.k,
@@ -145,7 +150,7 @@ bool gemm(const char* what, const GemmArgs& g) {
   const GemmKey key{g.trans_a,  g.trans_b,  g.m,        g.n,   g.k,   g.lda, g.ldb, g.ldc, g.ab_type, g.c_type,
                     g.bias != nullptr, alignment_of(g.A), alignment_of(g.B), alignment_of(g.C), g.epilogue,
                     g.epilogue != GemmArgs::kPlain ? alignment_of(g.aux) * 1000000 + g.aux_ld : 0,
-                    g.c_in ? alignment_of(g.c_in) : 0};
+                    g.c_in ? alignment_of(g.c_in) : 0, g.fp32_partials};
   static std::mutex mu;
   static std::map<GemmKey, LtPlan> cache;
   LtPlan plan;
@@ -227,20 +232,32 @@ __global__ void split_bf16x3_kernel(__nv_bfloat16* parts, const float* x, int64_
   }
 }
 
-// out (n) fp32 = ((accumulate ? out : 0) + part[0]) + part[1]) + part[2], part[j] = parts + j n
-__global__ void sum3_kernel(float* out, const float* parts, int64_t n, bool accumulate) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = ((accumulate ? out[i] + parts[i] : parts[i]) + parts[n + i]) + parts[2 * n + i];
+// out (n) = (((accumulate ? out : 0) + part[0]) + part[1]) ... + part[K - 1], part[j] = parts + j n: fp32 sums,
+// rounded once to G (float or __nv_bfloat16)
+template <int K, typename G>
+__global__ void sum_parts_kernel(G* out, const float* parts, int64_t n, bool accumulate) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = accumulate ? to_float(out[i]) + parts[i] : parts[i];
+#pragma unroll
+    for (int j = 1; j < K; ++j) v += parts[j * n + i];
+    out[i] = from_float<G>(v);
+  }
+}
+template <int K, typename G>
+void sum_parts(G* out, const float* parts, int64_t n, bool accumulate) {
+  sum_parts_kernel<K><<<grid_for(n, 256), 256, 0, current_stream()>>>(dev(out), parts, n, accumulate);
+  MT_CUDA_CHECK_LAUNCH("sum_parts_kernel");
 }
 
 }  // namespace
 
-void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout, const mt::bf16* inp,
+template <typename G>
+void linear_backward_wide_cuda(mt::bf16* dinp, G* dweight, const float* dout, const mt::bf16* inp,
                                const mt::bf16* weight, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight,
                                bool accumulate_dinp) {
   if (N == 0 || OC == 0 || IC == 0) {
-    linear_backward_cuda<mt::bf16>(dinp, dweight, nullptr, nullptr, inp, weight, N, IC, OC, accumulate_dinp,
-                                   accumulate_dweight);
+    linear_backward_cuda<mt::bf16, G>(dinp, dweight, nullptr, nullptr, inp, weight, N, IC, OC, accumulate_dinp,
+                                      accumulate_dweight);
     return;
   }
   cudaStream_t s = current_stream();
@@ -254,17 +271,14 @@ void linear_backward_wide_cuda(mt::bf16* dinp, float* dweight, const float* dout
       MT_CUDA_CHECK(cudaMemcpyAsync(w3.as<mt::bf16>() + j * OC * IC, weight, sizeof(mt::bf16) * size_t(OC * IC),
                                     cudaMemcpyDeviceToDevice, s));
   Scratch dw3(dweight ? sizeof(float) * size_t(3 * OC * IC) : 1);  // the parts' weight gradients (3 OC, IC)
-  linear_backward_cuda<mt::bf16>(dinp, dweight ? dw3.as<float>() : nullptr, nullptr, parts.as<mt::bf16>(), inp,
-                                 w3.as<mt::bf16>(), N, IC, 3 * OC, accumulate_dinp, false);
-  if (dweight) {
-    sum3_kernel<<<grid_for(OC * IC, 256), 256, 0, s>>>(dweight, dw3.as<float>(), OC * IC, accumulate_dweight);
-    MT_CUDA_CHECK_LAUNCH("sum3_kernel");
-  }
+  linear_backward_cuda<mt::bf16, float>(dinp, dweight ? dw3.as<float>() : nullptr, nullptr, parts.as<mt::bf16>(),
+                                        inp, w3.as<mt::bf16>(), N, IC, 3 * OC, accumulate_dinp, false);
+  if (dweight) sum_parts<3>(dweight, dw3.as<float>(), OC * IC, accumulate_dweight);
 }
 
-template <typename T>
-void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                          int64_t N, int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
+template <typename T, typename G>
+void linear_backward_cuda(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight, int64_t N,
+                          int64_t IC, int64_t OC, bool accumulate_dinp, bool accumulate_dweight) {
   constexpr cudaDataType_t t = cuda_type<T>();
   if (dinp && N > 0 && IC > 0) {
     if (OC == 0) {
@@ -275,11 +289,21 @@ void linear_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, 
     }
   }
   if (dweight && IC > 0 && OC > 0) {
-    if (N > 0)
-      gemm("linear_backward_cuda dweight", {false, true, IC, OC, N, inp, IC, dout, OC, dweight, IC, t, CUDA_R_32F,
-                                            nullptr, accumulate_dweight ? 1.f : 0.f});
-    else if (!accumulate_dweight)
-      fill_cuda(dweight, OC * IC, 0.0);
+    if (N == 0) {
+      if (!accumulate_dweight) fill_cuda(dweight, OC * IC, 0.0);
+    } else {
+      GemmArgs g{false, true, IC, OC, N, inp, IC, dout, OC, dweight, IC, t, cuda_type<G>(), nullptr,
+                 accumulate_dweight ? 1.f : 0.f};
+      g.fp32_partials = !std::is_same_v<G, float>;  // (K = N tokens: no partial sums rounded to bf16)
+      if constexpr (std::is_same_v<G, float> || std::is_same_v<G, T>) {
+        gemm("linear_backward_cuda dweight", g);
+      } else {  // a bf16 C with fp16 operands: no such cuBLASLt GEMM; the fp32 product, then one rounding add
+        Scratch r(sizeof(float) * static_cast<size_t>(OC * IC));
+        g.C = r.as<float>(), g.c_type = CUDA_R_32F, g.beta = 0.f, g.fp32_partials = false;
+        gemm("linear_backward_cuda dweight", g);
+        sum_parts<1>(dweight, r.as<float>(), OC * IC, accumulate_dweight);
+      }
+    }
   }
   if (dbias) column_sum_accumulate(dbias, dev(dout), N, OC);
 }
@@ -303,10 +327,10 @@ void linear_gelu_forward_cuda(T* out, T* pre, const T* inp, const T* weight, con
   gelu_forward_cuda(out, static_cast<const T*>(pre), N * OC);
 }
 
-template <typename T>
-void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+template <typename T, typename G>
+void linear_backward_gelu_cuda(T* dpre, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                                const T* pre, int64_t N, int64_t IC, int64_t OC, bool accumulate_dweight) {
-  linear_backward_cuda<T>(nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, false, accumulate_dweight);
+  linear_backward_cuda<T, G>(nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, false, accumulate_dweight);
   if (N == 0 || IC == 0) return;
   if constexpr (!std::is_same_v<T, float>) {
     // dpre^T (IC, N) = W (stored (IC, OC)) x dout^T, then * gelu'(pre^T) (IC, N), leading dimension IC.
@@ -320,22 +344,29 @@ void linear_backward_gelu_cuda(T* dpre, float* dweight, float* dbias, const T* d
     }
   }
   Scratch dinp(sizeof(T) * static_cast<size_t>(N * IC));
-  linear_backward_cuda<T>(dinp.as<T>(), nullptr, nullptr, dout, inp, weight, N, IC, OC, false);
+  linear_backward_cuda<T, float>(dinp.as<T>(), nullptr, nullptr, dout, inp, weight, N, IC, OC, false);
   gelu_backward_cuda(dpre, static_cast<const T*>(dinp.as<T>()), pre, N * IC);
 }
 
 #define MT_INSTANTIATE(T)                                                                                        \
   template void linear_gelu_forward_cuda<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);      \
-  template void linear_backward_gelu_cuda<T>(T*, float*, float*, const T*, const T*, const T*, const T*, int64_t,  \
-                                             int64_t, int64_t, bool);                                            \
-  template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, const T*); \
-  template void linear_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
-                                        bool, bool);
+  template void linear_forward_cuda<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, const T*);
+#define MT_INSTANTIATE_GRAD(T, G)                                                                                \
+  template void linear_backward_gelu_cuda<T, G>(T*, G*, G*, const T*, const T*, const T*, const T*, int64_t,       \
+                                                int64_t, int64_t, bool);                                         \
+  template void linear_backward_cuda<T, G>(T*, G*, G*, const T*, const T*, const T*, int64_t, int64_t, int64_t,    \
+                                           bool, bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)
+MT_CUDA_GRAD_TYPES(MT_INSTANTIATE_GRAD)
 #undef MT_INSTANTIATE
+#undef MT_INSTANTIATE_GRAD
 template void linear_forward_f32out_cuda<mt::bf16>(float*, const mt::bf16*, const mt::bf16*, int64_t, int64_t, int64_t);
 template void linear_forward_f32out_cuda<mt::f16>(float*, const mt::f16*, const mt::f16*, int64_t, int64_t, int64_t);
+template void linear_backward_wide_cuda<float>(mt::bf16*, float*, const float*, const mt::bf16*, const mt::bf16*,
+                                               int64_t, int64_t, int64_t, bool, bool);
+template void linear_backward_wide_cuda<mt::bf16>(mt::bf16*, mt::bf16*, const float*, const mt::bf16*,
+                                                  const mt::bf16*, int64_t, int64_t, int64_t, bool, bool);
 
 }  // namespace mt::ops::cuda

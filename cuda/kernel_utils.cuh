@@ -164,9 +164,10 @@ __device__ __forceinline__ void block_amax_to(float* amax, uint32_t v) {
 // per-column loop is rows / kGroups long (a one-thread-per-column loop over all rows is latency-bound).
 // 8 groups; 32 when the columns give fewer than 128 blocks (most SMs idle) and there are many rows (the
 // norms' backward at C = 1024: 32 blocks over ~1,700 partial rows, a chain of ~215 loads per thread).
+// out is fp32 or bf16 (G): the += is done in fp32 and rounded once to G.
 constexpr int kSumRowGroups = 8, kSumRowGroupsFew = 32;
-template <int kGroups>
-__global__ void sum_rows_accumulate_kernel(float* out, const float* in, int rows, int64_t C) {
+template <int kGroups, typename G>
+__global__ void sum_rows_accumulate_kernel(G* out, const float* in, int rows, int64_t C) {
   __shared__ float red[kGroups][33];
   const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0.f;
@@ -178,16 +179,19 @@ __global__ void sum_rows_accumulate_kernel(float* out, const float* in, int rows
     float s = 0.f;
 #pragma unroll
     for (int y = 0; y < kGroups; ++y) s += red[y][threadIdx.x];
-    out[c] += s;
+    out[c] = from_float<G>(to_float(out[c]) + s);
   }
 }
-inline void sum_rows_accumulate(float* out, const float* in, int rows, int64_t C, cudaStream_t stream) {
+// G: float or mt::bf16 (host or device element type).
+template <typename G>
+void sum_rows_accumulate(G* out, const float* in, int rows, int64_t C, cudaStream_t stream) {
   if (C == 0) return;
   const dim3 grid(static_cast<unsigned>((C + 31) / 32));
+  auto* o = dev(out);
   if (grid.x < 128 && rows >= 4 * kSumRowGroupsFew)
-    sum_rows_accumulate_kernel<kSumRowGroupsFew><<<grid, dim3(32, kSumRowGroupsFew), 0, stream>>>(out, in, rows, C);
+    sum_rows_accumulate_kernel<kSumRowGroupsFew><<<grid, dim3(32, kSumRowGroupsFew), 0, stream>>>(o, in, rows, C);
   else
-    sum_rows_accumulate_kernel<kSumRowGroups><<<grid, dim3(32, kSumRowGroups), 0, stream>>>(out, in, rows, C);
+    sum_rows_accumulate_kernel<kSumRowGroups><<<grid, dim3(32, kSumRowGroups), 0, stream>>>(o, in, rows, C);
 }
 
 // ---------------------------------------------------------------- scratch memory

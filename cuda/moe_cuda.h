@@ -66,12 +66,14 @@ inline constexpr int kMaxShapeBuckets = 16;
 template <typename T>
 void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const int64_t* counts, int64_t El,
                                      int64_t IC, int64_t OC, bool per_group);
-// dx (=, skipped when null) one grouped GEMM; dweight (fp32) += (= unless accumulate) one GEMM per expert (no
-// mixed-type grouped call); with overwrite, groups without rows get 0. With n_squares: *n_squares fp64 partials in
-// dw_squares (room for sm90::grouped_dweight_square_partials of every expert with rows) sum in index order to the
-// sum of squares of the dweight written, or *n_squares = -1 when this call's path does not make them.
+// dx (=, skipped when null) one grouped GEMM; dweight (fp32, or bf16 with dweight_bf16: the fp32 results rounded) +=
+// (= unless accumulate) one GEMM per expert (no mixed-type grouped call); with overwrite, groups without rows get 0.
+// With n_squares: *n_squares fp64 partials in dw_squares (room for sm90::grouped_dweight_square_partials of every
+// expert with rows) sum in index order to the sum of squares of the dweight written, or *n_squares = -1 when this
+// call's path does not make them.
 template <typename T>
-void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
+void moe_grouped_linear_backward_cuda(T* dx, void* dweight, bool dweight_bf16, const T* dout, const T* x,
+                                      const T* weight,
                                       const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
                                       bool per_group, double* dw_squares = nullptr, int64_t* n_squares = nullptr);
 

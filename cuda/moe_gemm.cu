@@ -211,7 +211,8 @@ void moe_grouped_linear_forward_cuda(T* out, const T* x, const T* weight, const 
 }
 
 template <typename T>
-void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, const T* x, const T* weight,
+void moe_grouped_linear_backward_cuda(T* dx, void* dweight, bool dweight_bf16, const T* dout, const T* x,
+                                      const T* weight,
                                       const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
                                       bool per_group, double* dw_squares, int64_t* n_squares) {
   if (n_squares) *n_squares = -1;
@@ -228,33 +229,34 @@ void moe_grouped_linear_backward_cuda(T* dx, float* dweight, const T* dout, cons
     }
     g.run(cuda_type<T>(), cuda_type<T>(), per_group, "moe_grouped_linear_backward (dx)");
   }
+  const size_t gsize = dweight_bf16 ? sizeof(mt::bf16) : sizeof(float);  // bytes of a gradient element
+  auto expert_dw = [&](int64_t e) { return static_cast<char*>(dweight) + size_t(e * OC * IC) * gsize; };
   if (dweight && bf16 &&
-      sm90::grouped_dweight(dweight, reinterpret_cast<const mt::bf16*>(dout), reinterpret_cast<const mt::bf16*>(x),
-                            counts, El, IC, OC, accumulate, n_squares ? dw_squares : nullptr)) {
+      sm90::grouped_dweight(dweight, dweight_bf16, reinterpret_cast<const mt::bf16*>(dout),
+                            reinterpret_cast<const mt::bf16*>(x), counts, El, IC, OC, accumulate,
+                            n_squares ? dw_squares : nullptr)) {
     if (n_squares) *n_squares = sm90::grouped_dweight_square_partials(counts, El, IC, OC);
     for (int64_t e = 0; e < El; ++e)  // (a first write) the experts without rows: no tiles
-      if (counts[e] == 0)
-        MT_CUDA_CHECK(cudaMemsetAsync(dweight + e * OC * IC, 0, size_t(OC * IC) * sizeof(float), current_stream()));
+      if (counts[e] == 0) MT_CUDA_CHECK(cudaMemsetAsync(expert_dw(e), 0, size_t(OC * IC) * gsize, current_stream()));
   } else if (dweight) {
     Grouped g;
     int64_t r0 = 0;
     for (int64_t e = 0; e < El; ++e) {
-      float* dw = dweight + e * OC * IC;
       if (counts[e] > 0)
-        g.add(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, counts[e], x + r0 * IC, IC, dout + r0 * OC, OC, dw, IC,
+        g.add(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, counts[e], x + r0 * IC, IC, dout + r0 * OC, OC, expert_dw(e), IC,
               accumulate ? 1.f : 0.f);
       else if (!accumulate)
-        MT_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(OC * IC) * sizeof(float), current_stream()));
+        MT_CUDA_CHECK(cudaMemsetAsync(expert_dw(e), 0, size_t(OC * IC) * gsize, current_stream()));
       r0 += counts[e];
     }
-    g.run(cuda_type<T>(), CUDA_R_32F, per_group, "moe_grouped_linear_backward (dweight)");
+    g.run(cuda_type<T>(), dweight_bf16 ? CUDA_R_16BF : CUDA_R_32F, per_group, "moe_grouped_linear_backward (dweight)");
   }
 }
 
 #define MT_INSTANTIATE(T)                                                                                          \
   template void moe_grouped_linear_forward_cuda<T>(T*, const T*, const T*, const int64_t*, int64_t, int64_t,      \
                                                    int64_t, bool);                                                 \
-  template void moe_grouped_linear_backward_cuda<T>(T*, float*, const T*, const T*, const T*, const int64_t*,     \
+  template void moe_grouped_linear_backward_cuda<T>(T*, void*, bool, const T*, const T*, const T*, const int64_t*, \
                                                     int64_t, int64_t, int64_t, bool, bool, double*, int64_t*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)

@@ -3,7 +3,8 @@
 //     dx = r (gh - mean_c(gh) - xh mean_c(gh xh)), gh = dy w;  dw += sum_n dy xh;  db += sum_n dy.
 //   RMSNorm: xh = x r, r = 1/sqrt(mean_c x^2 + eps), y = xh w; saves rstd.
 //     dx = r (gh - xh mean_c(gh xh));  dw += sum_n dy xh.
-// Math in fp32 whatever T is; dw, db are fp32 main grads (+=); dx is T (= or += by GradMode).
+// Math in fp32 whatever T is; dw, db are main grads (+=), fp32 or bf16 (G: the fp32 sum rounded once); dx is T
+// (= or += by GradMode).
 //
 // Forward: one warp per row, VEC elements per lane (16-byte loads) when C and the pointers allow; the row is
 // held in registers (C <= 16 x 32 x VEC: one read of memory), else re-read per pass (norm_forward_kernel).
@@ -315,7 +316,8 @@ __global__ void __launch_bounds__(kBwdWarps * 32)
 }
 
 // dw[c] += sum_b partial[b, c], db[c] += sum_b partial[blocks + b, c] (fixed order: kernel_utils.cuh).
-void sum_partials(float* dw, float* db, const float* partial, int blocks, int64_t C) {
+template <typename G>
+void sum_partials(G* dw, G* db, const float* partial, int blocks, int64_t C) {
   sum_rows_accumulate(dw, partial, blocks, C, current_stream());
   if (db) sum_rows_accumulate(db, partial + int64_t(blocks) * C, blocks, C, current_stream());
 }
@@ -384,9 +386,9 @@ void launch_norm_backward(unsigned blocks, size_t smem, D* dinp, float* partial,
 // Launches a backward kernel whose warps each take rows w, w + W, ... and whose blocks each write one partial row
 // (kParts of them: dw, then db): as many blocks as fit on the GPU at once (a second wave would only add a tail),
 // at most one warp per row; then adds the partials into dw (and db).
-template <typename Kernel, typename... Args>
-void launch_resident_rows(Kernel kernel, int warps_per_block, size_t smem, int kParts, float* dweight, float* dbias,
-                          int64_t N, int64_t C, Args... args) {
+template <typename Kernel, typename G, typename... Args>
+void launch_resident_rows(Kernel kernel, int warps_per_block, size_t smem, int kParts, G* dweight, G* dbias, int64_t N,
+                          int64_t C, Args... args) {
   ensure_dynamic_smem(kernel, smem);
   const int64_t fit = int64_t(blocks_per_sm(kernel, warps_per_block * 32, smem)) * context().sm_count;
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min(ceil_div(N, warps_per_block), fit)));
@@ -396,9 +398,9 @@ void launch_resident_rows(Kernel kernel, int warps_per_block, size_t smem, int k
   sum_partials(dweight, dbias, partial.as<float>(), static_cast<int>(grid), C);
 }
 
-template <bool kLayerNorm, typename T>
-void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
-                   const T* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
+template <bool kLayerNorm, typename T, typename G>
+void norm_backward(const char* what, T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
+                   const float* mean, const float* rstd, int64_t N, int64_t C, bool acc) {
   using D = dev_t<T>;
   if (N == 0 || C == 0) return;
   const Context& ctx = context();
@@ -406,7 +408,7 @@ void norm_backward(const char* what, T* dinp, float* dweight, float* dbias, cons
   MT_CHECK(smem + 1024 <= ctx.smem_optin, what, ": C = ", C, " needs ", smem,
            " bytes of shared memory, the device allows ", ctx.smem_optin);
   constexpr int kVec = 16 / sizeof(D), kParts = kLayerNorm ? 2 : 1;
-  float* db = kLayerNorm ? dbias : nullptr;
+  G* db = kLayerNorm ? dbias : nullptr;
   const bool vec = norm_vec_ok<D>(C, {dinp, dout, inp, weight});
   const int64_t nc = ceil_div(C, 32 * kVec);
   // The warp-per-row kernel with NC chunks per lane, the row held in registers or re-read.
@@ -451,8 +453,8 @@ void layernorm_forward_cuda(T* out, float* mean, float* rstd, const T* inp, cons
   norm_forward<true>("layernorm_forward_cuda", out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 
-template <typename T>
-void layernorm_backward_cuda(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+template <typename T, typename G>
+void layernorm_backward_cuda(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                              const float* mean, const float* rstd, int64_t N, int64_t C, bool accumulate_dinp) {
   norm_backward<true>("layernorm_backward_cuda", dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                       accumulate_dinp);
@@ -464,24 +466,27 @@ void rmsnorm_forward_cuda(T* out, float* rstd, const T* inp, const T* weight, in
                       eps);
 }
 
-template <typename T>
-void rmsnorm_backward_cuda(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
+template <typename T, typename G>
+void rmsnorm_backward_cuda(T* dinp, G* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
                            int64_t N, int64_t C, bool accumulate_dinp) {
-  norm_backward<false>("rmsnorm_backward_cuda", dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C,
-                       accumulate_dinp);
+  norm_backward<false>("rmsnorm_backward_cuda", dinp, dweight, static_cast<G*>(nullptr), dout, inp, weight, nullptr,
+                       rstd, N, C, accumulate_dinp);
 }
 
 #define MT_INSTANTIATE(T)                                                                                         \
   template void layernorm_forward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int64_t,    \
                                           double);                                                               \
-  template void layernorm_backward_cuda<T>(T*, float*, float*, const T*, const T*, const T*, const float*,       \
-                                           const float*, int64_t, int64_t, bool);                                \
-  template void rmsnorm_forward_cuda<T>(T*, float*, const T*, const T*, int64_t, int64_t, double);               \
-  template void rmsnorm_backward_cuda<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int64_t, \
-                                         bool);
+  template void rmsnorm_forward_cuda<T>(T*, float*, const T*, const T*, int64_t, int64_t, double);
+#define MT_INSTANTIATE_GRAD(T, G)                                                                                 \
+  template void layernorm_backward_cuda<T, G>(T*, G*, G*, const T*, const T*, const T*, const float*,            \
+                                              const float*, int64_t, int64_t, bool);                             \
+  template void rmsnorm_backward_cuda<T, G>(T*, G*, const T*, const T*, const T*, const float*, int64_t, int64_t, \
+                                            bool);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(mt::bf16)
 MT_INSTANTIATE(mt::f16)
+MT_CUDA_GRAD_TYPES(MT_INSTANTIATE_GRAD)
 #undef MT_INSTANTIATE
+#undef MT_INSTANTIATE_GRAD
 
 }  // namespace mt::ops::cuda

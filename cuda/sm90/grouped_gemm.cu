@@ -88,6 +88,7 @@ struct Groups {
   int32_t n_tiles;     // output tiles along N
   int32_t k_grouped;   // experts split K (the weight gradient) rather than M
   int32_t M, N, K;     // k_grouped: M (OC) per expert; else K per expert (and B's rows per expert)
+  int32_t out_bf16;    // kF32: the results rounded to bf16 and stored as such (bf16 main grads)
   int32_t tile_prefix[kMaxExperts + 1];  // row blocks of 128 before expert e
   int32_t row0[kMaxExperts];             // expert e's first row of x / dout
   int32_t count[kMaxExperts];
@@ -373,14 +374,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
       if constexpr (EPI == kF32) {
-        float* o = static_cast<float*>(out);
+        if (g.out_bf16) {  // rounded first: the squares below are those of the values stored
+#pragma unroll
+          for (int q = 0; q < BN / 2; ++q) d[q] = __bfloat162float(__float2bfloat16_rn(d[q]));
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const int r = c * 64 + r_lo + 8 * i;
-          float* row = o + int64_t(tl.out_m + r) * g.N + tl.n + 2 * (lane % 4);
+          const int64_t at = int64_t(tl.out_m + c * 64 + r_lo + 8 * i) * g.N + tl.n + 2 * (lane % 4);
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
-            *reinterpret_cast<float2*>(row + 8 * j) = make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
+          for (int j = 0; j < BN / 8; ++j) {
+            const float x0 = d[4 * j + 2 * i], x1 = d[4 * j + 2 * i + 1];
+            if (g.out_bf16)
+              *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + at + 8 * j) =
+                  __floats2bfloat162_rn(x0, x1);
+            else
+              *reinterpret_cast<float2*>(static_cast<float*>(out) + at + 8 * j) = make_float2(x0, x1);
+          }
         }
         if (squares) {  // the tile's sum of squares, one fp64 partial per consumer warp: squares[8 t + 4 c + warp]
           static_assert(kSquaresPerTile == 2 * 4, "a partial per consumer warp");
@@ -626,8 +635,8 @@ int64_t grouped_dweight_square_partials(const int64_t* counts, int64_t El, int64
   return experts * (OC / kBM) * (IC / Cfg<kF32>::BN) * kSquaresPerTile;
 }
 
-bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,
-                     int64_t IC, int64_t OC, bool accumulate, double* squares) {
+bool grouped_dweight(void* dweight, bool dweight_bf16, const mt::bf16* dout, const mt::bf16* x,
+                     const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate, double* squares) {
   if (!grouped_dweight_takes(counts, El, IC, OC, accumulate) || !aligned16(dweight) || !aligned16(dout) ||
       !aligned16(x))
     return false;
@@ -635,8 +644,9 @@ bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, co
   const int64_t rows = fill_groups(g, counts, El, true, OC);
   if (rows == 0) return true;
   g.n_tiles = int32_t(IC / Cfg<kF32>::BN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
+  g.out_bf16 = dweight_bf16 ? 1 : 0;
   const CUtensorMap a = tensor_map(dout, rows, OC, 64);
-  launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: fp32 output is stored directly*/, dweight, g, nullptr,
+  launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: the output is stored directly*/, dweight, g, nullptr,
                      nullptr, {}, squares);
   return true;
 }

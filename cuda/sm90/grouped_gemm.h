@@ -56,7 +56,9 @@ bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const m
 // whose sum in index order is the sum of squares of the dW it wrote (experts with rows; the others' dW is the
 // caller's to zero). The gradient norm takes them instead of reading dW again.
 int64_t grouped_dweight_square_partials(const int64_t* counts, int64_t El, int64_t IC, int64_t OC);
-bool grouped_dweight(float* dweight, const mt::bf16* dout, const mt::bf16* x, const int64_t* counts, int64_t El,
-                     int64_t IC, int64_t OC, bool accumulate, double* squares = nullptr);
+// dweight: fp32, or bf16 (dweight_bf16: each fp32 result rounded to nearest even; the squares are of those values).
+bool grouped_dweight(void* dweight, bool dweight_bf16, const mt::bf16* dout, const mt::bf16* x,
+                     const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
+                     double* squares = nullptr);
 
 }  // namespace mt::ops::cuda::sm90

@@ -76,6 +76,9 @@ struct ParallelConfig {
   bool overlap_param_gather = true;    // distributed optimizer: all-gather parameters during the next forward
   bool tp_comm_overlap = false;        // column-parallel backward: TP communication beside the GEMMs
   int64_t grad_bucket_size = kDefaultGradBucketSize;  // elements per DP gradient / parameter bucket
+  // bf16: the gradients (accumulated over micro-batches, reduced over data parallel, read by the optimizer) in fp32
+  // main grads, or (false) in bf16, as Megatron-Core's DDP config
+  bool grad_reduce_in_fp32 = true;
   // Uneven pipeline split, only when stated: layers on the first / last stage (0 = even split).
   int decoder_first_pipeline_num_layers = 0;
   int decoder_last_pipeline_num_layers = 0;

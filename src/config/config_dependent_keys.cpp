@@ -21,6 +21,7 @@ struct Rule {
 
 bool full_recompute(const Config& c, const ModelFeatures&) { return c.training.recompute == "full"; }
 bool fp16(const Config& c, const ModelFeatures&) { return c.training.precision == "fp16"; }
+bool bf16(const Config& c, const ModelFeatures&) { return c.training.precision == "bf16"; }
 bool any_fp8(const Config& c, const ModelFeatures&) { return c.training.fp8 != "none"; }
 bool delayed_fp8(const Config& c, const ModelFeatures&) { return c.training.fp8 == "delayed"; }
 bool first_last_bf16(const Config& c, const ModelFeatures&) { return c.training.fp8_first_last_layers_bf16; }
@@ -44,6 +45,7 @@ const Rule kRules[] = {
      [](const Config& c, const ModelFeatures&) { return c.model.moe_router_enable_expert_bias; }},
     {"parallel.cp_comm_type", "parallel.context", "> 1",
      [](const Config& c, const ModelFeatures&) { return c.parallel.context > 1; }},
+    {"parallel.grad_reduce_in_fp32", "training.precision", "bf16 (fp32 and fp16 keep fp32 gradients)", bf16},
     {"parallel.tp_comm_overlap", "parallel.tensor", "> 1",
      [](const Config& c, const ModelFeatures&) { return c.parallel.tensor > 1; }},
     {"training.recompute_method", "training.recompute", "full", full_recompute},

@@ -125,6 +125,9 @@ void validate_config(const Config& cfg) {
   MT_CHECK(t.fp8 == "none" || t.precision == "bf16" || t.device == "cpu", pre, "training.fp8 is ", t.fp8,
            " but training.precision is ", t.precision, ": FP8 training on the GPU needs training.precision: bf16 (on "
            "the CPU, training.device: cpu with fp32, it is emulated)");
+  MT_CHECK(p.grad_reduce_in_fp32 || t.fp8 == "none", pre, "parallel.grad_reduce_in_fp32 is false but training.fp8 "
+           "is ", t.fp8, ": the FP8 weight-gradient GEMMs write fp32 gradients; set parallel.grad_reduce_in_fp32: true "
+           "or training.fp8: none");
   MT_CHECK(!(t.fp8 == "delayed" && p.pipeline > 1 && !cfg.checkpoint.dir.empty()), pre, "training.fp8 delayed "
            "with parallel.pipeline > 1 cannot checkpoint its amax histories yet (only the first stage's would be "
            "saved); use training.fp8: tensorwise or blockwise, parallel.pipeline: 1, or no checkpoint.dir");

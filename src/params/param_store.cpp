@@ -61,8 +61,11 @@ Param* ParamStore::add(const ParamSpec& spec) {
   return params_.back().get();
 }
 
-void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple, int64_t expert_pad_multiple) {
+void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple, int64_t expert_pad_multiple,
+                          bool bf16_grads) {
   MT_INTERNAL_ASSERT(!allocated(), "ParamStore::allocate called twice");
+  MT_INTERNAL_ASSERT(!bf16_grads || (dtype == DType::BF16 && device != Device::CPU),
+                     "bf16 main grads need bf16 values on a GPU");
   auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
   const int64_t dense = total_ - expert_total_, dense_padded = round_up(dense, pad_multiple);
   regions_.push_back({0, dense, dense_padded, false});
@@ -75,7 +78,7 @@ void ParamStore::allocate(DType dtype, Device device, int64_t pad_multiple, int6
   }
   const bool low_precision = dtype == DType::BF16 || dtype == DType::F16;
   flat_values_ = Tensor::zeros({padded}, dtype, device);
-  flat_grads_ = Tensor::zeros({padded}, low_precision ? DType::F32 : dtype, device);
+  flat_grads_ = Tensor::zeros({padded}, bf16_grads ? DType::BF16 : low_precision ? DType::F32 : dtype, device);
   separate_master_ = low_precision;
   if (low_precision) flat_master_ = Tensor::zeros({padded}, DType::F32, device);
   for (auto& p : params_) {

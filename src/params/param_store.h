@@ -6,8 +6,8 @@
 // All local parameter values live in one flat allocation and all gradients in another (each
 // Param's value/grad are views), so the optimizer, the gradient norm and the data-parallel gradient
 // buckets work on contiguous memory. Mixed precision (Megatron style): with bf16/fp16 values the
-// gradients are fp32 ("main grads") and a third flat buffer holds the fp32 master weights the
-// optimizer updates; with fp32/fp64 values the values are the master weights.
+// gradients are fp32 ("main grads"; bf16 with parallel.grad_reduce_in_fp32: false) and a third flat buffer holds the
+// fp32 master weights the optimizer updates; with fp32/fp64 values the values are the master weights.
 #pragma once
 
 #include <cstdint>
@@ -90,8 +90,10 @@ class ParamStore {
   // Allocates the flat value/grad(/master) buffers and points every Param at its views. Each region is padded
   // with zeros: the dense one to a multiple of pad_multiple (the distributed optimizer's DP shards), the expert one
   // to a multiple of expert_pad_multiple (its expert-data shards). Expert parameters' flat offsets are final here
-  // (the dense region's size is known only once every parameter is registered).
-  void allocate(DType dtype, Device device, int64_t pad_multiple = 1, int64_t expert_pad_multiple = 1);
+  // (the dense region's size is known only once every parameter is registered). bf16_grads (bf16 values on a GPU
+  // only): the gradients are bf16 instead of fp32 main grads (parallel.grad_reduce_in_fp32: false).
+  void allocate(DType dtype, Device device, int64_t pad_multiple = 1, int64_t expert_pad_multiple = 1,
+                bool bf16_grads = false);
   bool allocated() const { return flat_values_.defined(); }
   // The regions (after allocate): the dense one, then the expert one if any parameter is an expert's.
   const std::vector<FlatRegion>& regions() const { return regions_; }

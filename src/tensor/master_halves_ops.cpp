@@ -77,12 +77,16 @@ void adamw_step_halves(Tensor& hi, Tensor& lo, Tensor& m, Tensor& v, const Tenso
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (hi.device() == Device::CUDA) {
     const int64_t n = hi.numel();
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&m, &v, &grad})
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&m, &v})
       HALVES_ASSERT(t->dtype() == DType::F32 && t->numel() == n && t->device() == Device::CUDA, t->str(),
                     " should be fp32 of ", n, " elements on cuda");
+    HALVES_ASSERT((grad.dtype() == DType::F32 || grad.dtype() == DType::BF16) && grad.numel() == n &&
+                      grad.device() == Device::CUDA,
+                  "grad ", grad.str(), " should be fp32 or bf16 of ", n, " elements on cuda");
     const int64_t runs = check_decay_runs(op, decay, n);
     const cuda::OpTimer timer(op, n);  // MT_OP_PROFILE
-    cuda::adamw_step_halves_cuda(bits(hi), bits(lo), m.data<float>(), v.data<float>(), grad.data<float>(), n, a.lr,
+    cuda::adamw_step_halves_cuda(bits(hi), bits(lo), m.data<float>(), v.data<float>(), grad.raw(),
+                                 grad.dtype() == DType::BF16, n, a.lr,
                                  a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale,
                                  decay ? decay->starts.data() : nullptr, decay ? decay->decay.data() : nullptr, runs);
     return;

@@ -688,8 +688,11 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
   grouped_shapes(op, x, weight, counts);
   check(op, dout, "dout", x, x.dtype(), {x.size(0), weight.size(1)});
   if (dx) check(op, *dx, "dx", x, x.dtype(), x.shape());
-  // parameter gradients: the op's dtype on CPU, fp32 main grads on CUDA
-  if (dweight) check(op, *dweight, "dweight", x, on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
+  // parameter gradients: the op's dtype on CPU; on CUDA fp32 main grads, or bf16 ones for bf16 x
+  // (parallel.grad_reduce_in_fp32 false)
+  const bool bf16_grad = dweight && on_cuda(x) && x.dtype() == DType::BF16 && dweight->dtype() == DType::BF16;
+  if (dweight)
+    check(op, *dweight, "dweight", x, bf16_grad ? DType::BF16 : on_cuda(x) ? DType::F32 : x.dtype(), weight.shape());
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (on_cuda(x)) {
     const bool per_group = moe_gemm_per_group(x.size(0), weight.size(0), weight.size(2), weight.size(1));
@@ -707,8 +710,8 @@ void moe_grouped_linear_backward(Tensor* dx, Tensor* dweight, const Tensor& dout
     any_float(op, x, [&](auto z) {
       using T = decltype(z);
       if constexpr (!std::is_same_v<T, double>)
-        cuda::moe_grouped_linear_backward_cuda<T>(dx ? dx->data<T>() : nullptr,
-                                                  dweight ? dweight->data<float>() : nullptr, dout.data<T>(),
+        cuda::moe_grouped_linear_backward_cuda<T>(dx ? dx->data<T>() : nullptr, dweight ? dweight->raw() : nullptr,
+                                                  bf16_grad, dout.data<T>(),
                                                   x.data<T>(), weight.data<T>(), counts.data(), weight.size(0),
                                                   weight.size(2), weight.size(1),
                                                   dweight_mode == GradMode::Accumulate, per_group,

@@ -4,11 +4,13 @@
 // (MT_INTERNAL_ASSERT naming the op and the tensors); an unsupported device/dtype pair is a
 // user-visible error (MT_CHECK) naming the op.
 // CUDA mixed precision (Megatron style): statistics are fp32, and parameter gradients (dweight,
-// dbias, dtable) are fp32 main grads whatever the activation dtype; on CPU they have the op's dtype.
+// dbias, dtable) are fp32 main grads whatever the activation dtype, or bf16 ones for 16-bit activations
+// (grad_reduce_in_fp32 false); on CPU they have the op's dtype.
 #include "tensor/ops.h"
 
 #include <array>
 #include <atomic>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -40,6 +42,10 @@ int64_t rows(const Tensor& t) {
 }
 
 void need(const char* op, const Tensor& t, const char* name) { OP_ASSERT(t.defined(), name, " is undefined"); }
+
+// t's data, or null for no tensor.
+template <typename T>
+T* data_or_null(const Tensor* t) { return t ? t->data<T>() : nullptr; }
 
 // t is defined, on the device of ref, with dtype `dt`.
 void on_device(const char* op, const Tensor& ref, const Tensor& t, const char* name, DType dt) {
@@ -89,14 +95,17 @@ void cpu_float(const char* op, const Tensor& t, F&& f) {
   }
 }
 
-// Parameter gradients (dweight, dbias, dtable) of an op whose inputs are like ref: ref's dtype on CPU,
-// fp32 main grads on CUDA (an unsupported dtype there is a user-visible error).
+// Parameter gradients (dweight, dbias, dtable) of an op whose inputs are like ref: ref's dtype on CPU;
+// on CUDA fp32 main grads, or bf16 ones when ref is 16-bit (another dtype there is a user-visible error).
 void param_grad(const char* op, const Tensor& ref, const Tensor& t, const char* name, const Shape& s) {
   need(op, t, name);
+  const bool bf16_ok = ref.dtype() == DType::BF16 || ref.dtype() == DType::F16;
   if (ref.device() == Device::CUDA && t.device() == Device::CUDA)
-    MT_CHECK(t.dtype() == DType::F32, "op ", op, " is not supported on device cuda for ", name, " ", t.str(),
-             ": parameter gradients on cuda are fp32 (main grads)");
-  on_device(op, ref, t, name, ref.device() == Device::CUDA ? DType::F32 : ref.dtype());
+    MT_CHECK(t.dtype() == DType::F32 || (bf16_ok && t.dtype() == DType::BF16), "op ", op,
+             " is not supported on device cuda for ", name, " ", t.str(), " with ", dtype_name(ref.dtype()),
+             " activations: parameter gradients on cuda are fp32 (main grads), or bf16 for bf16 / fp16 activations");
+  const DType want = ref.device() != Device::CUDA ? ref.dtype() : t.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+  on_device(op, ref, t, name, want);
   OP_ASSERT(t.shape() == s, name, " ", t.str(), " should have shape ", shape_str(s));
 }
 
@@ -122,6 +131,20 @@ void cuda_float(const char* op, const Tensor& t, F&& f) {
     case DType::F16: f(f16{}); return;
     default: unsupported(op, t);
   }
+}
+// Calls f(float{}) or f(bf16{}) for the dtype of an op's parameter gradients on CUDA (each checked by param_grad;
+// null ones skipped, the others of one dtype). T: the activation type (fp32 activations have fp32 gradients).
+template <typename T, typename F>
+void cuda_grad(const char* op, std::initializer_list<const Tensor*> grads, F&& f) {
+  const Tensor* first = nullptr;
+  for (const Tensor* g : grads) {
+    if (g && first) OP_ASSERT(g->dtype() == first->dtype(), "parameter gradients ", first->str(), " and ", g->str(),
+                              " should have one dtype");
+    if (g && !first) first = g;
+  }
+  if constexpr (!std::is_same_v<T, float>)
+    if (first && first->dtype() == DType::BF16) return f(bf16{});
+  f(float{});
 }
 #define MT_CUDA_CASE(op, t, cuda_call)             \
   case Device::CUDA:                               \
@@ -391,9 +414,11 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
     const int64_t OC = last_dim(op, dout, "dout"), N = rows(dout);
     if (!dbias) return;
     param_grad(op, dout, *dbias, "dbias", {OC});
-    MT_DISPATCH(op, dout,
-                (cuda::linear_backward_cuda<T>(nullptr, nullptr, dbias->data<float>(), dout.data<T>(), nullptr, nullptr,
-                                               N, 0, OC, false, true)),
+    MT_DISPATCH(op, dout, (cuda_grad<T>(op, {dbias}, [&](auto g_) {
+                  using G = decltype(g_);
+                  cuda::linear_backward_cuda<T, G>(nullptr, nullptr, dbias->data<G>(), dout.data<T>(), nullptr,
+                                                   nullptr, N, 0, OC, false, true);
+                })),
                 cpu::linear_backward_cpu<T>(nullptr, nullptr, dbias->data<T>(), dout.data<T>(), nullptr, nullptr, N, 0,
                                             OC, false, true));
   }
@@ -405,11 +430,12 @@ void linear_backward(Tensor* dinp, Tensor* dweight, Tensor* dbias, const Tensor&
   const bool acc = dinp_mode == GradMode::Accumulate, acc_w = dweight_mode == GradMode::Accumulate;
   std::string pname;
   if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC, dinp ? "" : " no-dinp")).c_str();
-  MT_DISPATCH(op, inp,
-              (cuda::linear_backward_cuda<T>(dinp ? dinp->data<T>() : nullptr,
-                                             dweight ? dweight->data<float>() : nullptr,
-                                             dbias ? dbias->data<float>() : nullptr, dout.data<T>(), inp.data<T>(),
-                                             weight.data<T>(), N, IC, OC, acc, acc_w)),
+  MT_DISPATCH(op, inp, (cuda_grad<T>(op, {dweight, dbias}, [&](auto g_) {
+                using G = decltype(g_);
+                cuda::linear_backward_cuda<T, G>(data_or_null<T>(dinp), data_or_null<G>(dweight),
+                                                 data_or_null<G>(dbias), dout.data<T>(), inp.data<T>(),
+                                                 weight.data<T>(), N, IC, OC, acc, acc_w);
+              })),
               cpu::linear_backward_cpu<T>(dinp ? dinp->data<T>() : nullptr, dweight ? dweight->data<T>() : nullptr,
                                           dbias ? dbias->data<T>() : nullptr, dout.data<T>(), inp.data<T>(),
                                           weight.data<T>(), N, IC, OC, acc, acc_w));
@@ -434,9 +460,12 @@ void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, con
     std::string pname;
     if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
     const cuda::OpTimer timer(op, inp.numel());
-    cuda::linear_backward_wide_cuda(dinp ? dinp->data<bf16>() : nullptr, dweight ? dweight->data<float>() : nullptr,
-                                    dout.data<float>(), inp.data<bf16>(), weight.data<bf16>(), N, IC, OC,
-                                    dweight_mode == GradMode::Accumulate, dinp_mode == GradMode::Accumulate);
+    cuda_grad<bf16>(op, {dweight}, [&](auto g_) {
+      using G = decltype(g_);
+      cuda::linear_backward_wide_cuda<G>(data_or_null<bf16>(dinp), data_or_null<G>(dweight), dout.data<float>(),
+                                         inp.data<bf16>(), weight.data<bf16>(), N, IC, OC,
+                                         dweight_mode == GradMode::Accumulate, dinp_mode == GradMode::Accumulate);
+    });
     return;
   }
   if (inp.device() == Device::CUDA) {  // fp16: parts would leave fp16's range; through fp32 copies
@@ -446,8 +475,13 @@ void linear_backward_wide(Tensor* dinp, Tensor* dweight, const Tensor& dout, con
     cast(wr, weight);
     Tensor dxr = dinp ? Tensor::empty(inp.shape(), DType::F32, inp.device()) : Tensor();
     if (dinp && dinp_mode == GradMode::Accumulate) cast(dxr, *dinp);
-    linear_backward(dinp ? &dxr : nullptr, dweight, nullptr, dout, xr, wr, dinp_mode, dweight_mode);
+    // a bf16 dweight: through an fp32 copy (exact), rounded once at the end
+    const bool dw16 = dweight && dweight->dtype() == DType::BF16;
+    Tensor dwr = dw16 ? Tensor::empty(weight.shape(), DType::F32, inp.device()) : Tensor();
+    if (dw16 && dweight_mode == GradMode::Accumulate) cast(dwr, *dweight);
+    linear_backward(dinp ? &dxr : nullptr, dw16 ? &dwr : dweight, nullptr, dout, xr, wr, dinp_mode, dweight_mode);
     if (dinp) cast(*dinp, dxr);
+    if (dw16) cast(*dweight, dwr);
     return;
   }
 #endif
@@ -490,11 +524,13 @@ void linear_backward_gelu(Tensor& dpre, Tensor* dweight, Tensor* dbias, const Te
   }
   std::string pname;
   if (profiling(inp)) op = (pname = str_cat(op, " OC=", OC)).c_str();
-  MT_DISPATCH(op, inp,
-              (cuda::linear_backward_gelu_cuda<T>(dpre.data<T>(), dweight ? dweight->data<float>() : nullptr,
-                                                  dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
-                                                  inp.data<T>(), weight.data<T>(), pre.data<T>(), N, IC, OC,
-                                                  dweight_mode == GradMode::Accumulate)),
+  MT_DISPATCH(op, inp, (cuda_grad<T>(op, {dweight, dbias}, [&](auto g_) {
+                using G = decltype(g_);
+                cuda::linear_backward_gelu_cuda<T, G>(dpre.data<T>(), data_or_null<G>(dweight),
+                                                      data_or_null<G>(dbias), dout.data<T>(), inp.data<T>(),
+                                                      weight.data<T>(), pre.data<T>(), N, IC, OC,
+                                                      dweight_mode == GradMode::Accumulate);
+              })),
               (void)sizeof(T); unsupported(op, inp));
 }
 
@@ -520,11 +556,12 @@ void linear_backward_swiglu(Tensor& dh, Tensor* dweight, Tensor* dbias, const Te
   }
   std::string pname;
   if (profiling(h)) op = (pname = str_cat(op, " OC=", OC)).c_str();
-  MT_DISPATCH(op, h,
-              (cuda::linear_backward_swiglu_cuda<T>(dh.data<T>(), dweight ? dweight->data<float>() : nullptr,
-                                                    dbias ? dbias->data<float>() : nullptr, dout.data<T>(),
-                                                    weight.data<T>(), h.data<T>(), N, F, OC,
-                                                    dweight_mode == GradMode::Accumulate)),
+  MT_DISPATCH(op, h, (cuda_grad<T>(op, {dweight, dbias}, [&](auto g_) {
+                using G = decltype(g_);
+                cuda::linear_backward_swiglu_cuda<T, G>(dh.data<T>(), data_or_null<G>(dweight),
+                                                        data_or_null<G>(dbias), dout.data<T>(), weight.data<T>(),
+                                                        h.data<T>(), N, F, OC, dweight_mode == GradMode::Accumulate);
+              })),
               (void)sizeof(T); unsupported(op, h));
 }
 
@@ -553,17 +590,19 @@ void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens
   OP_ASSERT(vocab_start >= 0, "vocab_start ", vocab_start, " is negative");
   const int64_t Vl = dtable.size(0), C = dtable.size(1), N = tokens.numel();
 #if defined(MEGATRAIN_HAVE_CUDA)
-  if (dtable.device() == Device::CUDA) {  // dtable: fp32 main grad; dout: the activation dtype
-    param_grad(op, dtable, dtable, "dtable", dtable.shape());
+  if (dtable.device() == Device::CUDA) {  // dtable: a main grad (fp32, or bf16 for 16-bit dout); dout: activations
     need(op, dout, "dout");
-    on_device(op, dtable, dout, "dout", dout.dtype());
+    param_grad(op, dout, dtable, "dtable", dtable.shape());
     OP_ASSERT(dout.dim() >= 1 && dout.size(-1) == C && rows(dout) == N, "dout ", dout.str(), " should be (", N, ", ",
               C, ")");
     cuda_float(op, dout, [&](auto z) {
       using T = decltype(z);
       const cuda::OpTimer timer(op, N, Vl, C);
-      cuda::embedding_backward_cuda<T>(dtable.data<float>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
-                                       vocab_start);
+      cuda_grad<T>(op, {&dtable}, [&](auto g_) {
+        using G = decltype(g_);
+        cuda::embedding_backward_cuda<T, G>(dtable.data<G>(), dout.data<T>(), tokens.data<int32_t>(), N, Vl, C,
+                                            vocab_start);
+      });
     });
     return;
   }
@@ -605,10 +644,12 @@ void layernorm_backward(Tensor& dinp, Tensor& dweight, Tensor& dbias, const Tens
   stat(op, inp, mean, "mean", N);
   stat(op, inp, rstd, "rstd", N);
   const bool acc = dinp_mode == GradMode::Accumulate;
-  MT_DISPATCH(op, inp,
-              (cuda::layernorm_backward_cuda<T>(dinp.data<T>(), dweight.data<float>(), dbias.data<float>(),
-                                                dout.data<T>(), inp.data<T>(), weight.data<T>(), mean.data<float>(),
-                                                rstd.data<float>(), N, C, acc)),
+  MT_DISPATCH(op, inp, (cuda_grad<T>(op, {&dweight, &dbias}, [&](auto g_) {
+                using G = decltype(g_);
+                cuda::layernorm_backward_cuda<T, G>(dinp.data<T>(), dweight.data<G>(), dbias.data<G>(),
+                                                    dout.data<T>(), inp.data<T>(), weight.data<T>(),
+                                                    mean.data<float>(), rstd.data<float>(), N, C, acc);
+              })),
               cpu::layernorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dbias.data<T>(), dout.data<T>(),
                                              inp.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(), N,
                                              C, acc));
@@ -638,9 +679,11 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dweight, const Tensor& dout, const T
   like_rows(op, inp, dout, "dout", N, C);
   stat(op, inp, rstd, "rstd", N);
   const bool acc = dinp_mode == GradMode::Accumulate;
-  MT_DISPATCH(op, inp,
-              (cuda::rmsnorm_backward_cuda<T>(dinp.data<T>(), dweight.data<float>(), dout.data<T>(), inp.data<T>(),
-                                              weight.data<T>(), rstd.data<float>(), N, C, acc)),
+  MT_DISPATCH(op, inp, (cuda_grad<T>(op, {&dweight}, [&](auto g_) {
+                using G = decltype(g_);
+                cuda::rmsnorm_backward_cuda<T, G>(dinp.data<T>(), dweight.data<G>(), dout.data<T>(), inp.data<T>(),
+                                                  weight.data<T>(), rstd.data<float>(), N, C, acc);
+              })),
               cpu::rmsnorm_backward_cpu<T>(dinp.data<T>(), dweight.data<T>(), dout.data<T>(), inp.data<T>(),
                                            weight.data<T>(), rstd.data<T>(), N, C, acc));
 }
@@ -1083,7 +1126,11 @@ void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const A
   need(op, param, "param");
   like_numel(op, param, m, "m", param.numel());
   like_numel(op, param, v, "v", param.numel());
-  like_numel(op, param, grad, "grad", param.numel());
+  // grad: param's dtype, or bf16 main grads for fp32 master weights on cuda (parallel.grad_reduce_in_fp32 false)
+  const bool bf16_grad = grad.defined() && grad.dtype() == DType::BF16 && param.dtype() == DType::F32 &&
+                         param.device() == Device::CUDA;
+  on_device(op, param, grad, "grad", bf16_grad ? DType::BF16 : param.dtype());
+  numel_is(op, grad, "grad", param.numel());
   OP_ASSERT(a.step >= 1, "step ", a.step, " should be >= 1");
   const int64_t runs = check_decay_runs(op, decay, param.numel());
   if (param_copy)
@@ -1093,7 +1140,7 @@ void adamw_step(Tensor& param, Tensor& m, Tensor& v, const Tensor& grad, const A
 #if defined(MEGATRAIN_HAVE_CUDA)
   if (param.device() == Device::CUDA && param.dtype() == DType::F32) {
     const cuda::OpTimer timer(param_copy ? "adamw_step (+ weight copy)" : op, param.numel());  // MT_OP_PROFILE
-    cuda::adamw_step_cuda(param.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>(), param.numel(),
+    cuda::adamw_step_cuda(param.data<float>(), m.data<float>(), v.data<float>(), grad.raw(), bf16_grad, param.numel(),
                           a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step, a.grad_scale,
                           param_copy ? param_copy->raw() : nullptr,
                           param_copy && param_copy->dtype() == DType::F16, decay ? decay->starts.data() : nullptr,

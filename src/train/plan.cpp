@@ -329,7 +329,7 @@ PlanStage plan_stage(const Config& cfg, const DerivedConfig& d, const PlanReport
   st.expert_params = st.moe_layers * (r.num_experts / r.ep) * r.moe_layer.expert;
   const int64_t other = st.params - st.expert_params;  // reduced and sharded over data x context
   st.weight_bytes = st.params * (fp32 ? 4 : 2);
-  st.grad_bytes = st.params * 4;
+  st.grad_bytes = st.params * r.grad_bytes_per_param;
   st.optimizer_bytes = ((other + opt_shards - 1) / opt_shards +
                         (st.expert_params + expert_shards - 1) / expert_shards) *
                        optimizer_bytes_per_param(r.activation_dtype);
@@ -425,6 +425,7 @@ PlanReport make_plan(const Config& cfg, const DerivedConfig& d, int world_size) 
   r.full_policy.num_layers = cfg.training.recompute_num_layers;
   r.full_policy.norm_act = cfg.training.recompute_norm_act;
   r.activation_dtype = activation_dtype(d.precision);
+  r.grad_bytes_per_param = cfg.parallel.grad_reduce_in_fp32 ? 4 : 2;
   r.recompute_mode = kRecomputeModes[static_cast<int>(d.recompute)];
   r.tokens_per_iteration = d.tokens_per_iteration;
 
@@ -560,7 +561,7 @@ void format_moe(std::ostream& os, const PlanReport& r) {
   const int64_t shards = r.distributed_optimizer ? r.expert_dp : 1;
   for (const PlanStage& st : r.stages)
     rows.push_back({std::to_string(st.stage), std::to_string(st.moe_layers), count(st.expert_params),
-                    gib(st.expert_params * (fp32 ? 4 : 2)), gib(st.expert_params * 4),
+                    gib(st.expert_params * (fp32 ? 4 : 2)), gib(st.expert_params * r.grad_bytes_per_param),
                     gib((st.expert_params + shards - 1) / shards * optimizer_bytes_per_param(r.activation_dtype)), gib(st.a2a_bytes),
                     gib(st.a2a_leaving_bytes)});
   os << table(rows)
@@ -647,7 +648,8 @@ std::string format_plan(const PlanReport& r) {
   os << table(rows) << "\n";
 
   const bool fp32 = r.activation_dtype == DType::F32;
-  os << "Memory per rank, GiB (weights " << (fp32 ? "4" : "2") << " B/param, fp32 gradients 4 B/param, optimizer "
+  os << "Memory per rank, GiB (weights " << (fp32 ? "4" : "2") << " B/param, "
+     << (r.grad_bytes_per_param == 4 ? "fp32 gradients 4" : "bf16 gradients 2") << " B/param, optimizer "
      << optimizer_bytes_text(r.activation_dtype) << " B/param"
      << (r.distributed_optimizer ? str_cat(" / ", r.dp * r.cp, " (distributed over data x context",
                                            r.moe_layers > 0 ? str_cat("; experts' / ", r.expert_dp, " over expert-data") : "",

@@ -149,6 +149,7 @@ struct PlanReport {
   // what the "full" column assumes (training.recompute_method / _num_layers); its norm_act applies to every column
   RecomputePolicy full_policy;
   DType activation_dtype = DType::F32;
+  int64_t grad_bytes_per_param = 4;  // fp32 main grads; 2 with parallel.grad_reduce_in_fp32 false
   // model
   int64_t total_params = 0;   // the whole model once (a tied table once)
   int64_t flop_params = 0;    // N of the FLOPs formula: total without learned position embeddings

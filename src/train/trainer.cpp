@@ -380,7 +380,8 @@ TrainResult run_training(const Config& cfg) {
     chunk_ptrs.push_back(run.chunks.back().get());
   }
   const bool distributed = cfg.parallel.distributed_optimizer && gps.dp_size > 1;
-  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? gps.dp_size : 1, distributed ? ps.expert_dp_size : 1);
+  run.store->allocate(run.ctx.dtype, run.ctx.device, distributed ? gps.dp_size : 1, distributed ? ps.expert_dp_size : 1,
+                      !cfg.parallel.grad_reduce_in_fp32);
   run.store->set_grad_bucket_elements(cfg.parallel.grad_bucket_size);
   run.store->initialize(cfg.training.seed, cfg.model.init_method_std, cfg.model.num_layers);
   run.exec = std::make_unique<PipelineExecutor>(chunk_ptrs, run.ctx);
@@ -396,10 +397,11 @@ TrainResult run_training(const Config& cfg) {
   run.ctx.hooks = run.grad_sync.get();
   MoEStepDriver moe(chunk_ptrs, cfg.model, d, ps);
   run.flops_per_token = model_flops_per_token(count_flop_params(*run.store, ps), cfg.model, d);
-  log::info("model: {} layers, {} parameters on rank 0 ({:.2f} M), padded vocab {}, {} micro-batches of {} per iteration "
-            "and data-parallel rank",
-            cfg.model.num_layers, run.store->local_numel(), run.store->local_numel() / 1e6, d.padded_vocab_size,
-            d.num_microbatches, cfg.training.micro_batch_size);
+  log::info("model: {} layers, {} parameters on rank 0 ({:.2f} M), gradients {}, padded vocab {}, {} micro-batches of "
+            "{} per iteration and data-parallel rank",
+            cfg.model.num_layers, run.store->local_numel(), run.store->local_numel() / 1e6,
+            dtype_name(run.store->flat_grads().dtype()), d.padded_vocab_size, d.num_microbatches,
+            cfg.training.micro_batch_size);
 
   // State, possibly restored.
   int64_t iteration = 0, consumed = 0, skipped_total = 0;

@@ -148,7 +148,7 @@ logging:
 )";
 // The keys that act only with a setting kAllKeysYaml cannot have at once (check_dependent_keys refuses them
 // otherwise): the deterministic attention backward's workspace and fp16's loss scaling, then the delayed FP8
-// recipe's amax keys (FP8 needs bf16).
+// recipe's amax keys (FP8 needs bf16), and bf16 gradients (not with FP8).
 const std::string kSmallModel = R"(model:
   num_layers: 2
   hidden_size: 64
@@ -176,11 +176,17 @@ optimizer:
   fp8: delayed
   fp8_amax_history_len: 16
   fp8_amax_compute_algo: max
+)", kSmallModel + R"(parallel:
+  grad_reduce_in_fp32: false
+training:
+  train_iters: 1
+  precision: bf16
+  device: cuda
 )"};
 const char* const kDependentKeys[] = {"training.attention_bwd_workspace_mib", "optimizer.initial_loss_scale",
                                       "optimizer.min_loss_scale", "optimizer.loss_scale_window",
                                       "optimizer.hysteresis", "training.fp8_amax_history_len",
-                                      "training.fp8_amax_compute_algo"};
+                                      "training.fp8_amax_compute_algo", "parallel.grad_reduce_in_fp32"};
 
 }  // namespace
 
@@ -412,6 +418,16 @@ TEST_CASE("config: required keys, syntax errors and cross-field rules", "[config
   CHECK(contains(m, "parallel.virtual_pipeline (2) > 1 needs parallel.pipeline > 1"));
   m = load_error(with("checkpoint", "  load: \"\"\n"));
   CHECK(contains(m, "checkpoint.load is empty"));
+  // bf16 gradients: bf16 training only, and not with FP8's fp32 weight-gradient GEMMs
+  m = load_error(with("parallel", "  grad_reduce_in_fp32: false\n"));  // base: fp32 on the CPU
+  CHECK(contains(m, "parallel.grad_reduce_in_fp32"));
+  CHECK(contains(m, "training.precision"));
+  m = load_error(with("parallel", "  grad_reduce_in_fp32: false\n"),
+                 {"training.device=cuda", "training.precision=bf16", "training.fp8=tensorwise"});
+  CHECK(contains(m, "parallel.grad_reduce_in_fp32 is false but training.fp8 is tensorwise"));
+  CHECK(contains(m, "set parallel.grad_reduce_in_fp32: true or training.fp8: none"));
+  CHECK_FALSE(load(with("parallel", "  grad_reduce_in_fp32: false\n"), {"training.device=cuda", "training.precision=bf16"})
+                  .parallel.grad_reduce_in_fp32);
 }
 
 TEST_CASE("config: data.paths and data.split forms", "[config]") {

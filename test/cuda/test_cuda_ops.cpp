@@ -352,12 +352,19 @@ TEST_CASE("cuda linear + GELU (fused epilogues) match the CPU", "[cuda][linear_g
       }
 }
 
-TEST_CASE("cuda parameter gradients must be fp32 main grads", "[cuda][linear]") {
+TEST_CASE("cuda parameter gradients are fp32 main grads, or bf16 ones for 16-bit activations",
+          "[cuda][linear][grad_bf16]") {
   init();
   const Tensor x = to_device(randn64({4, 8}, 1), DType::BF16), w = to_device(randn64({3, 8}, 2), DType::BF16);
   const Tensor g = to_device(randn64({4, 3}, 3), DType::BF16);
-  Tensor dw16 = Tensor::zeros({3, 8}, DType::BF16, Device::CUDA);
-  CHECK_THROWS_AS(ops::linear_backward(nullptr, &dw16, nullptr, g, x, w), mt::Error);
+  Tensor dw16 = Tensor::zeros({3, 8}, DType::BF16, Device::CUDA), dwh = Tensor::zeros({3, 8}, DType::F16, Device::CUDA);
+  Tensor db32 = Tensor::zeros({3}, DType::F32, Device::CUDA);
+  CHECK_NOTHROW(ops::linear_backward(nullptr, &dw16, nullptr, g, x, w));
+  CHECK_THROWS_AS(ops::linear_backward(nullptr, &dwh, nullptr, g, x, w), mt::Error);
+  CHECK_THROWS_AS(ops::linear_backward(nullptr, &dw16, &db32, g, x, w), mt::InternalError);  // one dtype a call
+  const Tensor x32 = to_device(randn64({4, 8}, 1), DType::F32), w32 = to_device(randn64({3, 8}, 2), DType::F32);
+  CHECK_THROWS_AS(ops::linear_backward(nullptr, &dw16, nullptr, to_device(randn64({4, 3}, 3), DType::F32), x32, w32),
+                  mt::Error);  // fp32 activations: fp32 gradients only
   Tensor p = Tensor::zeros({8}, DType::BF16, Device::CUDA);
   CHECK_THROWS_AS(ops::adamw_step(p, p, p, p, ops::AdamWArgs{}), mt::Error);
   Tensor x64 = Tensor::zeros({8}, DType::F64, Device::CUDA);
@@ -870,11 +877,6 @@ TEST_CASE("cuda master halves: split and join equal the CPU bit for bit", "[cuda
 
 TEST_CASE("cuda adamw on master halves is the fp32 update bit for bit", "[cuda][adamw][master_halves]") {
   init();
-  ops::DecayRuns runs;
-  for (int64_t r = 0; r < 300; ++r) {
-    runs.starts.push_back(r * 333 + (r ? 1 : 0));
-    runs.decay.push_back(r % 3 != 1);
-  }
   for (int64_t n : {int64_t(3), int64_t(100003)})
     for (int64_t shift : {int64_t(0), int64_t(1)}) {
       INFO("n " << n << " shift " << shift);
@@ -884,11 +886,7 @@ TEST_CASE("cuda adamw on master halves is the fp32 update bit for bit", "[cuda][
       Tensor mh = to_device_shifted(zero, DType::F32, shift), vh = to_device_shifted(zero, DType::F32, shift);
       Tensor hi = to_device_shifted(zero, DType::BF16, shift), lo = Tensor::empty({n}, DType::U16, Device::CUDA);
       ops::split_master(hi, &lo, p);
-      ops::DecayRuns r;
-      for (size_t i = 0; i < runs.starts.size() && runs.starts[i] < n; ++i) {
-        r.starts.push_back(runs.starts[i]);
-        r.decay.push_back(runs.decay[i]);
-      }
+      const ops::DecayRuns r = decay_runs_of(n);
       ops::AdamWArgs a;
       a.lr = 1e-3;
       a.weight_decay = 0.1;

@@ -69,6 +69,42 @@ void compare(const std::string& config, const std::string& extra, const std::str
            << worst_bf16 << ", fp16 " << worst_fp16);
 }
 
+// parallel.grad_reduce_in_fp32: false (bf16 main gradients): 10 bf16 iterations track the CPU's losses within 2%, as
+// the fp32-gradient run does, and leave that run's bits (the gradients are rounded); the log states the gradients'
+// dtype.
+void compare_bf16_grads(const std::string& config, const std::string& extra, const std::string& tag) {
+  const std::string gpu = extra + " --set training.device=cuda --set training.precision=bf16";
+  REQUIRE(run_megatrain(args(config, tag + "-cpu", extra + " --set training.device=cpu"), tag + "-cpu").code == 0);
+  RunResult g32 = run_megatrain(args(config, tag + "-g32", gpu), tag + "-g32");
+  INFO(g32.err.substr(0, 2000));
+  REQUIRE(g32.code == 0);
+  RunResult g16 = run_megatrain(args(config, tag + "-g16", gpu + " --set parallel.grad_reduce_in_fp32=false"),
+                                tag + "-g16");
+  INFO(g16.err.substr(0, 2000));
+  REQUIRE(g16.code == 0);
+  CHECK((g16.out + g16.err).find(", gradients bf16,") != std::string::npos);
+  CHECK((g32.out + g32.err).find(", gradients fp32,") != std::string::npos);
+  auto cpu = read_metrics(temp_dir() / (tag + "-cpu.jsonl"));
+  auto m32 = read_metrics(temp_dir() / (tag + "-g32.jsonl"));
+  auto m16 = read_metrics(temp_dir() / (tag + "-g16.jsonl"));
+  REQUIRE(cpu.size() == 10);
+  REQUIRE(m32.size() == 10);
+  REQUIRE(m16.size() == 10);
+  double worst32 = 0, worst16 = 0;
+  bool differ = false;
+  for (auto& [it, c] : cpu) {
+    INFO(tag << " iteration " << it << ": cpu " << c.loss << ", bf16 with fp32 gradients " << m32[it].loss
+             << ", with bf16 gradients " << m16[it].loss);
+    CHECK(rel(m16[it].loss, c.loss) < 0.02);
+    worst32 = std::max(worst32, rel(m32[it].loss, c.loss));
+    worst16 = std::max(worst16, rel(m16[it].loss, c.loss));
+    differ = differ || m16[it].loss != m32[it].loss;
+  }
+  CHECK(differ);
+  WARN(tag << ": largest relative loss difference to the CPU over 10 iterations: bf16 with fp32 gradients "
+           << worst32 << ", with bf16 gradients " << worst16);
+}
+
 // One training record of an fp16 run's metrics file.
 struct Fp16Record {
   double loss = 0, loss_scale = 0;
@@ -138,6 +174,18 @@ TEST_CASE("MoE on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda]
   // (ModelContext::gradients_free_until_backward), the update beside the next forward reading them first
   compare("configs/ci/moe-tiny-8x-top2.yaml",
           "--set model.moe_ffn_hidden_size=128 --set training.global_batch_size=2", "moe8one");
+}
+
+// Every weight-gradient writer into bf16: cuBLAS with a bf16 C (linears, the router's parts, the experts on cuBLAS),
+// the norms' and the embedding's sums, GELU and SwiGLU backward; micro-batches accumulated in bf16 (the MoE config
+// has two a step; moe8one one, with the kept SwiGLU outputs in bf16 gradients); AdamW reading them.
+TEST_CASE("bf16 main gradients (parallel.grad_reduce_in_fp32: false) track the CPU backend",
+          "[cuda][training][grad_bf16]") {
+  compare_bf16_grads("configs/ci/tiny-llama.yaml", "--set model.num_query_groups=2", "llama-g16");
+  compare_bf16_grads("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2-g16");
+  compare_bf16_grads("configs/ci/moe-tiny-8x-top2.yaml", "--set model.moe_ffn_hidden_size=128", "moe8-g16");
+  compare_bf16_grads("configs/ci/moe-tiny-8x-top2.yaml",
+                     "--set model.moe_ffn_hidden_size=128 --set training.global_batch_size=2", "moe8one-g16");
 }
 
 TEST_CASE("gpt2 features on the llama preset on the GPU match the CPU backend", "[cuda][training][features]") {

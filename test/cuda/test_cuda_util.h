@@ -121,6 +121,15 @@ inline double rel_err(const Tensor& a64, const Tensor& b64) {
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
+// AdamW's weight decay by runs over n elements: runs of 333 (the first 334), every third one without decay.
+inline ops::DecayRuns decay_runs_of(int64_t n) {
+  ops::DecayRuns r;
+  for (int64_t i = 0; i < 300 && i * 333 + (i ? 1 : 0) < n; ++i) {
+    r.starts.push_back(i * 333 + (i ? 1 : 0));
+    r.decay.push_back(i % 3 != 1);
+  }
+  return r;
+}
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   const Tensor x = to_host(a), y = to_host(b);
   return x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;

@@ -269,6 +269,12 @@ TEST_CASE("plan: memory per rank, distributed optimizer divides optimizer state 
   CHECK(b.grad_bytes == a.grad_bytes);
   CHECK(b.optimizer_bytes == (a.params + 3) / 4 * 10);
   CHECK(b.activation[0] == a.activation[0]);
+  cfg.parallel.grad_reduce_in_fp32 = false;  // bf16 main gradients: 2 bytes a parameter, nothing else changes
+  const PlanReport g16 = make_plan(cfg, 4);
+  CHECK(g16.stages[0].grad_bytes == a.params * 2);
+  CHECK(g16.stages[0].optimizer_bytes == b.optimizer_bytes);
+  CHECK(g16.stages[0].total(0) == b.total(0) - b.grad_bytes + a.params * 2);
+  cfg.parallel.grad_reduce_in_fp32 = true;
 
   cfg.training.precision = "fp16";  // a separate fp32 master
   CHECK(make_plan(cfg, 4).stages[0].optimizer_bytes == (a.params + 3) / 4 * 12);
