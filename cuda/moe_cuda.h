@@ -43,8 +43,12 @@ void moe_pad_routing_map_cuda(int32_t* slot_of_row_pad, int32_t* row_of_slot, co
                               int64_t slots, const PadPlan& plan, int64_t tail);
 template <typename T>
 void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, int64_t C);
+// dlogits (N, E, fp32) with router_weight (E, C): dx[n] also gets sum_e dlogits[n, e] router_weight[e] (the router's
+// input gradient), and residual[n] when given, all summed in fp32 and rounded once.
 template <typename T>
-void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
+void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
+                               const float* dlogits = nullptr, const T* router_weight = nullptr, int64_t E = 0,
+                               const T* residual = nullptr);
 template <typename T>
 void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const int32_t* row_of_slot, int64_t N,
                                 int64_t C, int64_t k, const T* residual);

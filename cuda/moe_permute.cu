@@ -201,9 +201,17 @@ __global__ void pad_rows_kernel(int32_t* row_of_slot, int64_t slots, PadPlan pla
   row_of_slot[s] = int32_t(plan.pstart[e] + r - plan.start[e]);
 }
 
+// The router's share of the permute's backward: dlogits (N, E) fp32 times its weight (E, C), summed over e in order.
+template <typename D>
+struct RouterTerm {
+  const float* dlogits = nullptr;
+  const D* weight = nullptr;
+  int64_t E = 0;
+};
+
 template <int V, typename D>
 __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const int32_t* row_of_slot, int64_t C,
-                                 int64_t k, const D* residual) {
+                                 int64_t k, const D* residual, const RouterTerm<D> router) {
   const int64_t n = blockIdx.x;
   for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
     float acc[V] = {};
@@ -215,6 +223,13 @@ __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const 
       load_vec<V>(v, yp + int64_t(r) * C + c);
 #pragma unroll
       for (int i = 0; i < V; ++i) acc[i] += w * to_float(v[i]);
+    }
+    for (int64_t e = 0; e < router.E; ++e) {  // (its E x C weight stays in L1: E is small, kRouterTermMaxE)
+      const float g = router.dlogits[n * router.E + e];
+      D v[V];
+      load_vec<V>(v, router.weight + e * C + c);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += g * to_float(v[i]);
     }
     if (residual) {
       D v[V];
@@ -343,12 +358,14 @@ void moe_zero_unrouted_rows_cuda(T* x, const int32_t* slot_of_row, int64_t M, in
 }
 
 template <typename T>
-void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
+void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
+                               const float* dlogits, const T* router_weight, int64_t E, const T* residual) {
   if (N == 0) return;
   using D = dev_t<T>;
-  by_width<D>(C, {dx, dout}, [&](auto v) {
+  const RouterTerm<D> router{dlogits, dev(router_weight), dlogits ? E : 0};
+  by_width<D>(C, {dx, dout, router_weight, residual}, [&](auto v) {
     unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(
-        dev(dx), dev(dout), static_cast<const float*>(nullptr), row_of_slot, C, k, static_cast<const D*>(nullptr));
+        dev(dx), dev(dout), static_cast<const float*>(nullptr), row_of_slot, C, k, dev(residual), router);
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_backward");
 }
@@ -361,7 +378,7 @@ void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const i
   by_width<D>(C, {y, yp, residual}, [&](auto v) {
     unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(y), dev(yp), weights,
                                                                                          row_of_slot, C, k,
-                                                                                         dev(residual));
+                                                                                         dev(residual), RouterTerm<D>{});
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_forward");
 }
@@ -415,7 +432,8 @@ void moe_local_choices_cuda(int32_t* local, const int32_t* indices, const int32_
 
 #define MT_INSTANTIATE(T)                                                                                        \
   template void moe_permute_forward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
-  template void moe_permute_backward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
+  template void moe_permute_backward_cuda<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, const float*, \
+                                             const T*, int64_t, const T*);                                         \
   template void moe_zero_unrouted_rows_cuda<T>(T*, const int32_t*, int64_t, int64_t);                            \
   template void moe_unpermute_forward_cuda<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t,     \
                                               int64_t, const T*);                                                \

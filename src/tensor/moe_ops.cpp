@@ -433,22 +433,37 @@ void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row) {
   });
 }
 
-void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k) {
+void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k, const Tensor* dlogits,
+                          const Tensor* router_weight, const Tensor* residual) {
   const char* op = "moe_permute_backward";
   check_2d(op, dx, "dx");
   check_2d(op, dout, "dout");
   const int64_t N = dx.size(0), C = dx.size(1);
   check(op, dout, "dout", dx, dx.dtype(), {dout.size(0), C});
   check(op, row_of_slot, "row_of_slot", dx, DType::I32, {N * k});
+  MOE_ASSERT(!dlogits == !router_weight, "dlogits and router_weight come together");
+  const int64_t E = dlogits ? dlogits->size(-1) : 0;
+  if (dlogits) {  // the router dtype: fp32 on CUDA, the activations' on the CPU
+    check(op, *dlogits, "dlogits", dx, on_cuda(dx) ? DType::F32 : dx.dtype(), {N, E});
+    check(op, *router_weight, "router_weight", dx, dx.dtype(), {E, C});
+    MOE_ASSERT(E <= kRouterTermMaxE, "the router term of ", E, " experts (at most ", kRouterTermMaxE, ")");
+  }
+  if (residual) check(op, *residual, "residual", dx, dx.dtype(), {N, C});
   any_float(op, dx, [&](auto z) {
     using T = decltype(z);
 #if defined(MEGATRAIN_HAVE_CUDA)
     if constexpr (kCudaDtype<T>)  // (no fp64 kernels: not even referenced)
       if (on_cuda(dx))
-        return cuda::moe_permute_backward_cuda<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+        return cuda::moe_permute_backward_cuda<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k,
+                                                  dlogits ? dlogits->data<float>() : nullptr,
+                                                  router_weight ? router_weight->data<T>() : nullptr, E,
+                                                  residual ? residual->data<T>() : nullptr);
 #endif
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-      cpu::moe_permute_backward_cpu<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k);
+      cpu::moe_permute_backward_cpu<T>(dx.data<T>(), dout.data<T>(), row_of_slot.data<int32_t>(), N, C, k,
+                                       dlogits ? dlogits->data<T>() : nullptr,
+                                       router_weight ? router_weight->data<T>() : nullptr, E,
+                                       residual ? residual->data<T>() : nullptr);
   });
 }
 

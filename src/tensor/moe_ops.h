@@ -92,8 +92,15 @@ int64_t moe_alloc_rows(int64_t rows);
 Tensor moe_rows_empty(const Shape& s, DType dtype, Device device);
 // x (M, C): rows r with slot_of_row[r] < 0 (padding) = 0, the others untouched; slot_of_row (M) int32.
 void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
-// dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none).
-void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k);
+// dx (N, C) (=): dx[n] = sum_j dout[row_of_slot[n*k+j]] over the kept slots (0 when none); with dlogits (N, E),
+// in the router dtype, and router_weight (E, C), plus the router's input gradient sum_e dlogits[n, e]
+// router_weight[e] (in the same pass: no second read and write of dx); with residual (N, C), plus residual[n]; all
+// summed in fp32 (fp64 on the CPU) and rounded once. The router's term reads its weight once per row: for few experts
+// (E <= kRouterTermMaxE; more are a GEMM's work).
+inline constexpr int64_t kRouterTermMaxE = 16;
+void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k,
+                          const Tensor* dlogits = nullptr, const Tensor* router_weight = nullptr,
+                          const Tensor* residual = nullptr);
 // y (N, C) (=): y[n] = sum_j weights[n, j] * yp[row_of_slot[n*k+j]] over the kept slots (the combine), plus
 // residual[n] (the layer's residual stream, rounded once with the sum) when given.
 // weights (N, k) in the router dtype; yp, y, residual in the activation dtype.

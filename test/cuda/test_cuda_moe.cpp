@@ -73,6 +73,15 @@ void check_permute_ops(const RoutingMaps& m, int64_t N, int64_t C, int64_t k, ui
     Tensor dx = poisoned({N, C}, dt);
     ops::moe_permute_backward(dx, to_device(yp64, dt), m.r2s, k);
     check_close("moe_permute_backward", dx, dx_ref, dt);
+    {  // with the router's input gradient (dlogits fp32 x its weight) and a residual, rounded once with the sum
+      const int64_t E = 8;
+      const Tensor dl64 = rounded(randn64({N, E}, seed + 4), DType::F32), rw64 = rounded(randn64({E, C}, seed + 5), dt);
+      Tensor dxr_ref = Tensor::empty({N, C}, DType::F64), dxr = poisoned({N, C}, dt);
+      ops::moe_permute_backward(dxr_ref, yp64, m.r2s_ref, k, &dl64, &rw64, &x64);
+      const Tensor dl = to_device(dl64, DType::F32), rw = to_device(rw64, dt), res = to_device(x64, dt);
+      ops::moe_permute_backward(dxr, to_device(yp64, dt), m.r2s, k, &dl, &rw, &res);
+      check_close("moe_permute_backward + router term + residual", dxr, dxr_ref, dt);
+    }
     Tensor y_ref = Tensor::empty({N, C}, DType::F64);
     ops::moe_unpermute_forward(y_ref, yp64, w64, m.r2s_ref);
     Tensor y = poisoned({N, C}, dt);

@@ -226,6 +226,19 @@ TEST_CASE("moe permute / unpermute: routing map order, adjointness, gradients", 
   ops::moe_unpermute_forward(yr, yp, w, r2s, &x);
   for (int64_t i = 0; i < N * C; ++i) CHECK(yr.data<double>()[i] == y.data<double>()[i] + x.data<double>()[i]);
   CHECK(dw.data<double>()[5] == 0.0);  // the dropped slot
+  // permute_backward with the router's input gradient (dlogits W) and a residual in its pass: the plain sum, plus
+  // the product linear_backward makes, plus the residual (fp64: to rounding)
+  const int64_t Er = 6;
+  const Tensor dlogits = randn({N, Er}, 6), rw = randn({Er, C}, 7), res = randn({N, C}, 8);
+  Tensor fused = Tensor::empty({N, C}, D), expect = Tensor::empty({N, C}, D);
+  ops::moe_permute_backward(fused, g, r2s, k, &dlogits, &rw, &res);
+  ops::linear_backward(&expect, nullptr, nullptr, dlogits, x, rw);  // expect = dlogits W
+  for (int64_t i = 0; i < N * C; ++i) {
+    const double want = dx.data<double>()[i] + expect.data<double>()[i] + res.data<double>()[i];
+    CHECK(fused.data<double>()[i] == Approx(want).epsilon(1e-13).margin(1e-13));
+  }
+  const Tensor many = randn({N, ops::kRouterTermMaxE + 1}, 9), many_w = randn({ops::kRouterTermMaxE + 1, C}, 10);
+  CHECK_THROWS_AS(ops::moe_permute_backward(fused, g, r2s, k, &many, &many_w), InternalError);  // a GEMM's work
 }
 
 // Token-level dispatch (expert parallelism): the send order from moe_dest_ranks + moe_routing_map and each send

@@ -130,8 +130,17 @@ Tensor MoELayer::local_forward(Saved& s, const Tensor& tokens, const Tensor& cho
   return out;
 }
 
+void MoELayer::permute_backward_into(Tensor& dx, const Tensor& rows, const Tensor& row_of_slot, int64_t k,
+                                     const InputGrads& extra) const {
+  const Tensor* shared = extra.shared.defined() ? &extra.shared : nullptr;
+  if (extra.router)
+    ops::moe_permute_backward(dx, rows, row_of_slot, k, &extra.dlogits, &router_.weight()->value, shared);
+  else
+    ops::moe_permute_backward(dx, rows, row_of_slot, k, nullptr, nullptr, shared);
+}
+
 Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
-                                Tensor& dweights) const {
+                                Tensor& dweights, InputGrads* extra) const {
   const ModelContext& c = *ctx_;
   const int64_t k = opt_.topk;
   // buffers released as soon as read (fewer of them alive at once)
@@ -139,6 +148,7 @@ Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& toke
   Tensor dyp = ops::moe_rows_empty(s.yp.shape(), c.dtype, dout.device());
   ops::moe_unpermute_backward(dyp, dweights, dout, s.yp, weights, s.row_of_slot);
   s.yp = Tensor();
+  if (extra && extra->router) extra->dlogits = router_.logits_grad(s.router, dweights);
   if (s.padded) ops::moe_zero_unrouted_rows(dyp, s.slot_of_row);  // padding rows: no weight-gradient share
   Tensor dh = experts_.backward_fc2(dyp, s.experts);
   dyp = Tensor();
@@ -150,7 +160,7 @@ Tensor MoELayer::local_backward(Saved& s, const Tensor& dout, const Tensor& toke
   Tensor dxl = experts_.backward_fc1(dh, s.experts, xl);
   dh = xl = Tensor();
   Tensor dtokens = ops::moe_rows_empty(dout.shape(), c.dtype, dout.device());  // (the tokens' shape)
-  ops::moe_permute_backward(dtokens, dxl, s.row_of_slot, k);
+  permute_backward_into(dtokens, dxl, s.row_of_slot, k, extra ? *extra : InputGrads{});
   return dtokens;
 }
 
@@ -181,12 +191,13 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
   // the shared expert: without expert parallelism first (before the routed buffers exist), with it while the
   // output gradients' rows are in flight to the experts
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
-  Tensor dx_shared;
-  if (shared_fc1_ && !shared_beside) dx_shared = shared_backward(dy, s, x);
+  InputGrads extra;  // the router's and the shared expert's input gradients, added in the permute's backward
+  extra.router = opt_.num_experts <= ops::kRouterTermMaxE;
+  if (shared_fc1_ && !shared_beside) extra.shared = shared_backward(dy, s, x);
   Tensor dweights = Tensor::empty({N, k}, router_.router_dtype(), x.device());
   Tensor dx;
   if (!dispatcher_.exchanges()) {
-    dx = local_backward(s, dy, x, s.router.weights, dweights);
+    dx = local_backward(s, dy, x, s.router.weights, dweights, &extra);
   } else {
     // dy goes the tokens' way; the experts' input gradients and routing-weight gradients come back and add up
     const int64_t P = dispatcher_.ep_size();
@@ -196,7 +207,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     ops::moe_permute_forward(sent, dy, s.send_slot, P);
     TokenDispatcher::Exchange grads = dispatcher_.start(s.plan, sent, Dir::ToExperts);
     sent = Tensor();
-    if (shared_beside) dx_shared = shared_backward(dy, s, x);
+    if (shared_beside) extra.shared = shared_backward(dy, s, x);
     const Tensor dout = dispatcher_.finish(grads);
     Tensor dw_local = ops::moe_rows_empty({dout.size(0), k}, router_.router_dtype(), x.device());
     Tensor dtokens = local_backward(s, dout, s.tokens, s.local_weights, dw_local);
@@ -205,11 +216,14 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s, const Tensor& x) const {
     const Tensor dx_back = dispatcher_.exchange(s.plan, dtokens, Dir::Back);
     dw_local = dtokens = Tensor();
     ops::moe_permute_backward(dweights, dw_back, s.row_of_send, P);
+    if (extra.router) extra.dlogits = router_.logits_grad(s.router, dweights);
     dx = ctx_->empty(x.shape());
-    ops::moe_permute_backward(dx, dx_back, s.row_of_send, P);
+    permute_backward_into(dx, dx_back, s.row_of_send, P, extra);
   }
-  router_.backward(s.router, dweights, x, dx);
-  if (dx_shared.defined()) ops::add_(dx, dx_shared);
+  if (extra.router)
+    router_.grads_from(extra.dlogits, x, nullptr);  // its input gradient is in dx already
+  else
+    router_.backward(s.router, dweights, x, dx);
   s = Saved{};
   return dx;
 }

@@ -86,9 +86,21 @@ class MoELayer {
                        const std::vector<int64_t>* known_counts, const Tensor* residual,
                        const std::function<void()>& while_counts_read) const;
   // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice). tokens: read only
-  // when s.xp was not kept (may be undefined otherwise).
-  Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights,
-                        Tensor& dweights) const;
+  // when s.xp was not kept (may be undefined otherwise). The tokens' last pass (the permute's backward) also adds
+  // `extra` (layer_input_grads): without expert parallelism, the tokens are the layer's input.
+  struct InputGrads;
+  Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights, Tensor& dweights,
+                        InputGrads* extra = nullptr) const;
+  // The layer input's gradient terms the permute's backward adds in its pass (ops::moe_permute_backward): the
+  // router's (dlogits W, for few experts: ops::kRouterTermMaxE) and the shared expert's dx (when defined). dlogits
+  // is taken (Router::logits_grad) as soon as dweights are complete.
+  struct InputGrads {
+    bool router = false;
+    Tensor dlogits, shared;
+  };
+  // The permute's backward of the layer input's gradient: dx (=) from the rows and `extra`'s terms.
+  void permute_backward_into(Tensor& dx, const Tensor& rows, const Tensor& row_of_slot, int64_t k,
+                             const InputGrads& extra) const;
   // The shared expert's fc1 and activation (into s.shared_h, s.shared_a), and its whole backward (dL/dx).
   void shared_forward_fc1(Saved& s, const Tensor& x) const;
   Tensor shared_backward(const Tensor& dy, const Saved& s, const Tensor& x) const;

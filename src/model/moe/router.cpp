@@ -91,8 +91,12 @@ int64_t Router::aux_groups(int64_t N) const {
 }
 
 void Router::backward(Saved& s, const Tensor& dweights, const Tensor& x, Tensor& dx) const {
-  const int64_t N = x.size(0), E = opt_.num_experts;
-  Tensor dlogits = Tensor::empty({N, E}, rdt_, x.device());
+  grads_from(logits_grad(s, dweights), x, &dx);
+}
+
+Tensor Router::logits_grad(Saved& s, const Tensor& dweights) const {
+  const int64_t N = dweights.size(0), E = opt_.num_experts;
+  Tensor dlogits = Tensor::empty({N, E}, rdt_, dweights.device());
   // through the weights of the choice before the drop (a dropped slot's weight gradient is 0, but the weights
   // were normalized together with it)
   ops::moe_router_backward(dlogits, dweights, s.scores, s.choice, spec_);
@@ -102,22 +106,27 @@ void Router::backward(Saved& s, const Tensor& dweights, const Tensor& x, Tensor&
   // the micro-batch's z-loss is the mean of the split ranks' means
   if (s.z_loss.defined())
     ops::moe_z_loss_backward(dlogits, s.logits, opt_.z_loss_coeff, loss_grad_scale_ / split_ranks_);
-  const ops::GradMode wmode = grad_write_mode(*weight_);
   s = Saved{};
+  return dlogits;
+}
+
+void Router::grads_from(const Tensor& dlogits, const Tensor& x, Tensor* dx) const {
+  const ops::GradMode wmode = grad_write_mode(*weight_);
   if (x.dtype() == weight_->value.dtype()) {  // as the forward: from the activations as they are
-    ops::linear_backward_wide(&dx, &weight_->grad, dlogits, x, weight_->value, wmode, ops::GradMode::Accumulate);
+    ops::linear_backward_wide(dx, &weight_->grad, dlogits, x, weight_->value, wmode, ops::GradMode::Accumulate);
     return;
   }
   const Tensor xr = to_router(x), wr = to_router(weight_->value);
   if (xr.dtype() == x.dtype()) {
-    ops::linear_backward(&dx, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Accumulate, wmode);
+    ops::linear_backward(dx, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Accumulate, wmode);
     return;
   }
-  Tensor dxr = Tensor::empty(xr.shape(), rdt_, x.device());
-  ops::linear_backward(&dxr, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, wmode);
+  Tensor dxr = dx ? Tensor::empty(xr.shape(), rdt_, x.device()) : Tensor();
+  ops::linear_backward(dx ? &dxr : nullptr, &weight_->grad, nullptr, dlogits, xr, wr, ops::GradMode::Overwrite, wmode);
+  if (!dx) return;
   Tensor d = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::cast(d, dxr);
-  ops::add_(dx, d);
+  ops::add_(*dx, d);
 }
 
 void Router::update_expert_bias(const std::vector<int64_t>& load) {

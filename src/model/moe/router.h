@@ -42,6 +42,11 @@ class Router {
   // (in the GEMM's epilogue on the GPU); the router weight's gradient accumulates; the enabled losses' gradients
   // are added. Consumes s.
   void backward(Saved& s, const Tensor& dweights, const Tensor& x, Tensor& dx) const;
+  // The same in two parts, for a caller that adds dL/dx = dlogits W itself (ops::moe_permute_backward's router term,
+  // in the pass that writes dx anyway): dL/dlogits (N, E, router dtype) from dweights and the enabled losses'
+  // gradients (consumes s); then the router weight's gradient from it and x, and dx += dlogits W when dx is given.
+  Tensor logits_grad(Saved& s, const Tensor& dweights) const;
+  void grads_from(const Tensor& dlogits, const Tensor& x, Tensor* dx) const;
 
   DType router_dtype() const { return rdt_; }
   const ops::RouterSpec& spec() const { return spec_; }

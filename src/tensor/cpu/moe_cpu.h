@@ -40,8 +40,11 @@ template <typename T>
 void moe_zero_unrouted_rows_cpu(T* x, const int32_t* slot_of_row, int64_t M, int64_t C);
 template <typename T>
 void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int64_t M, int64_t C, int64_t k);
+// dlogits (N, E) with router_weight (E, C), and residual (N, C), optional: added to the sum before the one rounding.
 template <typename T>
-void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k);
+void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
+                              const T* dlogits = nullptr, const T* router_weight = nullptr, int64_t E = 0,
+                              const T* residual = nullptr);
 // weights null: every routed row's weight is 1 (moe_permute_backward_cpu)
 template <typename T>
 void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,

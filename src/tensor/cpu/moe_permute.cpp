@@ -116,8 +116,24 @@ void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_
 }
 
 template <typename T>
-void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k) {
-  moe_unpermute_forward_cpu<T>(dx, dout, nullptr, row_of_slot, N, C, k, nullptr);  // the plain sum of a token's rows
+void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
+                              const T* dlogits, const T* router_weight, int64_t E, const T* residual) {
+  std::vector<double> acc(static_cast<size_t>(C));
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < k; ++j) {  // the plain sum of a token's rows
+      const int32_t r = row_of_slot[n * k + j];
+      if (r < 0) continue;
+      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(dout[r * C + c]);
+    }
+    for (int64_t e = 0; dlogits && e < E; ++e) {
+      const double g = static_cast<double>(dlogits[n * E + e]);
+      for (int64_t c = 0; c < C; ++c) acc[c] += g * static_cast<double>(router_weight[e * C + c]);
+    }
+    if (residual)
+      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(residual[n * C + c]);
+    for (int64_t c = 0; c < C; ++c) dx[n * C + c] = static_cast<T>(acc[c]);
+  }
 }
 
 template <typename T>
@@ -145,7 +161,8 @@ void moe_unpermute_backward_cpu(T* dyp, T* dweights, const T* dy, const T* yp, c
   template void moe_apply_capacity_cpu<T>(int32_t*, const T*, int64_t, int64_t, int64_t);                      \
   template void moe_permute_forward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);           \
   template void moe_zero_unrouted_rows_cpu<T>(T*, const int32_t*, int64_t, int64_t);                             \
-  template void moe_permute_backward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);          \
+  template void moe_permute_backward_cpu<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, const T*,   \
+                                            const T*, int64_t, const T*);                                         \
   template void moe_unpermute_forward_cpu<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t,     \
                                              const T*);                                                           \
   template void moe_unpermute_backward_cpu<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t,    \
