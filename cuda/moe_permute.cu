@@ -376,9 +376,8 @@ void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const i
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {y, yp, residual}, [&](auto v) {
-    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(dev(y), dev(yp), weights,
-                                                                                         row_of_slot, C, k,
-                                                                                         dev(residual), RouterTerm<D>{});
+    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(
+        dev(y), dev(yp), weights, row_of_slot, C, k, dev(residual), RouterTerm<D>{});
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_forward");
 }

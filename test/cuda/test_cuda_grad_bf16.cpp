@@ -1,8 +1,9 @@
-// bf16 main gradients (parallel.grad_reduce_in_fp32: false) on the GPU: AdamW reading bf16 gradients is the fp32-gradient update of the same values, bit for bit (fp32 master
-// weights with and without their compute copy, master halves, decay runs, unaligned starts); the experts' weight
-// gradients in bf16 are the fp32 ones rounded, bit for bit on our Hopper kernel (its sums of squares those of the
-// rounded values) and to bf16's precision on cuBLAS (any row counts, accumulation); the dense weight-gradient writers
-// (cuBLAS, the norms, the embedding, the router's parts) against their fp32 results (below).
+// bf16 main gradients (parallel.grad_reduce_in_fp32: false) on the GPU: AdamW reading bf16 gradients is the
+// fp32-gradient update of the same values, bit for bit (fp32 master weights with and without their compute copy,
+// master halves, decay runs, unaligned starts); the experts' weight gradients in bf16 are the fp32 ones rounded, bit
+// for bit on our Hopper kernel (its sums of squares those of the rounded values) and to bf16's precision on cuBLAS
+// (any row counts, accumulation); the dense weight-gradient writers (cuBLAS, the norms, the embedding, the router's
+// parts) against their fp32 results (below).
 #include "catch.h"
 
 #if defined(MEGATRAIN_HAVE_CUDA)
@@ -95,7 +96,8 @@ TEST_CASE("cuda moe expert weight gradients into bf16 main grads", "[cuda][moe][
     const Tensor x64 = rounded(randn64({M, c.IC}, 91), DType::BF16),
                  w64 = rounded(randn64({El, c.OC, c.IC}, 92, 0.05), DType::BF16),
                  dout64 = rounded(randn64({M, c.OC}, 93), DType::BF16);
-    const Tensor x = to_device(x64, DType::BF16), w = to_device(w64, DType::BF16), dout = to_device(dout64, DType::BF16);
+    const Tensor x = to_device(x64, DType::BF16), w = to_device(w64, DType::BF16);
+    const Tensor dout = to_device(dout64, DType::BF16);
     Tensor dw_ref = Tensor::empty({El, c.OC, c.IC}, DType::F64);
     ops::moe_grouped_linear_backward(nullptr, &dw_ref, dout64, x64, w64, c.counts, ops::GradMode::Overwrite);
     Tensor dw32 = poisoned({El, c.OC, c.IC}, DType::F32), dw16 = poisoned({El, c.OC, c.IC}, DType::BF16);

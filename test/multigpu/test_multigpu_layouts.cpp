@@ -58,6 +58,14 @@ const Model kLong{"long",
                   " --set model.seq_length=1024 --set model.hidden_size=512 --set model.num_attention_heads=8"
                   " --set model.num_query_groups=4 --set model.ffn_hidden_size=1024"};
 const Model kFp8{"fp8", " --set training.fp8=tensorwise"};
+// bf16 gradients (parallel.grad_reduce_in_fp32: false): the data-parallel reduce-scatter and the expert gradients'
+// reduction in bf16 over NCCL; dense and with experts.
+const Model kBf16Grads{"bf16grads", " --set parallel.grad_reduce_in_fp32=false"};
+const Model kMoEBf16Grads{"moe-bf16grads", kMoE.overrides + kBf16Grads.overrides};
+// The models that run in bf16 only.
+bool bf16_only(const Model& m) {
+  return m.name == kFp8.name || m.name == kBf16Grads.name || m.name == kMoEBf16Grads.name;
+}
 
 std::string args(const std::string& name, const std::string& precision, const Model& model, const std::string& extra) {
   return "train --config " + source_path(kConfig) + kModel + model.overrides +
@@ -83,10 +91,10 @@ const std::map<int64_t, StepMetrics>& single_gpu(const Model& model, const std::
   return cache.emplace(name, std::move(m)).first->second;
 }
 
-// FP8 runs in bf16 only (its GEMMs take bf16 operands); every other model in fp32 and bf16.
+// FP8 and bf16 gradients run in bf16 only (FP8's GEMMs take bf16 operands); every other model in fp32 and bf16.
 void check_layout(const std::string& layout, int np, const std::string& layout_args, const Model& model = kDense) {
   const std::vector<std::string> precisions =
-      model.name == kFp8.name ? std::vector<std::string>{"bf16"} : std::vector<std::string>{"fp32", "bf16"};
+      bf16_only(model) ? std::vector<std::string>{"bf16"} : std::vector<std::string>{"fp32", "bf16"};
   for (const std::string& precision : precisions) {
     const double tol = precision == "fp32" ? kTolF32 : kTolBF16;
     const auto& single = single_gpu(model, precision);
@@ -133,6 +141,11 @@ TEST_CASE("data 2 with the distributed optimizer matches 1 GPU", "[multigpu][par
   check_layout("dp2-distopt", 2, "--set parallel.distributed_optimizer=true --set parallel.grad_bucket_size=1000000");
 }
 
+TEST_CASE("data 2 with the distributed optimizer and bf16 gradients matches 1 GPU", "[multigpu][parity][dp]") {
+  check_layout("dp2-distopt", 2, "--set parallel.distributed_optimizer=true --set parallel.grad_bucket_size=1000000",
+               kBf16Grads);
+}
+
 TEST_CASE("tensor 2 x pipeline 2 matches 1 GPU", "[multigpu][parity][tp][pp][4gpu]") {
   check_layout("tp2-pp2", 4, "--set parallel.tensor=2 --set parallel.pipeline=2");
 }
@@ -152,6 +165,11 @@ TEST_CASE("tensor 2 (sequence parallel) x pipeline 2 x virtual 2 x data 2 (distr
 
 // Expert parallelism over NCCL (all-to-all-v dispatch; expert gradients over expert-data): the MoE model.
 TEST_CASE("expert 2 matches 1 GPU", "[multigpu][parity][ep]") { check_layout("ep2", 2, "--set parallel.expert=2", kMoE); }
+
+// (the dense parameters' gradients all-reduced over data 2 in bf16)
+TEST_CASE("expert 2 with bf16 gradients matches 1 GPU", "[multigpu][parity][ep]") {
+  check_layout("ep2", 2, "--set parallel.expert=2", kMoEBf16Grads);
+}
 
 TEST_CASE("expert 2 with a shared expert beside the token exchange matches 1 GPU", "[multigpu][parity][ep]") {
   check_layout("ep2", 2, "--set parallel.expert=2", kMoEShared);
