@@ -7,7 +7,8 @@
 // H query heads, G key/value heads (query groups), D head dim, V vocab (Vl: this rank's vocab slice).
 // Gradient convention (every backward): parameter gradients accumulate (+=), except a linear's weight gradient
 // given GradMode::Overwrite (the first write of a step: ParamStore::zero_grads); activation gradients overwrite
-// (=) unless the op takes a GradMode and is given Accumulate (the residual stream).
+// (=) unless the op takes a GradMode and is given Accumulate (the residual stream). Parameter gradients have the op's
+// dtype on the CPU; on CUDA they are fp32 main grads, or bf16 ones for 16-bit activations (the fp32 sum rounded).
 // Statistics saved for backward (mean, rstd, lse, CE partials) are fp32, or fp64 for fp64 inputs.
 #pragma once
 
