@@ -205,8 +205,8 @@ std::vector<ConfigField> build_schema() {
           .doc("elements per data-parallel communication bucket (gradient reduce, parameter all-gather): larger buckets mean fewer, more efficient collectives but a longer tail after the last layer's backward")
           .megatron({"ddp_bucket_size"}),
       MT_CONFIG_KEY(parallel, grad_reduce_in_fp32)
-          .doc("bf16 training: parameter gradients in fp32 (true) or in bf16 (false: 2 bytes a parameter less, half the "
-               "gradient traffic and data-parallel bytes; each weight gradient summed in fp32 and rounded to bf16; "
+          .doc("bf16 training: parameter gradients in fp32 (true) or in bf16 (false: 2 bytes a parameter less, half "
+               "the gradient traffic and data-parallel bytes; each weight gradient summed in fp32 and rounded to bf16; "
                "the micro-batches' gradients and the data-parallel sums added in bf16; the optimizer computes in "
                "fp32)"),
       MT_CONFIG_KEY(parallel, decoder_first_pipeline_num_layers).min(0)

@@ -239,7 +239,9 @@ TEST_CASE("MoE: kept SwiGLU outputs larger than a layer's gradients run through 
   SECTION("kept in full") { check_kept_swiglu_steps(c, {}, heads); }
   // groups of two recomputed in backward: the recomputed forwards find the arena past their own gradients (the last
   // group's first layer starts it again, with no earlier layer to keep a in) and recompute a in the SwiGLU backward
-  SECTION("full recompute") { check_kept_swiglu_steps(c, RecomputePolicy{RecomputePolicy::Mode::Full, false, 2}, heads); }
+  SECTION("full recompute") {
+    check_kept_swiglu_steps(c, RecomputePolicy{RecomputePolicy::Mode::Full, false, 2}, heads);
+  }
 }
 
 TEST_CASE("full recompute keeps only the group inputs", "[model][recompute]") {

@@ -87,7 +87,7 @@ class MoELayer {
                        const std::function<void()>& while_counts_read) const;
   // Its backward: dout (T, C) -> dL/dtokens (T, C), dweights (T, k) (=) (0 where no local choice). tokens: read only
   // when s.xp was not kept (may be undefined otherwise). The tokens' last pass (the permute's backward) also adds
-  // `extra` (layer_input_grads): without expert parallelism, the tokens are the layer's input.
+  // `extra`'s terms (InputGrads): without expert parallelism, the tokens are the layer's input.
   struct InputGrads;
   Tensor local_backward(Saved& s, const Tensor& dout, const Tensor& tokens, const Tensor& weights, Tensor& dweights,
                         InputGrads* extra = nullptr) const;
