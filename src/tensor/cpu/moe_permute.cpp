@@ -97,9 +97,13 @@ void moe_permute_forward_cpu(T* out, const T* x, const int32_t* slot_of_row, int
   }
 }
 
+namespace {
+// y[n] = sum_j w[n, j] yp[row_of_slot[n k + j]] (w = 1 without weights) + sum_e dlogits[n, e] router_weight[e] (when
+// given) + residual[n] (when given), summed in fp64 in that order and rounded once: the combine (unpermute forward)
+// and the permute's backward.
 template <typename T>
-void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
-                               int64_t k, const T* residual) {
+void combine_rows(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
+                  const T* dlogits, const T* router_weight, int64_t E, const T* residual) {
   std::vector<double> acc(static_cast<size_t>(C));
   for (int64_t n = 0; n < N; ++n) {
     std::fill(acc.begin(), acc.end(), 0.0);
@@ -109,31 +113,28 @@ void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_
       const double w = weights ? static_cast<double>(weights[n * k + j]) : 1.0;
       for (int64_t c = 0; c < C; ++c) acc[c] += w * static_cast<double>(yp[r * C + c]);
     }
-    if (residual)
-      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(residual[n * C + c]);
-    for (int64_t c = 0; c < C; ++c) y[n * C + c] = static_cast<T>(acc[c]);
-  }
-}
-
-template <typename T>
-void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
-                              const T* dlogits, const T* router_weight, int64_t E, const T* residual) {
-  std::vector<double> acc(static_cast<size_t>(C));
-  for (int64_t n = 0; n < N; ++n) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j < k; ++j) {  // the plain sum of a token's rows
-      const int32_t r = row_of_slot[n * k + j];
-      if (r < 0) continue;
-      for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(dout[r * C + c]);
-    }
     for (int64_t e = 0; dlogits && e < E; ++e) {
       const double g = static_cast<double>(dlogits[n * E + e]);
       for (int64_t c = 0; c < C; ++c) acc[c] += g * static_cast<double>(router_weight[e * C + c]);
     }
     if (residual)
       for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(residual[n * C + c]);
-    for (int64_t c = 0; c < C; ++c) dx[n * C + c] = static_cast<T>(acc[c]);
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = static_cast<T>(acc[c]);
   }
+}
+}  // namespace
+
+template <typename T>
+void moe_unpermute_forward_cpu(T* y, const T* yp, const T* weights, const int32_t* row_of_slot, int64_t N, int64_t C,
+                               int64_t k, const T* residual) {
+  combine_rows<T>(y, yp, weights, row_of_slot, N, C, k, nullptr, nullptr, 0, residual);
+}
+
+template <typename T>
+void moe_permute_backward_cpu(T* dx, const T* dout, const int32_t* row_of_slot, int64_t N, int64_t C, int64_t k,
+                              const T* dlogits, const T* router_weight, int64_t E, const T* residual) {
+  // the plain sum of a token's rows (and the router's and residual terms)
+  combine_rows<T>(dx, dout, nullptr, row_of_slot, N, C, k, dlogits, router_weight, E, residual);
 }
 
 template <typename T>
