@@ -1,7 +1,7 @@
 // The whole model on the GPU against the CPU backend, through the megatrain binary: 10 iterations
 // of a small Llama-style and GPT-2-style config (head dim 64) give the CPU's losses to 1e-4
 // relative in fp32, and track them within 2% in bf16 and in fp16 (fp32 master weights and
-// gradients; fp16 with dynamic loss scaling). An fp16 run started at a loss scale far too large
+// gradients; fp16 with dynamic loss scaling), and in bf16 with bf16 gradients. An fp16 run started at a loss scale far too large
 // overflows, skips those updates, halves the scale until it fits, then trains; stopped and resumed
 // in the middle of that, it continues with the same scale and the same skips. training.deterministic: false
 // changes the bits, not the track; keeping the norm / SwiGLU outputs changes nothing; training.attention_backend
@@ -33,76 +33,58 @@ std::string args(const std::string& config, const std::string& name, const std::
 
 double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
-void compare(const std::string& config, const std::string& extra, const std::string& tag) {
-  REQUIRE(run_megatrain(args(config, tag + "-cpu", extra + " --set training.device=cpu"), tag + "-cpu").code == 0);
-  RunResult f32 = run_megatrain(args(config, tag + "-f32", extra + " --set training.device=cuda"), tag + "-f32");
-  INFO(f32.err.substr(0, 2000));
-  REQUIRE(f32.code == 0);
-  RunResult b16 = run_megatrain(
-      args(config, tag + "-bf16", extra + " --set training.device=cuda --set training.precision=bf16"), tag + "-bf16");
-  INFO(b16.err.substr(0, 2000));
-  REQUIRE(b16.code == 0);
-  RunResult h16 = run_megatrain(
-      args(config, tag + "-fp16", extra + " --set training.device=cuda --set training.precision=fp16"), tag + "-fp16");
-  INFO(h16.err.substr(0, 2000));
-  REQUIRE(h16.code == 0);
-  auto cpu = read_metrics(temp_dir() / (tag + "-cpu.jsonl"));
-  auto gf = read_metrics(temp_dir() / (tag + "-f32.jsonl"));
-  auto gb = read_metrics(temp_dir() / (tag + "-bf16.jsonl"));
-  auto gh = read_metrics(temp_dir() / (tag + "-fp16.jsonl"));
-  REQUIRE(cpu.size() == 10);
-  REQUIRE(gf.size() == 10);
-  REQUIRE(gb.size() == 10);
-  REQUIRE(gh.size() == 10);
-  double worst_f32 = 0, worst_bf16 = 0, worst_fp16 = 0;
+// One 10-iteration run of config (args) named `name`: its metrics, the run asserted to succeed; *log (if given) gets
+// its output.
+std::map<int64_t, StepMetrics> run_ten(const std::string& config, const std::string& name, const std::string& extra,
+                                       std::string* log = nullptr) {
+  RunResult r = run_megatrain(args(config, name, extra), name);
+  INFO(name << ": " << r.err.substr(0, 2000));
+  REQUIRE(r.code == 0);
+  if (log) *log = r.out + r.err;
+  auto m = read_metrics(temp_dir() / (name + ".jsonl"));
+  REQUIRE(m.size() == 10);
+  return m;
+}
+
+// The CPU run against fp32, bf16 and fp16 on the GPU. With bf16_grads, also bf16 with
+// parallel.grad_reduce_in_fp32: false (bf16 main gradients): within 2% of the CPU as the others, not the bits of the
+// fp32-gradient bf16 run (the gradients are rounded), and each log names its gradients' dtype.
+void compare(const std::string& config, const std::string& extra, const std::string& tag, bool bf16_grads = false) {
+  const std::string gpu = extra + " --set training.device=cuda";
+  auto cpu = run_ten(config, tag + "-cpu", extra + " --set training.device=cpu");
+  auto gf = run_ten(config, tag + "-f32", gpu);
+  std::string log_b, log_g;
+  auto gb = run_ten(config, tag + "-bf16", gpu + " --set training.precision=bf16", &log_b);
+  auto gh = run_ten(config, tag + "-fp16", gpu + " --set training.precision=fp16");
+  std::map<int64_t, StepMetrics> gg;  // bf16 gradients
+  if (bf16_grads) {
+    gg = run_ten(config, tag + "-g16", gpu + " --set training.precision=bf16 --set parallel.grad_reduce_in_fp32=false",
+                 &log_g);
+    CHECK(log_g.find(", gradients bf16,") != std::string::npos);
+    CHECK(log_b.find(", gradients fp32,") != std::string::npos);
+  }
+  double worst_f32 = 0, worst_bf16 = 0, worst_fp16 = 0, worst_g16 = 0;
+  bool differ = false;
   for (auto& [it, c] : cpu) {
     INFO(tag << " iteration " << it << ": cpu " << c.loss << ", gpu fp32 " << gf[it].loss << ", gpu bf16 "
-             << gb[it].loss << ", gpu fp16 " << gh[it].loss);
+             << gb[it].loss << ", gpu fp16 " << gh[it].loss << (bf16_grads ? ", gpu bf16 with bf16 gradients " : "")
+             << (bf16_grads ? std::to_string(gg[it].loss) : ""));
     CHECK(rel(gf[it].loss, c.loss) < 1e-4);
     CHECK(rel(gb[it].loss, c.loss) < 0.02);
     CHECK(rel(gh[it].loss, c.loss) < 0.02);
     worst_f32 = std::max(worst_f32, rel(gf[it].loss, c.loss));
     worst_bf16 = std::max(worst_bf16, rel(gb[it].loss, c.loss));
     worst_fp16 = std::max(worst_fp16, rel(gh[it].loss, c.loss));
+    if (bf16_grads) {
+      CHECK(rel(gg[it].loss, c.loss) < 0.02);
+      worst_g16 = std::max(worst_g16, rel(gg[it].loss, c.loss));
+      differ = differ || gg[it].loss != gb[it].loss;
+    }
   }
+  if (bf16_grads) CHECK(differ);
   WARN(tag << ": largest relative loss difference to the CPU over 10 iterations: fp32 " << worst_f32 << ", bf16 "
-           << worst_bf16 << ", fp16 " << worst_fp16);
-}
-
-// parallel.grad_reduce_in_fp32: false (bf16 main gradients): 10 bf16 iterations track the CPU's losses within 2%, as
-// the fp32-gradient run does, and leave that run's bits (the gradients are rounded); the log states the gradients'
-// dtype.
-void compare_bf16_grads(const std::string& config, const std::string& extra, const std::string& tag) {
-  const std::string gpu = extra + " --set training.device=cuda --set training.precision=bf16";
-  REQUIRE(run_megatrain(args(config, tag + "-cpu", extra + " --set training.device=cpu"), tag + "-cpu").code == 0);
-  RunResult g32 = run_megatrain(args(config, tag + "-g32", gpu), tag + "-g32");
-  INFO(g32.err.substr(0, 2000));
-  REQUIRE(g32.code == 0);
-  RunResult g16 = run_megatrain(args(config, tag + "-g16", gpu + " --set parallel.grad_reduce_in_fp32=false"),
-                                tag + "-g16");
-  INFO(g16.err.substr(0, 2000));
-  REQUIRE(g16.code == 0);
-  CHECK((g16.out + g16.err).find(", gradients bf16,") != std::string::npos);
-  CHECK((g32.out + g32.err).find(", gradients fp32,") != std::string::npos);
-  auto cpu = read_metrics(temp_dir() / (tag + "-cpu.jsonl"));
-  auto m32 = read_metrics(temp_dir() / (tag + "-g32.jsonl"));
-  auto m16 = read_metrics(temp_dir() / (tag + "-g16.jsonl"));
-  REQUIRE(cpu.size() == 10);
-  REQUIRE(m32.size() == 10);
-  REQUIRE(m16.size() == 10);
-  double worst32 = 0, worst16 = 0;
-  bool differ = false;
-  for (auto& [it, c] : cpu) {
-    INFO(tag << " iteration " << it << ": cpu " << c.loss << ", bf16 with fp32 gradients " << m32[it].loss
-             << ", with bf16 gradients " << m16[it].loss);
-    CHECK(rel(m16[it].loss, c.loss) < 0.02);
-    worst32 = std::max(worst32, rel(m32[it].loss, c.loss));
-    worst16 = std::max(worst16, rel(m16[it].loss, c.loss));
-    differ = differ || m16[it].loss != m32[it].loss;
-  }
-  CHECK(differ);
-  WARN(tag << ": largest relative loss difference to the CPU over 10 iterations: bf16 with fp32 gradients "
-           << worst32 << ", with bf16 gradients " << worst16);
+           << worst_bf16 << ", fp16 " << worst_fp16
+           << (bf16_grads ? ", bf16 with bf16 gradients " + std::to_string(worst_g16) : ""));
 }
 
 // One training record of an fp16 run's metrics file.
@@ -145,12 +127,15 @@ std::string overflow_args(const std::string& name, const std::string& extra) {
 
 }  // namespace
 
-TEST_CASE("llama on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training]") {
-  compare("configs/ci/tiny-llama.yaml", "--set model.num_query_groups=2", "llama");
+// llama and gpt2 also with bf16 main gradients (parallel.grad_reduce_in_fp32: false): every dense weight-gradient
+// writer into bf16 (cuBLAS with a bf16 C, the norms' and the embedding's sums, GELU and SwiGLU backward; two
+// micro-batches a step accumulated in bf16) and AdamW reading them.
+TEST_CASE("llama on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][grad_bf16]") {
+  compare("configs/ci/tiny-llama.yaml", "--set model.num_query_groups=2", "llama", true);
 }
 
-TEST_CASE("gpt2 on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training]") {
-  compare("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2");
+TEST_CASE("gpt2 on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][grad_bf16]") {
+  compare("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2", true);
 }
 
 // Model features on the GPU (the split attention path with per-head q/k RMSNorm, a head dim of 64 beside a hidden size
@@ -166,26 +151,16 @@ TEST_CASE("qwen3-like features on the GPU match the CPU backend (fp32 1e-4, bf16
 }
 
 // Mixture of experts (issue #16): routing in fp32, dispatch, grouped expert GEMMs, the balancing losses; an 8-expert
-// top-2 model with aux and z losses, and a shared expert with sigmoid routing and expert bias.
-TEST_CASE("MoE on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][moe]") {
-  compare("configs/ci/moe-tiny-8x-top2.yaml", "--set model.moe_ffn_hidden_size=128", "moe8");
+// top-2 model with aux and z losses, and a shared expert with sigmoid routing and expert bias. The 8-expert one also
+// with bf16 main gradients (the router's parts, the experts' weight gradients, micro-batches accumulated in bf16).
+TEST_CASE("MoE on the GPU matches the CPU backend (fp32 1e-4, bf16 2%)", "[cuda][training][moe][grad_bf16]") {
+  compare("configs/ci/moe-tiny-8x-top2.yaml", "--set model.moe_ffn_hidden_size=128", "moe8", true);
   compare("configs/ci/moe-tiny-shared-sigmoid.yaml", "--set model.moe_ffn_hidden_size=128", "moeshared");
-  // one micro-batch a step: each MoE layer after the first keeps its SwiGLU output in the previous one's gradients
-  // (ModelContext::gradients_free_until_backward), the update beside the next forward reading them first
+  // one micro-batch a step: each MoE layer after the first keeps its SwiGLU output in the earlier ones' gradients
+  // (ModelContext::gradients_free_until_backward), the update beside the next forward reading them first; with bf16
+  // gradients those outputs fit in fewer layers
   compare("configs/ci/moe-tiny-8x-top2.yaml",
-          "--set model.moe_ffn_hidden_size=128 --set training.global_batch_size=2", "moe8one");
-}
-
-// Every weight-gradient writer into bf16: cuBLAS with a bf16 C (linears, the router's parts, the experts on cuBLAS),
-// the norms' and the embedding's sums, GELU and SwiGLU backward; micro-batches accumulated in bf16 (the MoE config
-// has two a step; moe8one one, with the kept SwiGLU outputs in bf16 gradients); AdamW reading them.
-TEST_CASE("bf16 main gradients (parallel.grad_reduce_in_fp32: false) track the CPU backend",
-          "[cuda][training][grad_bf16]") {
-  compare_bf16_grads("configs/ci/tiny-llama.yaml", "--set model.num_query_groups=2", "llama-g16");
-  compare_bf16_grads("configs/ci/tiny-gpt2.yaml", "--set model.num_query_groups=4", "gpt2-g16");
-  compare_bf16_grads("configs/ci/moe-tiny-8x-top2.yaml", "--set model.moe_ffn_hidden_size=128", "moe8-g16");
-  compare_bf16_grads("configs/ci/moe-tiny-8x-top2.yaml",
-                     "--set model.moe_ffn_hidden_size=128 --set training.global_batch_size=2", "moe8one-g16");
+          "--set model.moe_ffn_hidden_size=128 --set training.global_batch_size=2", "moe8one", true);
 }
 
 TEST_CASE("gpt2 features on the llama preset on the GPU match the CPU backend", "[cuda][training][features]") {
