@@ -188,6 +188,10 @@ void dropout_forward_cuda(T* out, const T* inp, int64_t n, double p, uint64_t se
 template <typename T>
 void dropout_backward_cuda(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t offset);
 
+// ---------------------------------------------------------------- fill_normal.cu
+template <typename T>
+void fill_normal_cuda(T* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset);
+
 // ---------------------------------------------------------------- attention_cudnn.cu (benchmarks only)
 // Every engine configuration cuDNN offers for bf16 attention of shape s (separate q, k, v): heuristics modes A and B,
 // and every value of each knob of their engines; each that finalizes runs `iters` times on the operands given, and

@@ -2,8 +2,8 @@
 //   keep[i] = uniform01(seed, kDropoutStream, offset + i) >= p     (SplitMix64 hash, 53-bit uniform)
 //   forward:  out[i] = keep[i] ? inp[i] / (1 - p) : 0;   backward: the same map on dout (same mask).
 // The stream key mix64(mix64(seed) + kDropoutStream) is computed once on the host; each element then
-// hashes key + (offset + i + 1) * kGolden, exactly rng::bits64. The scale multiply is done in fp64 as
-// on the CPU, so fp32 outputs are bit-identical too. Any shape, n elements; 16-byte accesses.
+// hashes key + (offset + i + 1) * kGolden (rng::bits64_keyed), exactly rng::bits64. The scale multiply is done
+// in fp64 as on the CPU, so fp32 outputs are bit-identical too. Any shape, n elements; 16-byte accesses.
 #include "cuda/cuda_ops.h"
 #include "cuda/kernel_utils.cuh"
 #include "core/counter_rng.h"
@@ -19,7 +19,7 @@ struct DropoutOp {
   uint64_t key, offset;
   double p, keep_scale;
   __device__ D operator()(int64_t i, D x, None) const {
-    const uint64_t bits = rng::mix64(key + (offset + static_cast<uint64_t>(i) + 1) * rng::kGolden);
+    const uint64_t bits = rng::bits64_keyed(key, offset + static_cast<uint64_t>(i));
     const bool keep = rng::bits_to_unit(bits) >= p;
     return keep ? from_float<D>(static_cast<float>(static_cast<double>(to_float(x)) * keep_scale)) : from_float<D>(0.f);
   }

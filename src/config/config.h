@@ -57,6 +57,7 @@ struct ModelConfig {
   bool moe_router_enable_expert_bias = false;        // DeepSeek-V3 auxiliary-loss-free balancing
   double moe_router_bias_update_rate = 1e-3;
   double moe_expert_capacity_factor = 0.0;           // 0 = dropless
+  bool moe_router_force_load_balancing = false;      // benchmark only: standard-normal random router logits
 };
 
 // Elements per data-parallel gradient / parameter bucket unless parallel.grad_bucket_size says otherwise

@@ -172,6 +172,11 @@ std::vector<ConfigField> build_schema() {
           .doc("step of the expert-bias update (with moe_router_enable_expert_bias)"),
       MT_CONFIG_KEY(model, moe_expert_capacity_factor).min(0)
           .doc("tokens per expert at most ceil(tokens * topk / experts * factor), the lowest-weight dropped; 0 = dropless"),
+      MT_CONFIG_KEY(model, moe_router_force_load_balancing)
+          .doc("benchmark only: the router's logits are replaced by standard-normal random values (keyed by seed, "
+               "iteration, layer and token, the same in every layout; the gradient passes straight through to the "
+               "router weight), so tokens spread evenly over the experts and the routing no longer depends on the "
+               "model"),
       // ------------------------------------------------------------------ parallel
       MT_CONFIG_KEY(parallel, tensor).min(1).doc("tensor-parallel size: each layer's weights split over this many ranks")
           .megatron({"tensor_model_parallel_size"}),

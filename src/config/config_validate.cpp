@@ -94,6 +94,10 @@ void check_context_parallel(const std::string& pre, const Config& cfg, int64_t g
   MT_CHECK(cfg.model.dropout == 0, pre, "model.dropout (", format_double(cfg.model.dropout), ") with parallel.context (",
            cp, ") > 1 is not supported yet (dropout masks are keyed by whole-sequence positions); set model.dropout: 0 "
            "or parallel.context: 1");
+  MT_CHECK(!cfg.model.moe_router_force_load_balancing, pre, "model.moe_router_force_load_balancing with "
+           "parallel.context (", cp, ") > 1 is not supported (the random logits are keyed by each token's position in "
+           "its sequence; a context rank's tokens are two chunks); set parallel.context: 1 or remove "
+           "model.moe_router_force_load_balancing");
   MT_CHECK(cfg.model.num_experts == 0, pre, "model.num_experts (", cfg.model.num_experts, ") with parallel.context (",
            cp, ") > 1 is not supported yet; set parallel.context: 1 for mixture-of-experts models");
   // The ring's blocks are chunks of seq_length / (2 x context) tokens, what cuDNN sees as T and Tk (a2a attends over

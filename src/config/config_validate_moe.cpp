@@ -37,6 +37,7 @@ void validate_moe_config(const Config& cfg, const std::string& pre) {
     unset(m.moe_router_enable_expert_bias == d.moe_router_enable_expert_bias, "moe_router_enable_expert_bias");
     unset(m.moe_router_bias_update_rate == d.moe_router_bias_update_rate, "moe_router_bias_update_rate");
     unset(m.moe_expert_capacity_factor == d.moe_expert_capacity_factor, "moe_expert_capacity_factor");
+    unset(m.moe_router_force_load_balancing == d.moe_router_force_load_balancing, "moe_router_force_load_balancing");
     MT_CHECK(p.expert == 1, pre, "parallel.expert (", p.expert, ") > 1 needs experts; set model.num_experts or "
              "parallel.expert: 1");
     return;

@@ -14,7 +14,8 @@ DenseMLP::DenseMLP(const std::string& prefix, const ModelContext& ctx, ParamStor
       linear_fc2_(prefix + ".linear_fc2", ctx.derived->ffn_hidden_size, ctx.model->hidden_size,
                   ctx.features().add_bias_linear, ParamInit::ScaledNormal, ctx, store) {}
 
-Tensor DenseMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual) const {
+Tensor DenseMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const RowKey&,
+                         const Tensor* residual) const {
   const ModelContext& c = *ctx_;
   auto s = std::make_shared<Saved>();
   state = s;

@@ -19,8 +19,10 @@ struct MLPState {
 class MLPModule {
  public:
   virtual ~MLPModule() = default;
-  // x (rows_local, C) -> y (rows_local, C) [+ *residual]; sets *state to what backward needs.
-  virtual Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual = nullptr) const = 0;
+  // x (rows_local, C) -> y (rows_local, C) [+ *residual]; sets *state to what backward needs. key: the rows' random
+  // numbers (model_context.h), read by a module that draws any.
+  virtual Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const RowKey& key,
+                         const Tensor* residual = nullptr) const = 0;
   // dy (rows_local, C) -> dL/dx; x is the forward's input. Consumes and releases *state.
   virtual Tensor backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const = 0;
   // Whether backward reads x (else the caller may pass it undefined and skip recomputing it).
@@ -45,7 +47,8 @@ class DenseMLP final : public MLPModule {
              fc1_x.nbytes() + fc2_x.nbytes();
     }
   };
-  Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual = nullptr) const override;
+  Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const RowKey& key,
+                 const Tensor* residual = nullptr) const override;  // (draws nothing: key unused)
   // Consumes the state (swiglu: h is overwritten by its gradient).
   Tensor backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const override;
   bool backward_needs_input(const MLPState& state) const override;

@@ -53,8 +53,18 @@ struct ModelContext {
 // Per micro-batch forward settings.
 struct StepContext {
   bool training = true;
-  uint64_t dropout_seed = 0;  // seed mixed with the iteration; 0 dropout rate = no dropout
-  int64_t first_sample = 0;   // global index of the micro-batch's first sample (dropout offsets)
+  uint64_t dropout_seed = 0;  // seed mixed with the iteration (dropout masks, forced routing); 0 in evaluation
+  int64_t first_sample = 0;   // global index of the micro-batch's first sample (dropout offsets, RowKey)
+};
+
+// The key of the random numbers a module draws per row of its input (model.moe_router_force_load_balancing's router
+// logits), which the decoder layer derives from the StepContext: `seed` from the step's seed and the layer number,
+// `first_row` the global index of this rank's first row, first_sample x seq_length (+ tp_rank x rows under sequence
+// parallelism): the numbering of the dropout offsets, per row. Row r then draws the same numbers in every layout,
+// and a recomputed forward the same as the first.
+struct RowKey {
+  uint64_t seed = 0;
+  int64_t first_row = 0;
 };
 
 }  // namespace mt

@@ -37,17 +37,20 @@ Tensor TransformerLayer::norm_output(const Norm& norm, Tensor& kept, const Tenso
   return y;
 }
 
-uint64_t TransformerLayer::dropout_seed(const StepContext& step, int site) const {
-  return rng::mix64(step.dropout_seed ^ rng::mix64(static_cast<uint64_t>(layer_) * 8 + site + 1));
+uint64_t TransformerLayer::site_seed(const StepContext& step, Site site) const {
+  return rng::mix64(step.dropout_seed ^ rng::mix64(static_cast<uint64_t>(layer_) * 8 + static_cast<int>(site) + 1));
 }
 
-// Dropout offset of this rank's first row: element (global sample, t, c) is numbered
-// ((first_sample + b) * T + t) * C + c in every layout; under sequence parallelism this rank holds
-// rows [tp_rank * rows, (tp_rank + 1) * rows) of the micro-batch.
-uint64_t TransformerLayer::dropout_offset(const StepContext& step, int64_t T, int64_t rows) const {
-  const int64_t C = ctx_->model->hidden_size;
+// Row (global sample, t) is numbered (first_sample + b) * T + t in every layout; under sequence parallelism this rank
+// holds rows [tp_rank * rows, (tp_rank + 1) * rows) of the micro-batch.
+int64_t TransformerLayer::first_row(const StepContext& step, int64_t T, int64_t rows) const {
   const int64_t row0 = ctx_->ps->sequence_parallel ? ctx_->ps->tp_rank * rows : 0;
-  return static_cast<uint64_t>(step.first_sample * T * C + row0 * C);
+  return step.first_sample * T + row0;
+}
+
+// Dropout offset of this rank's first row: element (row, c) is numbered row * C + c.
+uint64_t TransformerLayer::dropout_offset(const StepContext& step, int64_t T, int64_t rows) const {
+  return static_cast<uint64_t>(first_row(step, T, rows) * ctx_->model->hidden_size);
 }
 
 Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T,
@@ -64,7 +67,7 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   input_layernorm_.forward(ln1_out, s.n1, x);
   if (!fuse) {
     Tensor attn_y = self_attention_.forward(s.attn, ln1_out, B, T);
-    if (p > 0) ops::dropout_forward(attn_y, attn_y, p, dropout_seed(step, 0), offset);
+    if (p > 0) ops::dropout_forward(attn_y, attn_y, p, site_seed(step, Site::AttentionDropout), offset);
     s.x_mid = c.empty({rows, C});
     ops::add(s.x_mid, x, attn_y);
   } else {
@@ -75,14 +78,15 @@ Tensor TransformerLayer::forward(Saved& s, const Tensor& x, int64_t B, int64_t T
   ln1_out = Tensor();
   Tensor ln2_out = c.empty({rows, C});
   pre_mlp_layernorm_.forward(ln2_out, s.n2, s.x_mid);
+  const RowKey key{site_seed(step, Site::Router), first_row(step, T, rows)};
   Tensor out;
   if (!fuse) {
-    Tensor mlp_y = mlp_->forward(s.mlp, ln2_out);
-    if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, dropout_seed(step, 1), offset);
+    Tensor mlp_y = mlp_->forward(s.mlp, ln2_out, key);
+    if (p > 0) ops::dropout_forward(mlp_y, mlp_y, p, site_seed(step, Site::MLPDropout), offset);
     out = c.empty({rows, C});
     ops::add(out, s.x_mid, mlp_y);
   } else {
-    out = mlp_->forward(s.mlp, ln2_out, &s.x_mid);
+    out = mlp_->forward(s.mlp, ln2_out, key, &s.x_mid);
   }
   if (keep_norm_outputs) s.ln2_out = ln2_out;
   s.complete = true;
@@ -109,7 +113,7 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
   Tensor dy = dx;
   if (p > 0) {
     dy = ctx_->empty(dx.shape());
-    ops::dropout_backward(dy, dx, p, dropout_seed(step, 1), offset);
+    ops::dropout_backward(dy, dx, p, site_seed(step, Site::MLPDropout), offset);
   }
   // The norm outputs are recomputed (or taken from the kept ones) only for a module that reads its input.
   Tensor ln2_out = mlp_->backward_needs_input(*s.mlp) ? norm_output(pre_mlp_layernorm_, s.ln2_out, s.x_mid) : Tensor();
@@ -123,7 +127,7 @@ void TransformerLayer::backward(Tensor& dx, Saved& s, int64_t B, int64_t T, cons
   dy = dx;
   if (p > 0) {
     dy = ctx_->empty(dx.shape());
-    ops::dropout_backward(dy, dx, p, dropout_seed(step, 0), offset);
+    ops::dropout_backward(dy, dx, p, site_seed(step, Site::AttentionDropout), offset);
   }
   Tensor ln1_out =
       SelfAttention::backward_needs_input(s.attn) ? norm_output(input_layernorm_, s.ln1_out, s.x_in) : Tensor();

@@ -37,10 +37,14 @@ class TransformerLayer {
   MLPModule& mlp() const { return *mlp_; }
 
  private:
-  uint64_t dropout_seed(const StepContext& step, int site) const;
+  // A seed per (step, layer, site) for the layer's random numbers: the two dropouts, the router's forced logits.
+  enum class Site { AttentionDropout = 0, MLPDropout = 1, Router = 2 };
+  uint64_t site_seed(const StepContext& step, Site site) const;
   // The norm output backward needs: the kept one (moved out of `kept`), or norm(x) recomputed (the same
   // kernel and inputs as forward: the same values).
   Tensor norm_output(const Norm& norm, Tensor& kept, const Tensor& x) const;
+  // The global index of this rank's first row (RowKey::first_row), and the dropout offset of its first element.
+  int64_t first_row(const StepContext& step, int64_t T, int64_t rows) const;
   uint64_t dropout_offset(const StepContext& step, int64_t T, int64_t rows) const;
 
   const ModelContext* ctx_;

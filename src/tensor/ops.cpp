@@ -1106,6 +1106,15 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed,
               cpu::dropout_backward_cpu<T>(dinp.data<T>(), dout.data<T>(), dout.numel(), p, seed, offset));
 }
 
+// ---------------------------------------------------------------- random fill
+
+void fill_normal(Tensor& out, uint64_t seed, uint64_t stream, uint64_t offset) {
+  const char* op = "fill_normal";
+  need(op, out, "out");
+  MT_DISPATCH(op, out, (cuda::fill_normal_cuda<T>(out.data<T>(), out.numel(), seed, stream, offset)),
+              cpu::fill_normal_cpu<T>(out.data<T>(), out.numel(), seed, stream, offset));
+}
+
 // ---------------------------------------------------------------- optimizer
 
 int64_t check_decay_runs(const char* op, const DecayRuns* decay, int64_t n) {

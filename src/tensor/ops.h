@@ -181,6 +181,13 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
 void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t seed, uint64_t offset);
 void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t seed, uint64_t offset);
 
+// ---------------------------------------------------------------- random fill (counter-based)
+// out[i] = normal01(seed, stream, offset + i) rounded to out's dtype, i the flat index of any shape
+// (core/counter_rng.h: Box-Muller in fp64, the same lines on the CPU and the GPU; cuda/fill_normal.cu says how close
+// the two are). Like dropout, callers number the elements globally so that every parallel layout draws the same
+// values (model.moe_router_force_load_balancing's router logits: offset = the first row's global index x experts).
+void fill_normal(Tensor& out, uint64_t seed, uint64_t stream, uint64_t offset);
+
 // ---------------------------------------------------------------- optimizer
 struct AdamWArgs {
   double lr = 0;

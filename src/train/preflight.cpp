@@ -118,6 +118,10 @@ void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, i
   MT_CHECK(problem.empty(), config_error_prefix(cfg.source_file), "checkpoint.dir '", cfg.checkpoint.dir,
            "' cannot be created: ", problem, "; set checkpoint.dir to a writable directory (or \"\" for no checkpoints)");
   if (world_rank != 0) return;
+  if (cfg.model.moe_router_force_load_balancing)
+    log::warn("model.moe_router_force_load_balancing: the MoE routing is forced balanced (standard-normal random "
+              "router logits, the gradient passed straight through): for benchmarking only, the routing does not "
+              "depend on the model");
   const std::string kill_timeout = mpirun_kill_timeout_warning(
       cfg.checkpoint.dir, std::getenv("OMPI_MCA_orte_hnp_uri"), std::getenv("OMPI_MCA_odls_base_sigkill_timeout"),
       std::getenv("MT_LAUNCHED_BY"));

@@ -53,7 +53,8 @@ MemoryBudget plan_memory_budget(const DerivedConfig& d, int world_size, int* ran
 
 // `train`, before anything is allocated (every rank): refuses a checkpoint.dir that cannot be
 // created (naming the file and the key), and warns (world rank 0) when the plan's estimate exceeds
-// this machine's memory: the GPU's free memory, or on the CPU the host's for the ranks it runs.
+// this machine's memory: the GPU's free memory, or on the CPU the host's for the ranks it runs, and
+// when model.moe_router_force_load_balancing makes the routing random (a benchmark, not training).
 void train_preflight(const Config& cfg, const DerivedConfig& d, Device device, int world_rank);
 
 }  // namespace mt

@@ -1,5 +1,5 @@
 // CUDA ops against the CPU reference: elementwise, sum_squares, linear, embedding, norms, activations,
-// rope, qkv split, cross-entropy, dropout, AdamW, in fp32, bf16 and fp16, on fresh random inputs, with odd
+// rope, qkv split, cross-entropy, dropout, fill_normal, AdamW, in fp32, bf16 and fp16, on fresh random inputs, with odd
 // sizes and shifted views that take the scalar (non-vector) paths. test_cuda_util.h explains the
 // tolerances. Attention is in test_cuda_attention.cpp.
 #include "catch.h"
@@ -8,6 +8,7 @@
 #include <functional>
 #include <iterator>
 
+#include "core/counter_rng.h"
 #include "optim/adamw.h"
 #include "params/param_store.h"
 #include "tensor/master_halves_ops.h"
@@ -672,6 +673,32 @@ TEST_CASE("cuda dropout masks are bit-identical to the CPU", "[cuda][dropout]") 
         check_close("dropout_forward", y, yr, dt);
         check_close("dropout_backward", dx, yr, dt);
       }
+}
+
+TEST_CASE("cuda fill_normal is bit-identical to the CPU in fp32", "[cuda][fill_normal]") {
+  init();
+  const uint64_t seed = 4242, stream = rng::kRouterLogitsStream;
+  for (int64_t n : {int64_t(17), int64_t(100003)})
+    for (int64_t shift : {int64_t(0), int64_t(1)}) {  // 1: the scalar (non-vector) stores
+      const uint64_t offset = 123456789ull * static_cast<uint64_t>(shift + 1);
+      Tensor ref32 = Tensor::empty({n}, DType::F32), ref64 = Tensor::empty({n}, DType::F64);
+      ops::fill_normal(ref32, seed, stream, offset);
+      ops::fill_normal(ref64, seed, stream, offset);
+      Tensor nan_host = Tensor::empty({n}, DType::F64);
+      ops::fill_(nan_host, std::nan(""));
+      for (DType dt : kDTypes) {
+        INFO(dtype_name(dt) << " n " << n << " shift " << shift);
+        Tensor out = to_device_shifted(nan_host, dt, shift);  // poisoned
+        ops::fill_normal(out, seed, stream, offset);
+        if (dt == DType::F32) {
+          const Tensor h = to_host(out);
+          int64_t differ = 0;
+          for (int64_t i = 0; i < n; ++i) differ += h.data<float>()[i] != ref32.data<float>()[i];
+          CHECK(differ == 0);
+        }
+        check_close("fill_normal", out, rounded(ref64, dt), dt);
+      }
+    }
 }
 
 TEST_CASE("cuda adamw matches the CPU over several steps", "[cuda][adamw]") {

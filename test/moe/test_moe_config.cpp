@@ -44,6 +44,36 @@ TEST_CASE("moe config: dense by default, MoE keys need experts", "[moe][config]"
              Catch::Contains("model.moe_router_score_function is set"));
   CHECK_THAT(error_of({"model.moe_router_score_function=cosine"}), Catch::Contains("moe_router_score_function"));
   CHECK_THAT(error_of({"parallel.expert=2"}), Catch::Contains("parallel.expert"));
+  CHECK_THAT(error_of({"model.moe_router_force_load_balancing=true"}),
+             Catch::Contains("model.moe_router_force_load_balancing is set but model.num_experts is 0"));
+}
+
+TEST_CASE("moe config: forced balanced routing needs experts and no context parallelism", "[moe][config]") {
+  const std::vector<std::string> sets = {"model.num_experts=8", "model.moe_ffn_hidden_size=32",
+                                         "model.moe_router_force_load_balancing=true"};
+  mt::Config c = mt::load_config_from_string(kBase, "x.yaml", sets);
+  CHECK(c.model.moe_router_force_load_balancing);
+  CHECK(mt::moe_options(c.model).force_load_balancing);
+  CHECK_FALSE(mt::moe_options(mt::load_config_from_string(kBase, "x.yaml", {sets[0], sets[1]}).model)
+                  .force_load_balancing);
+  // accepted with expert, tensor (sequence parallel) and data parallelism
+  c.parallel.expert = 2;
+  c.parallel.tensor = 2;
+  c.parallel.sequence_parallel = true;
+  CHECK_NOTHROW(mt::derive_config(c, 8));
+  // refused with context parallelism: a context rank's rows are not contiguous in the sequence
+  c.parallel = mt::ParallelConfig{};
+  c.parallel.context = 2;
+  try {
+    mt::derive_config(c, 2);
+    FAIL("forced balancing with parallel.context 2 accepted");
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    CHECK_THAT(m, Catch::Contains("model.moe_router_force_load_balancing with parallel.context (2) > 1 is not "
+                                  "supported"));
+    CHECK_THAT(m, Catch::Contains("set parallel.context: 1 or remove model.moe_router_force_load_balancing"));
+    CHECK(m.find('\n') == std::string::npos);
+  }
 }
 
 TEST_CASE("moe config: cross-field checks, layer pattern", "[moe][config]") {

@@ -35,18 +35,18 @@ MoELayer::MoELayer(const std::string& prefix, const MoEOptions& opt, const Model
   }
 }
 
-Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual) const {
+Tensor MoELayer::forward(Saved& s, const Tensor& x, const Tensor* residual, const RowKey& key) const {
   const ModelContext& c = *ctx_;
   const int64_t N = x.size(0), C = x.size(1), E = opt_.num_experts, k = opt_.topk;
   Tensor y;
   const bool shared_beside = shared_fc1_ && dispatcher_.exchanges();
   if (!dispatcher_.exchanges()) {  // EP 1: the router's choices; its losses queued while the counts come to the host
-    router_.choose(s.router, x);
+    router_.choose(s.router, x, key);
     y = local_forward(s, x, s.router.indices, s.router.weights, nullptr, residual,
                       [&] { router_.add_losses(s.router); });
     residual = nullptr;  // (added in the combine)
   } else {
-    router_.forward(s.router, x);
+    router_.forward(s.router, x, key);
     // the send order (token, rank) and the counts: slots per global expert, tokens per rank (one copy to the host)
     const int64_t P = dispatcher_.ep_size(), El = dispatcher_.local_experts();
     Tensor dest = Tensor::empty({N, P}, DType::I32, x.device());

@@ -60,8 +60,8 @@ class MoELayer {
                                       // again in backward: the same bits)
     Tensor shared_h, shared_a;        // shared expert: fc1 output, activation output
   };
-  // x (N, C) -> y (N, C) [+ *residual].
-  Tensor forward(Saved& s, const Tensor& x, const Tensor* residual = nullptr) const;
+  // x (N, C) -> y (N, C) [+ *residual]. key: the rows' random logits under force_load_balancing (router.h).
+  Tensor forward(Saved& s, const Tensor& x, const Tensor* residual = nullptr, const RowKey& key = {}) const;
   // dy (N, C) -> dL/dx (N, C). Parameter gradients accumulate; the router's balancing losses' gradients (times
   // Router::set_loss_grad_scale) are added here. Consumes s.
   Tensor backward(const Tensor& dy, Saved& s, const Tensor& x) const;

@@ -20,9 +20,10 @@ int64_t MoEMLP::State::nbytes() const {
          nb(s.row_of_slot) + nb(s.experts.h) + nb(s.experts.a) + nb(s.yp) + nb(s.shared_h) + nb(s.shared_a);
 }
 
-Tensor MoEMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual) const {
+Tensor MoEMLP::forward(std::shared_ptr<MLPState>& state, const Tensor& x, const RowKey& key,
+                       const Tensor* residual) const {
   auto st = std::make_shared<State>();
-  Tensor y = layer_impl_.forward(st->s, x, residual);
+  Tensor y = layer_impl_.forward(st->s, x, residual, key);
   state = std::move(st);
   return y;
 }

@@ -30,7 +30,8 @@ class MoEMLP final : public MLPModule {
     MoELayer::Saved s;
     int64_t nbytes() const override;
   };
-  Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const Tensor* residual = nullptr) const override;
+  Tensor forward(std::shared_ptr<MLPState>& state, const Tensor& x, const RowKey& key,
+                 const Tensor* residual = nullptr) const override;
   Tensor backward(const Tensor& dy, std::shared_ptr<MLPState>& state, const Tensor& x) const override;
 
   int layer_number() const { return layer_; }

@@ -18,6 +18,7 @@ MoEOptions moe_options(const ModelConfig& m) {
   o.expert_bias = m.moe_router_enable_expert_bias;
   o.bias_update_rate = m.moe_router_bias_update_rate;
   o.capacity_factor = m.moe_expert_capacity_factor;
+  o.force_load_balancing = m.moe_router_force_load_balancing;
   o.seq_length = m.seq_length;
   return o;
 }

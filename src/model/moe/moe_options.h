@@ -24,6 +24,7 @@ struct MoEOptions {
   bool expert_bias = false;            // moe_router_enable_expert_bias
   double bias_update_rate = 1e-3;      // moe_router_bias_update_rate
   double capacity_factor = 0.0;        // moe_expert_capacity_factor (0: dropless)
+  bool force_load_balancing = false;   // moe_router_force_load_balancing (benchmark only: random logits)
   int64_t seq_length = 0;              // rows per sequence (seq_aux_loss groups the rows by it)
 };
 

@@ -1,6 +1,7 @@
 #include "model/moe/router.h"
 
 #include "core/check.h"
+#include "core/counter_rng.h"
 #include "parallel/moe_sync.h"
 
 namespace mt {
@@ -35,12 +36,12 @@ Tensor Router::to_router(const Tensor& t) const {
   return o;
 }
 
-void Router::forward(Saved& s, const Tensor& x) const {
-  choose(s, x);
+void Router::forward(Saved& s, const Tensor& x, const RowKey& key) const {
+  choose(s, x, key);
   add_losses(s);
 }
 
-void Router::choose(Saved& s, const Tensor& x) const {
+void Router::choose(Saved& s, const Tensor& x, const RowKey& key) const {
   const int64_t N = x.size(0), E = opt_.num_experts, k = opt_.topk;
   const Device dev = x.device();
   // logits in the router dtype from the activations as they are (16-bit: exact products, fp32 sums in the GEMM)
@@ -49,6 +50,8 @@ void Router::choose(Saved& s, const Tensor& x) const {
     ops::linear_forward_wide(s.logits, x, weight_->value);
   else
     ops::linear_forward(s.logits, to_router(x), to_router(weight_->value), nullptr);
+  if (opt_.force_load_balancing)  // random logits, row n numbered key.first_row + n (see the header)
+    ops::fill_normal(s.logits, key.seed, rng::kRouterLogitsStream, static_cast<uint64_t>(key.first_row * E));
   s.scores = Tensor::empty({N, E}, rdt_, dev);
   s.choice = Tensor::empty({N, k}, DType::I32, dev);
   s.weights = Tensor::empty({N, k}, rdt_, dev);

@@ -10,6 +10,14 @@
 // z-loss as the mean of the ranks' means), each rank holding its rows' share, so every layout equals one rank. The expert bias (E, router dtype) is not a parameter: the optimizer never sees it; it moves
 // after each step by update_expert_bias from the load the forwards counted.
 // Parameter: `<prefix>.weight` (E, C), replicated over TP (a partial gradient per TP rank under SP).
+//
+// force_load_balancing (model.moe_router_force_load_balancing, Megatron-Core's RandomSTE; benchmark only): after the
+// GEMM, which still runs, the logits are overwritten with standard-normal values, logits[n, e] = normal01(key.seed,
+// rng::kRouterLogitsStream, (key.first_row + n) x E + e) (ops::fill_normal), so the tokens spread evenly over the
+// experts whatever the model; scores, choice, losses, bias and capacity then act on them. Straight-through: backward
+// takes dL/dlogits (from the random logits) through the GEMM unchanged, so the weight still gets gradients. The
+// RowKey numbers rows globally (model_context.h): every layout draws what one rank draws, unlike Megatron's per-rank
+// generator.
 #pragma once
 
 #include <string>
@@ -34,9 +42,10 @@ class Router {
     ops::AuxLossGroup aux_group;  // sequence parallelism: the micro-batch's tokens per expert over all its rows
   };
   // x (N, C) -> s.indices, s.weights, and the enabled losses: choose, then add_losses (which only the backward
-  // needs: the MoE layer queues them while the host waits for its expert counts).
-  void forward(Saved& s, const Tensor& x) const;
-  void choose(Saved& s, const Tensor& x) const;
+  // needs: the MoE layer queues them while the host waits for its expert counts). key: the rows' random logits
+  // (force_load_balancing only).
+  void forward(Saved& s, const Tensor& x, const RowKey& key = {}) const;
+  void choose(Saved& s, const Tensor& x, const RowKey& key = {}) const;
   void add_losses(Saved& s) const;
   // dweights (N, k) router dtype (its entries of dropped slots ignored): dx (N, C, the activation dtype) += dL/dx
   // (in the GEMM's epilogue on the GPU); the router weight's gradient accumulates; the enabled losses' gradients

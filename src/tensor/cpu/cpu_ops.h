@@ -128,6 +128,10 @@ void dropout_forward_cpu(T* out, const T* inp, int64_t n, double p, uint64_t see
 template <typename T>
 void dropout_backward_cpu(T* dinp, const T* dout, int64_t n, double p, uint64_t seed, uint64_t offset);
 
+// ---------------------------------------------------------------- fill_normal.cpp
+template <typename T>
+void fill_normal_cpu(T* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset);
+
 // ---------------------------------------------------------------- adamw.cpp
 template <typename T>
 void adamw_step_cpu(T* param, T* m, T* v, const T* grad, int64_t n, double lr, double beta1, double beta2, double eps,
