@@ -36,7 +36,18 @@
 #   the 1-GPU run's; then llama-1b (configs/llama-1b-32k.yaml: micro-batch 1, one micro-batch per step) at
 #   sequence 16384 on 1 GPU and at 65536 with context 4 on 4 GPUs (ring, and all-to-all): "MFU vs 1" is the MFU
 #   over the 1-GPU row's. Rows CP2 / CP2A2A (sequence 32768 on 2 GPUs, the same 16384 tokens per GPU) are for a
-#   machine of 2 GPUs. MT_BENCH_MOECP ("EP1 EP2 EP4 CP1 CP4 CP4A2A"; any of the rows below) picks the rows.
+#   machine of 2 GPUs. Rows EP1B / EP2B / EP4B are the same runs with model.moe_router_force_load_balancing (random
+#   router logits, as Megatron-Core's benchmark option): every expert gets about as many tokens, so their scaling
+#   measures the token exchanges rather than the imbalance of the learned routing, which collapses onto a few
+#   experts within a few iterations on mock data. MT_BENCH_MOECP ("EP1 EP2 EP4 CP1 CP4 CP4A2A"; any of the rows
+#   below) picks the rows.
+# MODE parity (the expert / context issue's parity at the benchmark sizes): 10 iterations of each layout against
+#   the 1-GPU run of the same model, per precision; the table gives the largest relative difference of the loss and
+#   of the gradient norm over the iterations, and PASS when the loss is within 2% (bf16) / 1e-4 (fp32) and the norm
+#   within 10x that (as test/multigpu). Models: moe-64x-top8 (global batch 32 of micro-batch 8: 4 micro-batches on
+#   one GPU) under EP2, EP4, TP2 (SP) x EP2; llama-1b-32k at sequence 16384 (one sequence a step) under CP2 and CP4,
+#   ring and all-to-all; llama-1b (micro-batch 4, sequence 2048) with FP8 tensorwise under TP2 (SP), bf16 only.
+#   MT_BENCH_PARITY picks rows (default: those that fit the visible GPUs); MT_BENCH_PRECISIONS ("bf16 fp32").
 #
 # Tokens/s is the whole job's, TFLOP/s and MFU per GPU (6N + 12Lhs FLOPs a token, 989.4 TFLOP/s),
 # peak GiB rank 0's, comm_exposed the ms per iteration rank 0's compute stream waited on
@@ -52,10 +63,10 @@
 # (more --set arguments for every megatrain run). Files in OUTDIR: megatrain-NAME.{jsonl,log,err}
 # (metrics, stdout, stderr), torch-NAME.{jsonl,log}, runs.tsv (seconds per run), table.txt.
 set -euo pipefail
-usage="usage: benchmarks/run_multi_gpu_bench.sh OUTDIR dp|layouts|moecp [REFERENCE.py]"
+usage="usage: benchmarks/run_multi_gpu_bench.sh OUTDIR dp|layouts|moecp|parity [REFERENCE.py]"
 out=${1:?$usage}
 mode=${2:?$usage}
-[[ $mode == dp || $mode == layouts || $mode == moecp ]] || { echo "$usage" >&2; exit 2; }
+[[ $mode == dp || $mode == layouts || $mode == moecp || $mode == parity ]] || { echo "$usage" >&2; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 ref=${3:-}
@@ -70,8 +81,10 @@ if [[ $mode == dp ]]; then
 elif [[ $mode == layouts ]]; then
   iters=${MT_BENCH_ITERS:-12} deadline=${MT_BENCH_DEADLINE_S:-510}
   read -ra configs <<<"${MT_BENCH_CONFIGS:-llama-3b llama-7b}"
-else
+elif [[ $mode == moecp ]]; then
   iters=${MT_BENCH_ITERS:-12} deadline=${MT_BENCH_DEADLINE_S:-540}
+else
+  iters=10 deadline=${MT_BENCH_DEADLINE_S:-540}  # parity: the issue's 10 iterations
 fi
 warm=${MT_BENCH_WARMUP:-4}
 accum=${MT_BENCH_ACCUM:-4}
@@ -246,17 +259,55 @@ elif [[ $mode == moecp ]]; then
     # The config column groups a row with its 1-GPU row: EP rows by model, CP rows as one "llama-1b long" group.
     group=$c
     [[ $l == CP* ]] && group=llama-1b-long
+    [[ $l == EP*B ]] && group=$c-balanced
     printf '%s\t%s\t%s\t%s\n' "$c-$l" "$group" "$l seq $((seq ? seq : 2048))" "$np" >>"$out/rows.tsv"
     mt_run "$c-$l" "$np" --config "configs/$c.yaml" "${BENCH_SET[@]}" "${la[@]}"
   done 3<<'ROWS'
 EP1 moe-64x-top8 1 0
 EP2 moe-64x-top8 2 0 --set parallel.expert=2
 EP4 moe-64x-top8 4 0 --set parallel.expert=4
+EP1B moe-64x-top8 1 0 --set model.moe_router_force_load_balancing=true
+EP2B moe-64x-top8 2 0 --set parallel.expert=2 --set model.moe_router_force_load_balancing=true
+EP4B moe-64x-top8 4 0 --set parallel.expert=4 --set model.moe_router_force_load_balancing=true
 CP1 llama-1b-32k 1 16384
 CP2 llama-1b-32k 2 32768 --set parallel.context=2 --set parallel.cp_comm_type=p2p
 CP2A2A llama-1b-32k 2 32768 --set parallel.context=2 --set parallel.cp_comm_type=a2a
 CP4 llama-1b-32k 4 65536 --set parallel.context=4 --set parallel.cp_comm_type=p2p
 CP4A2A llama-1b-32k 4 65536 --set parallel.context=4 --set parallel.cp_comm_type=a2a
+ROWS
+elif [[ $mode == parity ]]; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
+  read -ra precisions <<<"${MT_BENCH_PRECISIONS:-bf16 fp32}"
+  # What every row of a model sets: the batch (the same global batch in every layout) and the model's feature.
+  declare -A model_args=(
+    [moe-64x-top8]="--set training.global_batch_size=32"
+    [llama-1b-32k]="--set model.seq_length=16384 --set training.global_batch_size=1"
+    [llama-1b]="--set training.fp8=tensorwise --set training.micro_batch_size=4 --set training.global_batch_size=4")
+  # NAME CONFIG GPUS ARGS; a model's 1-GPU row comes first and the rows after it compare with it.
+  while read -r -u 3 l c np args; do
+    if [[ -n ${MT_BENCH_PARITY:-} ]]; then
+      [[ " $MT_BENCH_PARITY " == *" $l "* ]] || continue
+    else
+      ((np <= ngpu)) || continue
+    fi
+    read -ra la <<<"${model_args[$c]} $args"
+    for p in "${precisions[@]}"; do
+      [[ $l == FP8* && $p != bf16 ]] && continue  # FP8's GEMMs take bf16 operands
+      printf '%s\t%s\t%s\t%s\n' "$l-$p" "$c" "$l" "$np" >>"$out/rows.tsv"
+      mt_run "$l-$p" "$np" --config "configs/$c.yaml" "${BENCH_SET[@]}" "${la[@]}" --set training.precision="$p"
+    done
+  done 3<<'ROWS'
+MOE1 moe-64x-top8 1
+MOE-EP2 moe-64x-top8 2 --set parallel.expert=2
+MOE-EP4 moe-64x-top8 4 --set parallel.expert=4
+MOE-TP2SPxEP2 moe-64x-top8 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=2
+CP1 llama-1b-32k 1
+CP2 llama-1b-32k 2 --set parallel.context=2 --set parallel.cp_comm_type=p2p
+CP2A2A llama-1b-32k 2 --set parallel.context=2 --set parallel.cp_comm_type=a2a
+CP4 llama-1b-32k 4 --set parallel.context=4 --set parallel.cp_comm_type=p2p
+CP4A2A llama-1b-32k 4 --set parallel.context=4 --set parallel.cp_comm_type=a2a
+FP8-1 llama-1b 1
+FP8-TP2SP llama-1b 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
 ROWS
 else
   declare -A mbs=([llama-3b]=2 [llama-7b]=1) gbs4=([llama-3b]=32 [llama-7b]=16)
@@ -313,6 +364,33 @@ def reference(name):
 
 fmt = lambda v, spec, unit="": "-" if v is None or v != v else format(v, spec) + unit
 rows = [l.rstrip("\n").split("\t") for l in open(os.path.join(out, "rows.tsv")) if l.strip()]
+if mode == "parity":  # largest relative differences to the model's 1-GPU run of the same precision
+    def curve(name):
+        return {r["iteration"]: (r["loss"], r["grad_norm"])
+                for r in jsonl(os.path.join(out, f"megatrain-{name}.jsonl")) if "loss" in r}
+    rel = lambda a, b: abs(a - b) / max(abs(b), 1e-12)
+    print("\nmegatrain multi-GPU parity: largest relative difference to 1 GPU over the iterations")
+    print(f"{'config':<13} {'layout':<14} {'GPUs':>4} {'precision':<9} {'iters':>5} {'loss':>9} {'grad norm':>9}"
+          "  verdict")
+    base, verdicts = {}, []
+    for name, config, layout, g in rows:
+        prec = name.rsplit("-", 1)[1]
+        c = curve(name)
+        if g == "1":
+            base[(config, prec)] = c
+            print(f"{config:<13} {layout:<14} {g:>4} {prec:<9} {len(c):>5} {'-':>9} {'-':>9}  reference")
+            continue
+        b = base.get((config, prec), {})
+        common = sorted(set(b) & set(c))
+        tol = 0.02 if prec == "bf16" else 1e-4
+        dl = max((rel(c[i][0], b[i][0]) for i in common), default=nan)
+        dn = max((rel(c[i][1], b[i][1]) for i in common), default=nan)
+        ok = len(common) == 10 and dl < tol and dn < 10 * tol
+        verdicts.append(ok)
+        print(f"{config:<13} {layout:<14} {g:>4} {prec:<9} {len(common):>5} {fmt(dl, '.1e'):>9} {fmt(dn, '.1e'):>9}  "
+              + ("PASS" if ok else f"FAIL (tolerances {tol:g} / {10 * tol:g})"))
+    print(f"{sum(verdicts)} of {len(verdicts)} layouts pass")
+    sys.exit(0 if all(verdicts) else 1)
 res = {r[0]: megatrain(r[0]) for r in rows}
 # A row's reference run: its own name, or the 5th field (the distributed-optimizer rows share DDP's).
 ref = {r[0]: reference(r[4] if len(r) > 4 else r[0]) if mode == "dp" else {} for r in rows}
