@@ -10,7 +10,7 @@
 // per expert over both (as one rank does) and the z-loss is the mean over both. With training.recompute_norm_act false
 // (the experts' permuted input kept for the backward) EP4 matches the single-rank run that permutes again.
 // model.moe_router_force_load_balancing (random router logits keyed by the tokens' global rows): EP2, TP2 (SP) x EP2,
-// EP2 x DP2 with the distributed optimizer and EP2 under full recompute match one rank.
+// EP2 x DP2 with the distributed optimizer, PP2 x EP2 and EP2 under full recompute match one rank.
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -160,13 +160,13 @@ TEST_CASE("moe experts and ranks without tokens: 64 experts top-1 on 32-token mi
                 64, 8 * 32);
 }
 
-TEST_CASE("moe forced balanced routing (random logits): EP2, TP2 (SP) x EP2, EP2 x DP2 and full recompute match one "
-          "rank", "[moe][parity][force_balance]") {
+TEST_CASE("moe forced balanced routing (random logits): EP2, TP2 (SP) x EP2, EP2 x DP2, PP2 x EP2 and full recompute "
+          "match one rank", "[moe][parity][force_balance]") {
   // the random logits are keyed by the tokens' global rows: each layout routes every token as one rank does, and a
   // recomputed forward as the first
   const std::string forced = "--set model.moe_router_force_load_balancing=true";
   check_layouts("configs/ci/moe-tiny-8x-top2.yaml", forced, "moe8-forced",
-                {kLayouts[0], kTensor, kLayouts[2], kRecompute}, 8, kSlots);
+                {kLayouts[0], kTensor, kLayouts[2], kLayouts[3], kRecompute}, 8, kSlots);
   // the load over 8 experts (64 slots each on average, per layer and step) is near even from the first step
   for (auto& [it, s] : read_moe_metrics(temp_dir() / "moe8-forced-single.jsonl")) {
     INFO("iteration " << it);
