@@ -311,6 +311,10 @@ void convert_export(const ExportOptions& opt) {
   ckpt::LoadedCheckpoint ck = ckpt::open_checkpoint(path);
   Config cfg = load_stored_config(ck.config_yaml, path + "/manifest.json");
   const DerivedConfig saved = derive_config(cfg, ck.world_size);
+  if (cfg.model.moe_router_force_load_balancing)
+    std::fprintf(stderr, "note: %s was trained with model.moe_router_force_load_balancing (a benchmark key: random "
+                 "routing); the exported model routes by its router weights, which that run did not route by\n",
+                 path.c_str());
   auto host = build_host_model(cfg, saved.padded_vocab_size);
   load_model_weights(ck, *host->store);
 

@@ -47,6 +47,9 @@ void run_generate(const GenerateOptions& opt) {
   cfg.training.global_batch_size = cfg.training.micro_batch_size;
   DerivedConfig d = derive_config(cfg, 1);
   d.padded_vocab_size = saved.padded_vocab_size;
+  if (cfg.model.moe_router_force_load_balancing)
+    std::fprintf(stderr, "megatrain generate: note: %s was trained with model.moe_router_force_load_balancing (a "
+                 "benchmark key): its MoE layers route by random logits here too, as in that run\n", path.c_str());
 
   data::TokenizerOptions tok;
   tok.type = opt.tokenizer_type.empty() ? cfg.data.tokenizer_type : opt.tokenizer_type;
