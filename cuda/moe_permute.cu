@@ -209,10 +209,16 @@ struct RouterTerm {
   int64_t E = 0;
 };
 
-template <int V, typename D>
+// kMaxE: 0 without the router term, else kRouterTermMaxE: the token's dlogits are loaded into registers before the
+// gathers (their latency behind the rows'), and the E weight vectors of a column issued together (unrolled, guarded
+// by router.E), not one dependent load after another; the sum keeps the order (rows, then e ascending, then residual).
+template <int V, int kMaxE, typename D>
 __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const int32_t* row_of_slot, int64_t C,
                                  int64_t k, const D* residual, const RouterTerm<D> router) {
   const int64_t n = blockIdx.x;
+  float g[kMaxE > 0 ? kMaxE : 1];
+#pragma unroll
+  for (int e = 0; e < kMaxE; ++e) g[e] = e < router.E ? router.dlogits[n * router.E + e] : 0.f;
   for (int64_t c = threadIdx.x * V; c < C; c += int64_t(blockDim.x) * V) {
     float acc[V] = {};
     for (int64_t j = 0; j < k; ++j) {
@@ -224,12 +230,13 @@ __global__ void unpermute_kernel(D* y, const D* yp, const float* weights, const 
 #pragma unroll
       for (int i = 0; i < V; ++i) acc[i] += w * to_float(v[i]);
     }
-    for (int64_t e = 0; e < router.E; ++e) {  // (its E x C weight stays in L1: E is small, kRouterTermMaxE)
-      const float g = router.dlogits[n * router.E + e];
+#pragma unroll
+    for (int e = 0; e < kMaxE; ++e) {  // (its E x C weight stays in L1: E <= kRouterTermMaxE)
+      if (e >= router.E) break;
       D v[V];
       load_vec<V>(v, router.weight + e * C + c);
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += g * to_float(v[i]);
+      for (int i = 0; i < V; ++i) acc[i] += g[e] * to_float(v[i]);
     }
     if (residual) {
       D v[V];
@@ -364,8 +371,13 @@ void moe_permute_backward_cuda(T* dx, const T* dout, const int32_t* row_of_slot,
   using D = dev_t<T>;
   const RouterTerm<D> router{dlogits, dev(router_weight), dlogits ? E : 0};
   by_width<D>(C, {dx, dout, router_weight, residual}, [&](auto v) {
-    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(
-        dev(dx), dev(dout), static_cast<const float*>(nullptr), row_of_slot, C, k, dev(residual), router);
+    constexpr int kV = decltype(v)::value;
+    if (dlogits)
+      unpermute_kernel<kV, int(kRouterTermMaxE)><<<unsigned(N), kThreads, 0, current_stream()>>>(
+          dev(dx), dev(dout), static_cast<const float*>(nullptr), row_of_slot, C, k, dev(residual), router);
+    else
+      unpermute_kernel<kV, 0><<<unsigned(N), kThreads, 0, current_stream()>>>(
+          dev(dx), dev(dout), static_cast<const float*>(nullptr), row_of_slot, C, k, dev(residual), router);
   });
   MT_CUDA_CHECK_LAUNCH("moe_permute_backward");
 }
@@ -376,7 +388,7 @@ void moe_unpermute_forward_cuda(T* y, const T* yp, const float* weights, const i
   if (N == 0) return;
   using D = dev_t<T>;
   by_width<D>(C, {y, yp, residual}, [&](auto v) {
-    unpermute_kernel<decltype(v)::value><<<unsigned(N), kThreads, 0, current_stream()>>>(
+    unpermute_kernel<decltype(v)::value, 0><<<unsigned(N), kThreads, 0, current_stream()>>>(
         dev(y), dev(yp), weights, row_of_slot, C, k, dev(residual), RouterTerm<D>{});
   });
   MT_CUDA_CHECK_LAUNCH("moe_unpermute_forward");

@@ -17,4 +17,8 @@ struct RouterSpec {
   bool normalize() const { return sigmoid ? topk > 1 : !pre_softmax; }
 };
 
+// The most experts whose router input gradient (dlogits x the router weight) the permute's backward adds in its
+// pass (tensor/moe_ops.h moe_permute_backward; its CUDA kernel holds a token's dlogits in registers).
+inline constexpr int64_t kRouterTermMaxE = 16;
+
 }  // namespace mt::ops

@@ -96,8 +96,7 @@ void moe_zero_unrouted_rows(Tensor& x, const Tensor& slot_of_row);
 // in the router dtype, and router_weight (E, C), plus the router's input gradient sum_e dlogits[n, e]
 // router_weight[e] (in the same pass: no second read and write of dx); with residual (N, C), plus residual[n]; all
 // summed in fp32 (fp64 on the CPU) and rounded once. The router's term reads its weight once per row: for few experts
-// (E <= kRouterTermMaxE; more are a GEMM's work).
-inline constexpr int64_t kRouterTermMaxE = 16;
+// (E <= kRouterTermMaxE, core/moe_router_spec.h; more are a GEMM's work).
 void moe_permute_backward(Tensor& dx, const Tensor& dout, const Tensor& row_of_slot, int64_t k,
                           const Tensor* dlogits = nullptr, const Tensor* router_weight = nullptr,
                           const Tensor* residual = nullptr);
