@@ -3,7 +3,6 @@
 // straight through to the router weight (dW = dlogits^T x, dx = dlogits W, dlogits from the random logits, the
 // z-loss's included), compared with a direct computation; and the load is balanced whatever the weight.
 #include <algorithm>
-#include <cstring>
 
 #include "catch.h"
 #include "core/counter_rng.h"
@@ -25,10 +24,6 @@ MoEOptions forced(int64_t E, int64_t k) {
 }
 
 const double* data(const Tensor& t) { return t.data<double>(); }
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
 
 // Routed slots per expert of a choice (N, k).
 std::vector<int64_t> load_of(const Tensor& choice, int64_t E) {
@@ -60,9 +55,9 @@ TEST_CASE("forced balancing: the logits are the keyed normals of the global rows
     const int64_t r0 = half * N / 2;
     Router::Saved s;
     r.choose(s, x.slice(r0, N / 2), RowKey{key.seed, key.first_row + r0});
-    CHECK(same_bits(s.logits, whole.logits.slice(r0, N / 2)));
-    CHECK(same_bits(s.choice, whole.choice.slice(r0, N / 2)));
-    CHECK(same_bits(s.weights, whole.weights.slice(r0, N / 2)));
+    CHECK(bitwise_equal(s.logits, whole.logits.slice(r0, N / 2)));
+    CHECK(bitwise_equal(s.choice, whole.choice.slice(r0, N / 2)));
+    CHECK(bitwise_equal(s.weights, whole.weights.slice(r0, N / 2)));
   }
   // another layer's seed or other rows draw other logits
   Router::Saved other;
