@@ -3,9 +3,10 @@
 // process, on the device current at first use (mt::cuda::initialize selects it). Only cuda/ uses
 // it; model code never sees a stream or a handle.
 //
-// The stream is created with cudaStreamCreate (a blocking stream), so it stays ordered with the
-// legacy default stream that Tensor::copy_from's cudaMemcpy uses: host code reading a result through
-// copy_from always sees the finished op.
+// The stream is a blocking stream (cudaStreamDefault), so it stays ordered with the legacy default stream that
+// Tensor::copy_from's cudaMemcpy uses: host code reading a result through copy_from always sees the finished op.
+// Its priority is one level above the default priority of the side streams (runtime/cuda/cuda_runtime.h: the
+// optimizer update beside the forward, the snapshot copies), below NCCL's (the greatest).
 #pragma once
 
 #include <cublasLt.h>

@@ -101,4 +101,27 @@ TEST_CASE("cuda side-stream scopes give the compute stream back, also when an ex
   }
 }
 
+// The compute stream outranks both side streams (cuda/cuda_context.h): when SMs free up, the forward's blocks go
+// before the optimizer update's and the snapshot's; NCCL's streams (the greatest priority) stay above it.
+TEST_CASE("cuda compute stream outranks the side streams, below the greatest priority", "[cuda][checkpoint][adamw]") {
+  init();
+  int least = 0, greatest = 0;
+  REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
+  if (least == greatest) {
+    WARN("skipped: this device has one stream priority level");
+    return;
+  }
+  int compute = 0;
+  REQUIRE(cudaStreamGetPriority(mt::cuda::current_stream(), &compute) == cudaSuccess);
+  CHECK(compute == least - 1);  // (a lower number is a higher priority)
+  for (const auto kind : {cuda::SideStreamScope::kSnapshot, cuda::SideStreamScope::kUpdate}) {
+    INFO("kind " << kind);
+    cuda::SideStreamScope scope(kind, true);
+    int side = 0;
+    REQUIRE(cudaStreamGetPriority(mt::cuda::current_stream(), &side) == cudaSuccess);
+    scope.end();
+    CHECK(side > compute);
+  }
+}
+
 #endif  // MEGATRAIN_HAVE_CUDA
