@@ -2,7 +2,7 @@
 //   product    A (M x K)                   B (K x N)                    experts split   out
 //   forward    x (rows, IC), K-major       W_e^T: W (El*OC, IC) K-major  M (rows)        bf16 (rows, OC)
 //   dx         dout (rows, OC), K-major    W_e: W (El*OC, IC) MN-major   M (rows)        bf16 (rows, IC)
-//   dweight    dout^T: (rows, OC) MN-major x (rows, IC), MN-major        K (rows)        fp32 (El*OC, IC)
+//   dweight    dout^T: (rows, OC) MN-major x (rows, IC), MN-major        K (rows)        fp32 / bf16 (El*OC, IC)
 // A CTA (3 warpgroups, persistent over 128 x 256 output tiles, which it takes one at a time from a device counter, so
 // that tiles of uneven cost (the weight gradient's K is its expert's rows) spread over the CTAs, and CTAs that start
 // late, on SMs another kernel held (NCCL's, beside the backward), take fewer tiles instead of finishing late):
@@ -52,8 +52,8 @@ constexpr int kStageC = 2 * kBox;       // a consumer's 64 rows x 128 columns of
 constexpr int kSquaresPerTile = 8;
 constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers (and the SwiGLU's mover)
 
-// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA), store it as fp32 (straight
-// from registers: the weight gradient), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU backward on it:
+// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA; a bf16 weight gradient also
+// sums its squares), store it as fp32 (straight from registers: the weight gradient into fp32 main grads), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU backward on it:
 // da (the tile, rounded to bf16 as a stored da would be) with the tile's gate and up columns of h, loaded into shared
 // memory under the main loop, gives dgate and dup, written over g and u (h becomes dh in place), and the recomputed a =
 // swiglu(g, u) (the forward's value, for fc2's weight gradient), stored from registers. The consumers do the math from
@@ -88,7 +88,6 @@ struct Groups {
   int32_t n_tiles;     // output tiles along N
   int32_t k_grouped;   // experts split K (the weight gradient) rather than M
   int32_t M, N, K;     // k_grouped: M (OC) per expert; else K per expert (and B's rows per expert)
-  int32_t out_bf16;    // kF32: the results rounded to bf16 and stored as such (bf16 main grads)
   int32_t tile_prefix[kMaxExperts + 1];  // row blocks of 128 before expert e
   int32_t row0[kMaxExperts];             // expert e's first row of x / dout
   int32_t count[kMaxExperts];
@@ -118,6 +117,15 @@ __device__ __forceinline__ uint32_t swiglu_pair(uint32_t g, uint32_t u) {
   const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(&g), uv = *reinterpret_cast<const __nv_bfloat162*>(&u);
   return bf16_pair(swiglu_value<__nv_bfloat16>(__low2float(gv), __low2float(uv)),
                    swiglu_value<__nv_bfloat16>(__high2float(gv), __high2float(uv)));
+}
+
+// A consumer warp's fp64 partial of its tile's sum of squares (each thread's sq over its elements): summed over the
+// warp by a fixed butterfly, written to squares[8 t + 4 c + warp] (grouped_dweight_square_partials)
+__device__ __forceinline__ void store_squares(double* squares, int t, int c, int warp, int lane, double sq) {
+  static_assert(kSquaresPerTile == 2 * 4, "a partial per consumer warp");
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  if (lane == 0) squares[int64_t(t) * kSquaresPerTile + c * 4 + warp] = sq;
 }
 
 struct Tile {
@@ -374,31 +382,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       if (prev >= 0 && tid == 0) mbar_arrive(&empty[prev]);
       if constexpr (EPI == kF32) {
-        if (g.out_bf16) {  // rounded first: the squares below are those of the values stored
-#pragma unroll
-          for (int q = 0; q < BN / 2; ++q) d[q] = __bfloat162float(__float2bfloat16_rn(d[q]));
-        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int64_t at = int64_t(tl.out_m + c * 64 + r_lo + 8 * i) * g.N + tl.n + 2 * (lane % 4);
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const float x0 = d[4 * j + 2 * i], x1 = d[4 * j + 2 * i + 1];
-            if (g.out_bf16)
-              *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + at + 8 * j) =
-                  __floats2bfloat162_rn(x0, x1);
-            else
-              *reinterpret_cast<float2*>(static_cast<float*>(out) + at + 8 * j) = make_float2(x0, x1);
-          }
+          for (int j = 0; j < BN / 8; ++j)
+            *reinterpret_cast<float2*>(static_cast<float*>(out) + at + 8 * j) =
+                make_float2(d[4 * j + 2 * i], d[4 * j + 2 * i + 1]);
         }
-        if (squares) {  // the tile's sum of squares, one fp64 partial per consumer warp: squares[8 t + 4 c + warp]
-          static_assert(kSquaresPerTile == 2 * 4, "a partial per consumer warp");
+        if (squares) {
           double sq = 0;
 #pragma unroll
           for (int q = 0; q < BN / 2; ++q) sq = fma(double(d[q]), double(d[q]), sq);
-#pragma unroll
-          for (int o2 = 16; o2 > 0; o2 >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o2);
-          if (lane == 0) squares[int64_t(t) * kSquaresPerTile + c * 4 + warp] = sq;
+          store_squares(squares, t, c, warp, lane, sq);
         }
       } else if constexpr (EPI == kSwigluBwd) {
         // the SwiGLU backward on this thread's elements: da rounded to bf16 (what a stored da would hold); g and u
@@ -442,6 +438,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else if (mine >= 64) {  // deferred: the steps run under the next tile's first slices
 #pragma unroll
         for (int q = 0; q < BN / 4; ++q) pk[q] = bf16_pair(d[2 * q], d[2 * q + 1]);
+        if constexpr (EPI == kBf16)
+          if (squares) {  // a bf16 weight gradient: the squares of the rounded values, in kF32's order
+            double sq = 0;
+#pragma unroll
+            for (int q = 0; q < BN / 4; ++q) {
+              const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&pk[q]);
+              const double lo = __low2float(v), hi = __high2float(v);
+              sq = fma(lo, lo, sq), sq = fma(hi, hi, sq);
+            }
+            store_squares(squares, t, c, warp, lane, sq);
+          }
         pend = tl, step = 0;
       } else if (mine > 0) {  // a last, shorter tile: its rows straight to global memory (the rows past it are another
                               // expert's)
@@ -644,10 +651,11 @@ bool grouped_dweight(void* dweight, bool dweight_bf16, const mt::bf16* dout, con
   const int64_t rows = fill_groups(g, counts, El, true, OC);
   if (rows == 0) return true;
   g.n_tiles = int32_t(IC / Cfg<kF32>::BN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
-  g.out_bf16 = dweight_bf16 ? 1 : 0;
-  const CUtensorMap a = tensor_map(dout, rows, OC, 64);
-  launch<1, 1, kF32>(a, tensor_map(x, rows, IC, 64), a /*unused: the output is stored directly*/, dweight, g, nullptr,
-                     nullptr, {}, squares);
+  const CUtensorMap a = tensor_map(dout, rows, OC, 64), b = tensor_map(x, rows, IC, 64);
+  if (dweight_bf16)  // rounded, and stored through the deferred epilogue as the other bf16 products
+    launch<1, 1, kBf16>(a, b, tensor_map(dweight, El * OC, IC, 64), dweight, g, nullptr, nullptr, {}, squares);
+  else
+    launch<1, 1, kF32>(a, b, a /*unused: the output is stored directly*/, dweight, g, nullptr, nullptr, {}, squares);
   return true;
 }
 
