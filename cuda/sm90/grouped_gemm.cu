@@ -52,11 +52,12 @@ constexpr int kStageC = 2 * kBox;       // a consumer's 64 rows x 128 columns of
 constexpr int kSquaresPerTile = 8;
 constexpr int kIds = 2;  // the ring of tile indices the producer hands to the consumers (and the SwiGLU's mover)
 
-// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA; a bf16 weight gradient also
-// sums its squares), store it as fp32 (straight from registers: the weight gradient into fp32 main grads), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU backward on it:
-// da (the tile, rounded to bf16 as a stored da would be) with the tile's gate and up columns of h, loaded into shared
-// memory under the main loop, gives dgate and dup, written over g and u (h becomes dh in place), and the recomputed a =
-// swiglu(g, u) (the forward's value, for fc2's weight gradient), stored from registers. The consumers do the math from
+// What a kernel does with its fp32 tile: store it as bf16 (through shared memory and TMA; a bf16 weight gradient, whose
+// tiles are all full, also sums its squares), store it as fp32 (straight from registers: the weight gradient into fp32
+// main grads), or (kSwigluBwd, the fc2 dx of a SwiGLU expert) run the SwiGLU backward on it: da (the tile, rounded to
+// bf16 as a stored da would be) with the tile's gate and up columns of h, loaded into shared memory under the main
+// loop, gives dgate and dup, written over g and u (h becomes dh in place), and the recomputed a = swiglu(g, u) (the
+// forward's value, for fc2's weight gradient), stored from registers. The consumers do the math from
 // registers; one thread of warpgroup 0 (the mover) stores dgate and dup and then loads the next tile's g and u, so that
 // neither waits on the consumers' critical path. kSwigluFwd (fc1's forward of a SwiGLU expert): a tile's 256 columns
 // are 128 gate columns and the same 128 features' up columns (B's rows n and F + n of the expert), so that each thread

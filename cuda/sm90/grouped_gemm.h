@@ -56,8 +56,8 @@ bool grouped_dx_swiglu(mt::bf16* h, mt::bf16* act, const mt::bf16* dout, const m
 // whose sum in index order is the sum of squares of the dW it wrote (experts with rows; the others' dW is the
 // caller's to zero). The gradient norm takes them instead of reading dW again.
 int64_t grouped_dweight_square_partials(const int64_t* counts, int64_t El, int64_t IC, int64_t OC);
-// dweight: fp32 (stored from registers), or bf16 (dweight_bf16: each fp32 result rounded to nearest even, stored through
-// the deferred epilogue as the other bf16 products; the squares are of the rounded values).
+// dweight: fp32 (stored from registers), or bf16 (dweight_bf16: each fp32 result rounded to nearest even, stored
+// through the deferred epilogue as the other bf16 products; the squares are of the rounded values).
 bool grouped_dweight(void* dweight, bool dweight_bf16, const mt::bf16* dout, const mt::bf16* x,
                      const int64_t* counts, int64_t El, int64_t IC, int64_t OC, bool accumulate,
                      double* squares = nullptr);
