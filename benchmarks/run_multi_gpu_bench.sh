@@ -47,8 +47,9 @@
 #   tolerances (the norm, the most sensitive number of a step, is shown beside it: MoE routing flips on near ties
 #   and clipped steps move it more than the loss). Every run is deterministic (the 1-GPU reference repeats bit for
 #   bit) and warms the learning rate up over the 10 iterations: with the benchmarks' 2, llama-1b at one 16K sequence
-#   a step swung its loss by 2 and its norm from 10 to 119 within 4 iterations, where any rounding grows. Models: moe-64x-top8 (global batch 32 of micro-batch 8: 4 micro-batches on
-#   one GPU) under EP2, EP4, TP2 (SP) x EP2; llama-1b-32k at sequence 16384 (one sequence a step) under CP2 and CP4,
+#   a step swung its loss by 2 and its norm from 10 to 119 within 4 iterations, where any rounding grows.
+#   Models: moe-64x-top8 (global batch 32 of micro-batch 8: 4 micro-batches on one GPU) under EP2, EP4,
+#   TP2 (SP) x EP2; llama-1b-32k at sequence 16384 (one sequence a step) under CP2 and CP4,
 #   ring and all-to-all; llama-1b (micro-batch 4, sequence 2048) with FP8 tensorwise under TP2 (SP), bf16 only.
 #   MT_BENCH_PARITY picks rows (default: those that fit the visible GPUs); MT_BENCH_PRECISIONS ("bf16 fp32").
 #

@@ -651,6 +651,8 @@ bool grouped_dweight(void* dweight, bool dweight_bf16, const mt::bf16* dout, con
   Groups g{};
   const int64_t rows = fill_groups(g, counts, El, true, OC);
   if (rows == 0) return true;
+  // one tiling for both outputs: _takes, the square partials' count and n_tiles use kF32's tile width
+  static_assert(Cfg<kBf16>::BN == Cfg<kF32>::BN, "the fp32 and bf16 weight gradients share their tiles");
   g.n_tiles = int32_t(IC / Cfg<kF32>::BN), g.k_grouped = 1, g.M = int32_t(OC), g.N = int32_t(IC);
   const CUtensorMap a = tensor_map(dout, rows, OC, 64), b = tensor_map(x, rows, IC, 64);
   if (dweight_bf16)  // rounded, and stored through the deferred epilogue as the other bf16 products
